@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 machine: installs what is missing,
+# builds the release tree and an ASan+UBSan tree, and runs every test through CTest.
+#   scripts/test.sh            everything
+#   STRATA_SKIP_SANITIZERS=1   only the release build's tests
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=${STRATA_JOBS:-$(nproc)}
+
+scripts/install-deps.sh
+
+echo "== release build"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j "$jobs"
+echo "== release tests"
+(cd build && ctest --output-on-failure -j "$jobs")
+
+if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
+  echo "== sanitizer build (ASan + UBSan)"
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON \
+        -DSTRATA_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-asan -j "$jobs"
+  echo "== sanitizer tests"
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     STRATA_SANITIZER_BUILD=1 ctest --output-on-failure -j "$jobs")
+fi
+echo "== all tests passed"
