@@ -1,0 +1,835 @@
+#include "cache/radix_tree.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+#include "common/check.h"
+
+namespace strata {
+namespace {
+
+template <typename T>
+void move_prefix(std::vector<T>& from, std::vector<T>& to, size_t n) {
+  if (from.empty()) return;  // an absent tier stays absent in both halves
+  to.assign(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(n));
+  from.erase(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+bool same_tokens(const TokenId* a, const TokenId* b, int32_t n) {
+  return std::memcmp(a, b, sizeof(TokenId) * static_cast<size_t>(n)) == 0;
+}
+
+std::string describe(const RadixNode* n) { return "node " + std::to_string(n->id); }
+
+}  // namespace
+
+RadixTree::RadixTree(RadixTreeOptions options, PageAllocator* device_pages, KvEventSink* events,
+                     const Clock* clock)
+    : options_(options),
+      device_pages_(device_pages),
+      events_(events),
+      clock_(clock != nullptr ? clock : &SteadyClock::instance()),
+      root_(std::make_unique<RadixNode>()) {
+  STRATA_CHECK_MSG(options_.page_size >= 1 && options_.page_size <= 4096,
+                   "page_size must be in [1, 4096]");
+  STRATA_CHECK(device_pages_ != nullptr);
+  root_->id = 0;
+}
+
+RadixTree::~RadixTree() = default;
+
+void RadixTree::emit(KvEvent event) {
+  if (events_ != nullptr) events_->on_event(std::move(event));
+}
+
+BlockHash RadixTree::last_hash(const RadixNode* node) const {
+  return node == root_.get() ? kRootParentHash : node->hashes.back();
+}
+
+RadixNode* RadixTree::find_child(const RadixNode* parent, std::span<const TokenId> first_page,
+                                 std::string_view extra) const {
+  const BlockHash h = hash_block(last_hash(parent), first_page,
+                                 parent == root_.get() ? extra : std::string_view());
+  const auto it = index_.find(h);
+  if (it == index_.end()) return nullptr;
+  const Loc& loc = it->second;
+  if (loc.offset != 0 || loc.node->parent != parent) return nullptr;
+  // Guard against a 64-bit collision: the tokens decide.
+  if (!same_tokens(loc.node->tokens.data(), first_page.data(), options_.page_size)) return nullptr;
+  return loc.node;
+}
+
+void RadixTree::erase_evictable(RadixNode* node) {
+  if (!node->in_evictable_set) return;
+  evictable_.erase(EvictKey{node->last_access_tick, node->id, node});
+  node->in_evictable_set = false;
+  evictable_pages_ -= node->num_pages();
+}
+
+void RadixTree::update_evictable(RadixNode* node) {
+  const bool should = node != root_.get() && node->is_leaf() && !node->is_protected() &&
+                      node->on_device();
+  if (should && !node->in_evictable_set) {
+    evictable_.insert(EvictKey{node->last_access_tick, node->id, node});
+    node->in_evictable_set = true;
+    evictable_pages_ += node->num_pages();
+  } else if (!should) {
+    erase_evictable(node);
+  }
+}
+
+void RadixTree::touch(RadixNode* node, uint64_t tick, int64_t now_ms) {
+  const bool was_in = node->in_evictable_set;
+  erase_evictable(node);
+  node->last_access_tick = tick;
+  node->last_access_ms = now_ms;
+  if (was_in) update_evictable(node);
+}
+
+void RadixTree::set_protection_change(RadixNode* node, bool was_protected) {
+  const bool now = node->is_protected();
+  if (was_protected != now) {
+    protected_pages_ += now ? node->num_pages() : -node->num_pages();
+    update_evictable(node);
+  }
+}
+
+void RadixTree::add_lock_ref(RadixNode* node, int32_t delta) {
+  for (RadixNode* n = node; n != root_.get(); n = n->parent) {
+    const bool was = n->is_protected();
+    const bool was_locked = n->lock_ref > 0;
+    n->lock_ref += delta;
+    STRATA_CHECK_MSG(n->lock_ref >= 0, "lock_ref underflow at " + describe(n));
+    if (was_locked != (n->lock_ref > 0)) locked_nodes_ += n->lock_ref > 0 ? 1 : -1;
+    set_protection_change(n, was);
+  }
+}
+
+void RadixTree::add_pin_ref(RadixNode* node, int32_t delta) {
+  for (RadixNode* n = node; n != root_.get(); n = n->parent) {
+    const bool was = n->is_protected();
+    n->pin_ref += delta;
+    STRATA_CHECK_MSG(n->pin_ref >= 0, "pin_ref underflow at " + describe(n));
+    set_protection_change(n, was);
+  }
+}
+
+RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
+  STRATA_CHECK(node != root_.get());
+  STRATA_CHECK(at > 0 && at < node->num_pages());
+  const int32_t ps = options_.page_size;
+  const int32_t total = node->num_pages();
+  const bool was_protected = node->is_protected();
+  erase_evictable(node);
+
+  auto upper_owned = std::make_unique<RadixNode>();
+  RadixNode* upper = upper_owned.get();
+  upper->id = next_node_id_++;
+  upper->parent = node->parent;
+  move_prefix(node->tokens, upper->tokens, static_cast<size_t>(at) * static_cast<size_t>(ps));
+  move_prefix(node->hashes, upper->hashes, static_cast<size_t>(at));
+  move_prefix(node->pin_counts, upper->pin_counts, static_cast<size_t>(at));
+  move_prefix(node->device_pages, upper->device_pages, static_cast<size_t>(at));
+  move_prefix(node->host_pages, upper->host_pages, static_cast<size_t>(at));
+  move_prefix(node->in_storage, upper->in_storage, static_cast<size_t>(at));
+  upper->first_page_extra = std::move(node->first_page_extra);
+  node->first_page_extra.clear();
+  upper->lock_ref = node->lock_ref;
+  for (int32_t k = 0; k < at; ++k) {
+    if (upper->pin_counts[static_cast<size_t>(k)] > 0) ++upper->own_pinned_blocks;
+  }
+  node->own_pinned_blocks -= upper->own_pinned_blocks;
+  if (node->soft_pinned_blocks > 0) {
+    for (BlockHash h : upper->hashes) {
+      if (soft_pins_.contains(h)) ++upper->soft_pinned_blocks;
+    }
+    node->soft_pinned_blocks -= upper->soft_pinned_blocks;
+  }
+  // Every pin below or in the old node is below or in the upper half.
+  upper->pin_ref = node->pin_ref;
+  node->pin_ref -= upper->own_pinned_blocks;
+  upper->last_access_tick = node->last_access_tick;
+  upper->last_access_ms = node->last_access_ms;
+  upper->hit_count = node->hit_count;
+
+  // Re-link: the parent now owns `upper`, which owns `node`.
+  RadixNode* parent = node->parent;
+  for (auto& child : parent->children) {
+    if (child.get() == node) {
+      std::unique_ptr<RadixNode> lower = std::move(child);
+      child = std::move(upper_owned);
+      node->parent = upper;
+      upper->children.push_back(std::move(lower));
+      break;
+    }
+  }
+  STRATA_CHECK_MSG(node->parent == upper, "split: node not found among its parent's children");
+
+  for (int32_t k = 0; k < at; ++k) index_[upper->hashes[static_cast<size_t>(k)]] = Loc{upper, k};
+  for (int32_t k = 0; k < total - at; ++k) {
+    index_[node->hashes[static_cast<size_t>(k)]] = Loc{node, k};
+  }
+
+  ++num_nodes_;
+  if (upper->lock_ref > 0) ++locked_nodes_;
+  if (was_protected) protected_pages_ -= total;
+  if (upper->is_protected()) protected_pages_ += upper->num_pages();
+  if (node->is_protected()) protected_pages_ += node->num_pages();
+  update_evictable(node);
+  update_evictable(upper);
+  return upper;
+}
+
+void RadixTree::restore_pin_tail(RadixNode* node) {
+  if (node == root_.get() || !node->is_leaf() || node->own_pinned_blocks == 0) return;
+  int32_t last = node->num_pages() - 1;
+  while (node->pin_counts[static_cast<size_t>(last)] == 0) --last;
+  if (last + 1 < node->num_pages()) split(node, last + 1);
+}
+
+MatchResult RadixTree::match_prefix(std::span<const TokenId> tokens, std::string_view cache_salt) {
+  ++match_calls_;
+  MatchResult result;
+  const int32_t ps = options_.page_size;
+  const int32_t n_pages = static_cast<int32_t>(tokens.size() / static_cast<size_t>(ps));
+  const std::string extra = first_page_extra_keys(cache_salt);
+  const uint64_t tick = ++tick_;
+  const int64_t now_ms = clock_->now_ms();
+  RadixNode* node = root_.get();
+  int32_t i = 0;
+  while (i < n_pages) {
+    RadixNode* child = find_child(node, tokens.subspan(static_cast<size_t>(i) * ps, ps), extra);
+    if (child == nullptr || !child->on_device()) break;
+    const int32_t limit = std::min(child->num_pages(), n_pages - i);
+    int32_t j = 1;
+    while (j < limit && same_tokens(child->tokens.data() + static_cast<size_t>(j) * ps,
+                                    tokens.data() + static_cast<size_t>(i + j) * ps, ps)) {
+      ++j;
+    }
+    const bool partial = j < child->num_pages();
+    if (partial) child = split(child, j);
+    result.device_pages.insert(result.device_pages.end(), child->device_pages.begin(),
+                               child->device_pages.end());
+    result.block_hashes.insert(result.block_hashes.end(), child->hashes.begin(),
+                               child->hashes.end());
+    ++child->hit_count;
+    touch(child, tick, now_ms);
+    if (child->soft_pinned_blocks > 0) {
+      for (BlockHash h : child->hashes) {
+        auto it = soft_pins_.find(h);
+        if (it == soft_pins_.end()) continue;
+        const int64_t expiry = now_ms + it->second.ttl_ms;
+        if (expiry > it->second.expiry_ms) {
+          soft_expiry_.erase({it->second.expiry_ms, h});
+          it->second.expiry_ms = expiry;
+          soft_expiry_.insert({expiry, h});
+        }
+      }
+    }
+    node = child;
+    i += j;
+    if (partial) break;
+  }
+  result.num_pages = i;
+  result.last_node = node;
+  matched_pages_total_ += static_cast<uint64_t>(i);
+  return result;
+}
+
+InsertResult RadixTree::insert(std::span<const TokenId> tokens, std::span<const PageId> pages,
+                               std::string_view cache_salt) {
+  InsertResult result;
+  const int32_t ps = options_.page_size;
+  const int32_t n_pages = static_cast<int32_t>(tokens.size() / static_cast<size_t>(ps));
+  STRATA_CHECK_MSG(static_cast<int32_t>(pages.size()) == n_pages,
+                   "insert: " + std::to_string(pages.size()) + " pages for " +
+                       std::to_string(n_pages) + " full pages of tokens");
+  const std::string extra = first_page_extra_keys(cache_salt);
+  const uint64_t tick = ++tick_;
+  const int64_t now_ms = clock_->now_ms();
+  RadixNode* node = root_.get();
+  int32_t i = 0;
+  while (i < n_pages) {
+    RadixNode* child = find_child(node, tokens.subspan(static_cast<size_t>(i) * ps, ps), extra);
+    if (child == nullptr) break;
+    STRATA_CHECK_MSG(child->on_device(), "insert into a node without device pages");
+    const int32_t limit = std::min(child->num_pages(), n_pages - i);
+    int32_t j = 1;
+    while (j < limit && same_tokens(child->tokens.data() + static_cast<size_t>(j) * ps,
+                                    tokens.data() + static_cast<size_t>(i + j) * ps, ps)) {
+      ++j;
+    }
+    const bool partial = j < child->num_pages();
+    if (partial) child = split(child, j);
+    for (int32_t k = 0; k < j; ++k) {
+      const PageId passed = pages[static_cast<size_t>(i + k)];
+      if (passed != child->device_pages[static_cast<size_t>(k)]) {
+        result.rejected_pages.push_back(passed);
+      }
+    }
+    result.block_hashes.insert(result.block_hashes.end(), child->hashes.begin(),
+                               child->hashes.end());
+    touch(child, tick, now_ms);
+    node = child;
+    i += j;
+    if (partial) break;
+  }
+  result.num_existing_pages = i;
+  result.last_node = node;
+  if (i == n_pages) return result;
+
+  // A new leaf under `node` with pages i..n_pages, hashes chained from node's last.
+  auto leaf_owned = std::make_unique<RadixNode>();
+  RadixNode* leaf = leaf_owned.get();
+  BlockHash parent_hash = last_hash(node);
+  int32_t count = 0;
+  for (int32_t k = i; k < n_pages; ++k) {
+    const BlockHash h =
+        hash_block(parent_hash, tokens.subspan(static_cast<size_t>(k) * ps, ps),
+                   (node == root_.get() && k == i) ? std::string_view(extra) : std::string_view());
+    // A block hash already cached elsewhere is a 64-bit collision (the tokens differ, or
+    // find_child would have matched): stop there rather than corrupt the index.
+    if (index_.contains(h)) break;
+    leaf->hashes.push_back(h);
+    parent_hash = h;
+    ++count;
+  }
+  for (int32_t k = i + count; k < n_pages; ++k) {
+    result.rejected_pages.push_back(pages[static_cast<size_t>(k)]);
+  }
+  if (count == 0) return result;
+
+  leaf->id = next_node_id_++;
+  leaf->parent = node;
+  leaf->tokens.assign(tokens.begin() + static_cast<std::ptrdiff_t>(i) * ps,
+                      tokens.begin() + static_cast<std::ptrdiff_t>(i + count) * ps);
+  leaf->device_pages.assign(pages.begin() + i, pages.begin() + i + count);
+  leaf->pin_counts.assign(static_cast<size_t>(count), 0);
+  if (node == root_.get()) leaf->first_page_extra = extra;
+  leaf->last_access_tick = tick;
+  leaf->last_access_ms = now_ms;
+  for (int32_t k = 0; k < count; ++k) index_[leaf->hashes[static_cast<size_t>(k)]] = Loc{leaf, k};
+  node->children.push_back(std::move(leaf_owned));
+  update_evictable(node);  // no longer a leaf
+  ++num_nodes_;
+  cached_pages_ += count;
+  inserted_pages_total_ += static_cast<uint64_t>(count);
+  update_evictable(leaf);
+
+  BlockStored ev;
+  ev.block_hashes = leaf->hashes;
+  if (node != root_.get()) ev.parent_block_hash = node->hashes.back();
+  ev.token_ids = leaf->tokens;
+  ev.block_size = ps;
+  ev.medium = Medium::kDevice;
+  emit(std::move(ev));
+
+  result.num_new_pages = count;
+  result.block_hashes.insert(result.block_hashes.end(), leaf->hashes.begin(), leaf->hashes.end());
+  result.last_node = leaf;
+  return result;
+}
+
+LockReceipt RadixTree::lock(RadixNode* node) {
+  STRATA_CHECK(node != nullptr);
+  uint32_t slot;
+  if (!free_receipts_.empty()) {
+    slot = free_receipts_.back();
+    free_receipts_.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(receipts_.size());
+    receipts_.push_back(ReceiptSlot{});
+  }
+  ReceiptSlot& s = receipts_[slot];
+  s.node = node;
+  s.live = true;
+  add_lock_ref(node, +1);
+  ++outstanding_locks_;
+  return LockReceipt{slot, s.generation};
+}
+
+RadixNode* RadixTree::locked_node(LockReceipt receipt) const {
+  if (receipt.slot >= receipts_.size()) return nullptr;
+  const ReceiptSlot& s = receipts_[receipt.slot];
+  return (s.live && s.generation == receipt.generation) ? s.node : nullptr;
+}
+
+Status RadixTree::release(LockReceipt receipt) {
+  RadixNode* node = locked_node(receipt);
+  if (node == nullptr) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "lock receipt is not live (released twice, or never issued)");
+  }
+  ReceiptSlot& s = receipts_[receipt.slot];
+  s.live = false;
+  s.node = nullptr;
+  ++s.generation;
+  free_receipts_.push_back(receipt.slot);
+  add_lock_ref(node, -1);
+  --outstanding_locks_;
+  return {};
+}
+
+void RadixTree::change_pin(const Loc& loc, int32_t delta) {
+  RadixNode* node = loc.node;
+  uint32_t& count = node->pin_counts[static_cast<size_t>(loc.offset)];
+  const int64_t updated = static_cast<int64_t>(count) + delta;
+  STRATA_CHECK_MSG(updated >= 0, "pin count underflow at " + describe(node));
+  const bool was = count > 0;
+  count = static_cast<uint32_t>(updated);
+  if (!was && count > 0) {
+    ++node->own_pinned_blocks;
+    ++pinned_blocks_;
+    add_pin_ref(node, +1);
+  } else if (was && count == 0) {
+    --node->own_pinned_blocks;
+    --pinned_blocks_;
+    add_pin_ref(node, -1);
+  }
+}
+
+PinResult RadixTree::pin(std::span<const BlockHash> hashes, PinOptions options) {
+  PinResult result;
+  const int64_t now_ms = clock_->now_ms();
+  std::vector<RadixNode*> touched;
+  for (BlockHash h : hashes) {
+    const auto it = index_.find(h);
+    if (it == index_.end()) {
+      ++result.unknown;
+      continue;
+    }
+    const Loc loc = it->second;
+    change_pin(loc, +1);
+    if (options.ttl_ms > 0) {
+      SoftPin& rec = soft_pins_[h];
+      if (rec.count == 0) {
+        ++loc.node->soft_pinned_blocks;
+        rec.priority = options.priority;
+      } else {
+        soft_expiry_.erase({rec.expiry_ms, h});
+      }
+      ++rec.count;
+      rec.ttl_ms = std::max(rec.ttl_ms, options.ttl_ms);
+      rec.priority = std::max(rec.priority, options.priority);
+      rec.expiry_ms = std::max(rec.expiry_ms, now_ms + options.ttl_ms);
+      soft_expiry_.insert({rec.expiry_ms, h});
+    }
+    ++result.pinned;
+    touched.push_back(loc.node);
+  }
+  // Splits never delete node objects, so the pointers stay valid.
+  for (RadixNode* n : touched) restore_pin_tail(n);
+  return result;
+}
+
+void RadixTree::drop_soft_record(BlockHash hash) {
+  auto it = soft_pins_.find(hash);
+  if (it == soft_pins_.end()) return;
+  soft_expiry_.erase({it->second.expiry_ms, hash});
+  soft_pins_.erase(it);
+  const auto loc = index_.find(hash);
+  STRATA_CHECK(loc != index_.end());
+  --loc->second.node->soft_pinned_blocks;
+}
+
+int32_t RadixTree::unpin_soft(BlockHash hash, int32_t count) {
+  auto it = soft_pins_.find(hash);
+  if (it == soft_pins_.end() || count <= 0) return 0;
+  const int32_t n = std::min(count, it->second.count);
+  const Loc loc = index_.at(hash);
+  for (int32_t k = 0; k < n; ++k) change_pin(loc, -1);
+  it->second.count -= n;
+  if (it->second.count == 0) drop_soft_record(hash);
+  return n;
+}
+
+UnpinResult RadixTree::unpin(std::span<const BlockHash> hashes) {
+  UnpinResult result;
+  std::vector<RadixNode*> touched;
+  for (BlockHash h : hashes) {
+    const auto it = index_.find(h);
+    if (it == index_.end()) {
+      ++result.unknown;
+      continue;
+    }
+    const Loc loc = it->second;
+    const uint32_t count = loc.node->pin_counts[static_cast<size_t>(loc.offset)];
+    if (count == 0) {
+      ++result.not_pinned;
+      continue;
+    }
+    const auto soft = soft_pins_.find(h);
+    const uint32_t soft_count = soft == soft_pins_.end() ? 0 : static_cast<uint32_t>(soft->second.count);
+    if (count > soft_count) {
+      change_pin(loc, -1);
+    } else {
+      unpin_soft(h, 1);
+    }
+    ++result.unpinned;
+    touched.push_back(loc.node);
+  }
+  for (RadixNode* n : touched) restore_pin_tail(n);
+  return result;
+}
+
+int32_t RadixTree::expire_soft_pins() {
+  const int64_t now_ms = clock_->now_ms();
+  int32_t expired = 0;
+  while (!soft_expiry_.empty() && soft_expiry_.begin()->first <= now_ms) {
+    const BlockHash h = soft_expiry_.begin()->second;
+    RadixNode* node = index_.at(h).node;
+    expired += unpin_soft(h, soft_pins_.at(h).count);
+    restore_pin_tail(node);
+  }
+  expired_pins_total_ += static_cast<uint64_t>(expired);
+  return expired;
+}
+
+uint32_t RadixTree::pin_count(BlockHash hash) const {
+  const auto it = index_.find(hash);
+  if (it == index_.end()) return 0;
+  return it->second.node->pin_counts[static_cast<size_t>(it->second.offset)];
+}
+
+int32_t RadixTree::remove_leaf(RadixNode* leaf) {
+  STRATA_CHECK(leaf != root_.get() && leaf->is_leaf() && !leaf->is_protected());
+  erase_evictable(leaf);
+  const int32_t n = leaf->num_pages();
+  for (PageId p : leaf->device_pages) {
+    if (p != kInvalidPage) device_pages_->free(p);
+  }
+  for (BlockHash h : leaf->hashes) index_.erase(h);
+  emit(BlockRemoved{leaf->hashes, Medium::kDevice});
+  cached_pages_ -= n;
+  --num_nodes_;
+  evicted_pages_total_ += static_cast<uint64_t>(n);
+  RadixNode* parent = leaf->parent;
+  auto& siblings = parent->children;
+  for (size_t k = 0; k < siblings.size(); ++k) {
+    if (siblings[k].get() == leaf) {
+      std::swap(siblings[k], siblings.back());
+      siblings.pop_back();  // destroys leaf
+      break;
+    }
+  }
+  update_evictable(parent);
+  restore_pin_tail(parent);
+  return n;
+}
+
+EvictResult RadixTree::evict(int32_t num_pages) {
+  EvictResult result;
+  while (result.evicted_pages < num_pages && !evictable_.empty()) {
+    RadixNode* leaf = evictable_.begin()->node;
+    result.evicted_pages += remove_leaf(leaf);
+    ++result.evicted_nodes;
+  }
+  return result;
+}
+
+void RadixTree::evict_subtree(RadixNode* top) {
+  // Post-order: children before parents, so a node is visited after its subtree was
+  // emptied as far as protection allows. Only visited nodes are ever deleted, and a
+  // split (restore_pin_tail) keeps the original object, so pointers stay valid.
+  std::vector<RadixNode*> order;
+  std::vector<std::pair<RadixNode*, size_t>> stack{{top, 0}};
+  while (!stack.empty()) {
+    auto& [n, next] = stack.back();
+    if (next < n->children.size()) {
+      RadixNode* c = n->children[next++].get();
+      stack.emplace_back(c, 0);
+    } else {
+      order.push_back(n);
+      stack.pop_back();
+    }
+  }
+  for (RadixNode* n : order) {
+    if (n->is_leaf() && !n->is_protected()) remove_leaf(n);
+  }
+}
+
+EvictBlocksResult RadixTree::evict_blocks(std::span<const BlockHash> hashes, bool descendants) {
+  EvictBlocksResult result;
+  const int64_t before = cached_pages_;
+  std::vector<BlockHash> known;
+  for (BlockHash h : hashes) {
+    if (index_.contains(h)) {
+      known.push_back(h);
+    } else {
+      ++result.unknown;
+    }
+  }
+  if (descendants) {
+    for (BlockHash h : known) {
+      const auto it = index_.find(h);
+      if (it == index_.end()) continue;  // already gone with an earlier block's subtree
+      Loc loc = it->second;
+      RadixNode* top = loc.node;
+      if (loc.offset > 0) split(top, loc.offset);  // `top` keeps the block and the rest
+      evict_subtree(top);
+    }
+  } else {
+    // Deepest first, so that a chain of requested blocks empties from its leaf upward.
+    std::vector<std::pair<int64_t, BlockHash>> by_depth;
+    for (BlockHash h : known) {
+      const Loc loc = index_.at(h);
+      int64_t depth = loc.offset;
+      for (const RadixNode* n = loc.node->parent; n != root_.get(); n = n->parent) {
+        depth += n->num_pages();
+      }
+      by_depth.emplace_back(depth, h);
+    }
+    std::sort(by_depth.begin(), by_depth.end(), std::greater<>());
+    const std::unordered_set<BlockHash> requested(known.begin(), known.end());
+    for (const auto& [depth, h] : by_depth) {
+      const auto it = index_.find(h);
+      if (it == index_.end()) continue;
+      RadixNode* node = it->second.node;
+      if (!node->is_leaf() || node->is_protected()) continue;
+      // The requested run at the node's tail must reach this block.
+      int32_t m = node->num_pages();
+      while (m > 0 && requested.contains(node->hashes[static_cast<size_t>(m - 1)])) --m;
+      if (m > it->second.offset) continue;
+      if (m > 0) split(node, m);
+      remove_leaf(node);
+    }
+  }
+  // Classify what is left of the request.
+  for (BlockHash h : known) {
+    const auto it = index_.find(h);
+    if (it == index_.end()) continue;
+    const RadixNode* n = it->second.node;
+    if (n->lock_ref > 0) {
+      ++result.skipped_locked;
+    } else if (n->pin_ref > 0) {
+      ++result.skipped_pinned;
+    } else {
+      ++result.skipped_has_children;
+    }
+  }
+  result.evicted_blocks = static_cast<int32_t>(before - cached_pages_);
+  return result;
+}
+
+FlushResult RadixTree::flush() {
+  FlushResult result;
+  result.evicted_pages = evict(std::numeric_limits<int32_t>::max()).evicted_pages;
+  result.pinned_preserved = static_cast<int32_t>(pinned_blocks_);
+  std::vector<const RadixNode*> stack{root_.get()};
+  while (!stack.empty()) {
+    const RadixNode* n = stack.back();
+    stack.pop_back();
+    if (n != root_.get() && n->lock_ref > 0) result.locked_skipped += n->num_pages();
+    for (const auto& c : n->children) stack.push_back(c.get());
+  }
+  return result;
+}
+
+Status RadixTree::reset() {
+  if (outstanding_locks_ > 0) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "reset refused: " + std::to_string(outstanding_locks_) +
+                          " lock receipts are outstanding (requests are running)");
+  }
+  std::vector<PageId> pages;
+  collect_device_pages(pages);
+  device_pages_->free(pages);
+  root_->children.clear();
+  index_.clear();
+  evictable_.clear();
+  soft_pins_.clear();
+  soft_expiry_.clear();
+  num_nodes_ = 0;
+  cached_pages_ = 0;
+  protected_pages_ = 0;
+  evictable_pages_ = 0;
+  pinned_blocks_ = 0;
+  locked_nodes_ = 0;
+  emit(AllBlocksCleared{});
+  return {};
+}
+
+TreeStats RadixTree::stats() const {
+  TreeStats s;
+  s.page_size = options_.page_size;
+  s.num_nodes = num_nodes_;
+  s.cached_pages = cached_pages_;
+  s.protected_pages = protected_pages_;
+  s.evictable_pages = evictable_pages_;
+  s.pinned_blocks = pinned_blocks_;
+  s.soft_pinned_blocks = static_cast<int64_t>(soft_pins_.size());
+  s.locked_nodes = locked_nodes_;
+  s.outstanding_locks = outstanding_locks_;
+  s.match_calls = match_calls_;
+  s.matched_pages_total = matched_pages_total_;
+  s.evicted_pages_total = evicted_pages_total_;
+  s.inserted_pages_total = inserted_pages_total_;
+  s.expired_pins_total = expired_pins_total_;
+  return s;
+}
+
+std::vector<NodeSnapshot> RadixTree::snapshot() const {
+  std::vector<NodeSnapshot> out;
+  std::vector<const RadixNode*> stack;
+  for (const auto& c : root_->children) stack.push_back(c.get());
+  while (!stack.empty()) {
+    const RadixNode* n = stack.back();
+    stack.pop_back();
+    NodeSnapshot s;
+    s.id = n->id;
+    s.parent_id = n->parent->id;
+    s.num_tokens = static_cast<int32_t>(n->tokens.size());
+    s.block_hashes = n->hashes;
+    s.pin_counts = n->pin_counts;
+    s.lock_ref = n->lock_ref;
+    s.pin_ref = n->pin_ref;
+    s.last_access_ms = n->last_access_ms;
+    s.hit_count = n->hit_count;
+    s.on_device = n->on_device();
+    s.on_host = !n->host_pages.empty() && n->host_pages[0] != kInvalidPage;
+    s.in_storage = !n->in_storage.empty() && n->in_storage[0] != 0;
+    s.evictable = n->in_evictable_set;
+    out.push_back(std::move(s));
+    for (const auto& c : n->children) stack.push_back(c.get());
+  }
+  return out;
+}
+
+void RadixTree::collect_device_pages(std::vector<PageId>& out) const {
+  std::vector<const RadixNode*> stack{root_.get()};
+  while (!stack.empty()) {
+    const RadixNode* n = stack.back();
+    stack.pop_back();
+    for (PageId p : n->device_pages) {
+      if (p != kInvalidPage) out.push_back(p);
+    }
+    for (const auto& c : n->children) stack.push_back(c.get());
+  }
+}
+
+std::vector<BlockHash> RadixTree::all_block_hashes() const {
+  std::vector<BlockHash> out;
+  out.reserve(index_.size());
+  for (const auto& [h, loc] : index_) out.push_back(h);
+  return out;
+}
+
+Status RadixTree::check_invariants() const {
+  auto fail = [](const std::string& what) { return make_error(ErrorCode::kInternal, what); };
+  const int32_t ps = options_.page_size;
+  std::unordered_map<const RadixNode*, int32_t> direct_locks;
+  int64_t live = 0;
+  for (const ReceiptSlot& s : receipts_) {
+    if (s.live) {
+      ++live;
+      if (s.node != root_.get()) ++direct_locks[s.node];
+    }
+  }
+  if (live != outstanding_locks_) return fail("outstanding lock count drifted");
+
+  int64_t nodes = 0, pages = 0, prot = 0, evictable_pages = 0, pinned = 0, locked = 0;
+  int64_t evictable_nodes = 0;
+  size_t soft_seen = 0;
+  // Post-order so that children's refs are known when checking a parent.
+  std::vector<std::pair<const RadixNode*, size_t>> stack{{root_.get(), 0}};
+  std::unordered_map<const RadixNode*, std::pair<int32_t, int32_t>> sub;  // lock, pin sums
+  while (!stack.empty()) {
+    auto& [n, next] = stack.back();
+    if (next < n->children.size()) {
+      const RadixNode* c = n->children[next++].get();
+      if (c->parent != n) return fail(describe(c) + ": wrong parent pointer");
+      stack.emplace_back(c, 0);
+      continue;
+    }
+    const RadixNode* node = n;
+    stack.pop_back();
+    int32_t child_locks = 0, child_pins = 0;
+    for (const auto& c : node->children) {
+      child_locks += sub[c.get()].first;
+      child_pins += sub[c.get()].second;
+    }
+    if (node == root_.get()) break;
+    const auto np = static_cast<size_t>(node->num_pages());
+    if (np == 0) return fail(describe(node) + ": empty node");
+    if (node->tokens.size() != np * static_cast<size_t>(ps) || node->pin_counts.size() != np ||
+        node->device_pages.size() != np) {
+      return fail(describe(node) + ": per-page arrays disagree in size");
+    }
+    if (!node->host_pages.empty() && node->host_pages.size() != np) {
+      return fail(describe(node) + ": host page array size");
+    }
+    // Chained hashes.
+    BlockHash parent_hash = last_hash(node->parent);
+    for (size_t k = 0; k < np; ++k) {
+      const std::string_view extra = (node->parent == root_.get() && k == 0)
+                                         ? std::string_view(node->first_page_extra)
+                                         : std::string_view();
+      const BlockHash h = hash_block(
+          parent_hash, std::span<const TokenId>(node->tokens).subspan(k * ps, ps), extra);
+      if (h != node->hashes[k]) return fail(describe(node) + ": block hash chain broken");
+      parent_hash = h;
+      const auto it = index_.find(h);
+      if (it == index_.end() || it->second.node != node ||
+          it->second.offset != static_cast<int32_t>(k)) {
+        return fail(describe(node) + ": hash index entry wrong for page " + std::to_string(k));
+      }
+    }
+    int32_t own = 0, soft = 0;
+    for (size_t k = 0; k < np; ++k) {
+      if (node->pin_counts[k] > 0) ++own;
+      const auto sp = soft_pins_.find(node->hashes[k]);
+      if (sp != soft_pins_.end()) {
+        ++soft;
+        ++soft_seen;
+        if (sp->second.count <= 0 ||
+            node->pin_counts[k] < static_cast<uint32_t>(sp->second.count)) {
+          return fail(describe(node) + ": soft pin count exceeds pin count");
+        }
+        if (!soft_expiry_.contains({sp->second.expiry_ms, node->hashes[k]})) {
+          return fail(describe(node) + ": soft pin missing from expiry order");
+        }
+      }
+    }
+    if (own != node->own_pinned_blocks) return fail(describe(node) + ": own_pinned_blocks drifted");
+    if (soft != node->soft_pinned_blocks) return fail(describe(node) + ": soft_pinned_blocks drifted");
+    const int32_t expect_lock = child_locks + (direct_locks.contains(node) ? direct_locks[node] : 0);
+    if (expect_lock != node->lock_ref) return fail(describe(node) + ": lock_ref drifted");
+    if (own + child_pins != node->pin_ref) return fail(describe(node) + ": pin_ref drifted");
+    sub[node] = {node->lock_ref, node->pin_ref};
+    if (node->is_leaf() && own > 0 && node->pin_counts[np - 1] == 0) {
+      return fail(describe(node) + ": childless pinned node ends with an unpinned block");
+    }
+    const bool should_evict = node->is_leaf() && !node->is_protected() && node->on_device();
+    if (should_evict != node->in_evictable_set) return fail(describe(node) + ": evictable flag wrong");
+    if (node->in_evictable_set) {
+      if (!evictable_.contains(EvictKey{node->last_access_tick, node->id, const_cast<RadixNode*>(node)})) {
+        return fail(describe(node) + ": missing from the evictable set");
+      }
+      evictable_pages += node->num_pages();
+      ++evictable_nodes;
+    }
+    ++nodes;
+    pages += node->num_pages();
+    if (node->is_protected()) prot += node->num_pages();
+    pinned += own;
+    if (node->lock_ref > 0) ++locked;
+  }
+  if (nodes != num_nodes_) return fail("node count drifted");
+  if (pages != cached_pages_) return fail("cached page count drifted");
+  if (static_cast<size_t>(pages) != index_.size()) return fail("hash index has stale entries");
+  if (prot != protected_pages_) return fail("protected page count drifted");
+  if (evictable_pages != evictable_pages_) return fail("evictable page count drifted");
+  if (static_cast<size_t>(evictable_nodes) != evictable_.size()) return fail("evictable set has stale entries");
+  if (pinned != pinned_blocks_) return fail("pinned block count drifted");
+  if (locked != locked_nodes_) return fail("locked node count drifted");
+  if (soft_seen != soft_pins_.size() || soft_pins_.size() != soft_expiry_.size()) {
+    return fail("soft pin records have stale entries");
+  }
+  return {};
+}
+
+}  // namespace strata
