@@ -9,7 +9,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 packages=(
   build-essential cmake pkg-config git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev libpcre2-dev libxxhash-dev unicode-data
+  libopenblas-dev libpcre2-dev libxxhash-dev unicode-data libabsl-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev libssl-dev
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev prometheus-cpp-dev
   libhiredis-dev redis-server

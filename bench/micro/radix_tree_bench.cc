@@ -32,7 +32,7 @@ struct Fixture {
       for (auto& t : stem) t = tok(rng);
       for (int c = 0; c < 100; ++c) {
         std::vector<TokenId> seq = stem;
-        const int own = 16 * std::uniform_int_distribution<int>(4, 32)(rng);
+        const int own = 16 * std::uniform_int_distribution<int>(2, 9)(rng);
         for (int k = 0; k < own; ++k) seq.push_back(tok(rng));
         put(seq);
         cached += own;

@@ -158,16 +158,14 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
 
   // Re-link: the parent now owns `upper`, which owns `node`.
   RadixNode* parent = node->parent;
-  for (auto& child : parent->children) {
-    if (child.get() == node) {
-      std::unique_ptr<RadixNode> lower = std::move(child);
-      child = std::move(upper_owned);
-      node->parent = upper;
-      upper->children.push_back(std::move(lower));
-      break;
-    }
-  }
-  STRATA_CHECK_MSG(node->parent == upper, "split: node not found among its parent's children");
+  std::unique_ptr<RadixNode>& slot = parent->children[node->index_in_parent];
+  STRATA_CHECK_MSG(slot.get() == node, "split: stale index_in_parent");
+  std::unique_ptr<RadixNode> lower = std::move(slot);
+  upper->index_in_parent = node->index_in_parent;
+  slot = std::move(upper_owned);
+  node->parent = upper;
+  node->index_in_parent = 0;
+  upper->children.push_back(std::move(lower));
 
   for (int32_t k = 0; k < at; ++k) index_[upper->hashes[static_cast<size_t>(k)]] = Loc{upper, k};
   for (int32_t k = 0; k < total - at; ++k) {
@@ -313,6 +311,7 @@ InsertResult RadixTree::insert(std::span<const TokenId> tokens, std::span<const 
   leaf->last_access_tick = tick;
   leaf->last_access_ms = now_ms;
   for (int32_t k = 0; k < count; ++k) index_[leaf->hashes[static_cast<size_t>(k)]] = Loc{leaf, k};
+  leaf->index_in_parent = static_cast<uint32_t>(node->children.size());
   node->children.push_back(std::move(leaf_owned));
   update_evictable(node);  // no longer a leaf
   ++num_nodes_;
@@ -509,13 +508,13 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
   evicted_pages_total_ += static_cast<uint64_t>(n);
   RadixNode* parent = leaf->parent;
   auto& siblings = parent->children;
-  for (size_t k = 0; k < siblings.size(); ++k) {
-    if (siblings[k].get() == leaf) {
-      std::swap(siblings[k], siblings.back());
-      siblings.pop_back();  // destroys leaf
-      break;
-    }
+  const uint32_t at = leaf->index_in_parent;
+  STRATA_CHECK_MSG(at < siblings.size() && siblings[at].get() == leaf, "stale index_in_parent");
+  if (at + 1 != siblings.size()) {
+    siblings[at] = std::move(siblings.back());
+    siblings[at]->index_in_parent = at;
   }
+  siblings.pop_back();  // destroys leaf
   update_evictable(parent);
   restore_pin_tail(parent);
   return n;
@@ -742,6 +741,7 @@ Status RadixTree::check_invariants() const {
     if (next < n->children.size()) {
       const RadixNode* c = n->children[next++].get();
       if (c->parent != n) return fail(describe(c) + ": wrong parent pointer");
+      if (c->index_in_parent != next - 1) return fail(describe(c) + ": wrong index_in_parent");
       stack.emplace_back(c, 0);
       continue;
     }

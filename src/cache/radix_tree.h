@@ -34,6 +34,8 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+
+#include <absl/container/flat_hash_map.h>
 #include <vector>
 
 #include "cache/block_hash.h"
@@ -55,6 +57,7 @@ struct RadixTreeOptions {
 struct RadixNode {
   NodeId id = 0;
   RadixNode* parent = nullptr;                        // null only for the root
+  uint32_t index_in_parent = 0;                       // position in parent->children
   std::vector<std::unique_ptr<RadixNode>> children;   // owned
   std::vector<TokenId> tokens;                        // num_pages() * page_size tokens
   std::vector<BlockHash> hashes;                      // one per page
@@ -292,9 +295,9 @@ class RadixTree {
   KvEventSink* events_;
   const Clock* clock_;
   std::unique_ptr<RadixNode> root_;
-  std::unordered_map<BlockHash, Loc> index_;  // every cached block -> its node and offset
+  absl::flat_hash_map<BlockHash, Loc> index_;  // every cached block -> its node and offset
   std::set<EvictKey> evictable_;              // unprotected device leaves, LRU first
-  std::unordered_map<BlockHash, SoftPin> soft_pins_;
+  absl::flat_hash_map<BlockHash, SoftPin> soft_pins_;
   std::set<std::pair<int64_t, BlockHash>> soft_expiry_;  // (expiry_ms, hash)
   std::vector<ReceiptSlot> receipts_;
   std::vector<uint32_t> free_receipts_;
