@@ -13,7 +13,7 @@ packages=(
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev libssl-dev
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev prometheus-cpp-dev
   libhiredis-dev redis-server
-  python3 python3-zmq python3-msgpack
+  python3 python3-zmq python3-msgpack python3-xxhash
   nodejs npm
 )
 
