@@ -488,6 +488,52 @@ int32_t RadixTree::expire_soft_pins() {
   return expired;
 }
 
+std::vector<BlockHash> RadixTree::release_pins_for(int64_t pages) {
+  struct Candidate {
+    bool hard;
+    int32_t priority;
+    uint64_t tick;
+    BlockHash hash;
+  };
+  std::vector<Candidate> candidates;
+  std::vector<const RadixNode*> stack{root_.get()};
+  while (!stack.empty()) {
+    const RadixNode* n = stack.back();
+    stack.pop_back();
+    for (const auto& c : n->children) stack.push_back(c.get());
+    if (n->own_pinned_blocks == 0) continue;
+    for (size_t k = 0; k < n->hashes.size(); ++k) {
+      if (n->pin_counts[k] == 0) continue;
+      const auto soft = soft_pins_.find(n->hashes[k]);
+      const bool hard = soft == soft_pins_.end() ||
+                        n->pin_counts[k] > static_cast<uint32_t>(soft->second.count);
+      candidates.push_back(Candidate{hard, soft == soft_pins_.end() ? 0 : soft->second.priority,
+                                     n->last_access_tick, n->hashes[k]});
+    }
+  }
+  // Deeper blocks of one node share its tick; unpinning the deepest first frees tails.
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.hard != b.hard) return !a.hard;
+    if (a.priority != b.priority) return a.priority < b.priority;
+    return a.tick < b.tick;
+  });
+  std::vector<BlockHash> released;
+  const int64_t start = protected_pages_;
+  for (const Candidate& c : candidates) {
+    if (start - protected_pages_ >= pages) break;
+    const auto it = index_.find(c.hash);
+    if (it == index_.end()) continue;
+    const Loc loc = it->second;
+    const auto soft = soft_pins_.find(c.hash);
+    if (soft != soft_pins_.end()) unpin_soft(c.hash, soft->second.count);
+    const uint32_t hard_left = loc.node->pin_counts[static_cast<size_t>(loc.offset)];
+    if (hard_left > 0) change_pin(loc, -static_cast<int32_t>(hard_left));
+    restore_pin_tail(loc.node);
+    released.push_back(c.hash);
+  }
+  return released;
+}
+
 uint32_t RadixTree::pin_count(BlockHash hash) const {
   const auto it = index_.find(hash);
   if (it == index_.end()) return 0;

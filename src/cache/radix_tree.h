@@ -212,6 +212,11 @@ class RadixTree {
   UnpinResult unpin(std::span<const BlockHash> hashes);
   // Drops soft pins whose TTL ran out at the clock's time. Returns blocks unpinned.
   int32_t expire_soft_pins();
+  // The no-deadlock rule: releases pins until at least `pages` more pages are
+  // unprotected or no pin is left, soft pins first (lowest priority, then least
+  // recently used), then hard pins in the same order. Each chosen block loses all its
+  // pins. Returns the blocks unpinned, in order. Scans the tree: for rare use only.
+  std::vector<BlockHash> release_pins_for(int64_t pages);
 
   // Evicts least-recently-used unprotected leaves until at least `num_pages` pages were
   // freed or nothing evictable remains. num_pages <= 0 evicts nothing.

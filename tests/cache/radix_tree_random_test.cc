@@ -290,11 +290,26 @@ TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
           ASSERT_TRUE(prot.contains(h)) << "an unprotected requested block survived";
         }
       }
-    } else if (op < 92) {
+    } else if (op < 91) {
       tree.flush();
       consume_events("flush");
       const auto prot = ref.protected_set();
       for (const auto& [h, b] : ref.blocks) ASSERT_TRUE(prot.contains(h)) << "flush left a block";
+    } else if (op < 94) {
+      // The scheduler's no-deadlock rule.
+      const int64_t before = tree.stats().protected_pages;
+      const int64_t want = uniform(0, 12);
+      const auto released = tree.release_pins_for(want);
+      for (BlockHash h : released) {
+        ASSERT_TRUE(ref.blocks.contains(h));
+        ASSERT_GT(ref.blocks[h].pins, 0);
+        ref.blocks[h].pins = 0;
+        ref.blocks[h].soft_pins = 0;
+      }
+      const bool any_pin_left = tree.stats().pinned_blocks > 0;
+      ASSERT_TRUE(before - tree.stats().protected_pages >= want || !any_pin_left ||
+                  released.empty() == false)
+          << "release_pins_for stopped early";
     } else if (op < 96) {
       clock.advance_ms(uniform(0, 300));
       tree.expire_soft_pins();

@@ -459,6 +459,28 @@ TEST_F(RadixTreeTest, HardPinOutlivesSoftPinOnTheSameBlock) {
   check();
 }
 
+TEST_F(RadixTreeTest, ReleasePinsForSpaceTakesSoftPinsFirst) {
+  auto hard = seq({1, 2});
+  auto soft = seq({3, 4});
+  put(hard);
+  put(soft);
+  tree_.pin(hashes(hard));
+  tree_.pin(hashes(soft), PinOptions{.ttl_ms = 60'000});
+  EXPECT_EQ(tree_.stats().protected_pages, 4);
+  // Two pages needed: the soft pins go, the hard ones stay.
+  auto released = tree_.release_pins_for(2);
+  EXPECT_EQ(released.size(), 2u);
+  EXPECT_EQ(tree_.stats().protected_pages, 2);
+  EXPECT_EQ(tree_.pin_count(hashes(hard)[1]), 1u);
+  EXPECT_EQ(tree_.pin_count(hashes(soft)[1]), 0u);
+  check();
+  // More than is pinned: everything goes, and it stops.
+  released = tree_.release_pins_for(100);
+  EXPECT_EQ(released.size(), 2u);
+  EXPECT_EQ(tree_.stats().pinned_blocks, 0);
+  check();
+}
+
 TEST_F(RadixTreeTest, SnapshotDescribesNodes) {
   auto s = seq({1, 2});
   put(s);
