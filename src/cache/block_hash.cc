@@ -69,9 +69,9 @@ std::vector<BlockHash> hash_blocks(std::span<const TokenId> tokens, int page_siz
   const std::string extra = first_page_extra_keys(cache_salt);
   BlockHash parent = kRootParentHash;
   for (size_t i = 0; i < num_pages; ++i) {
-    parent = hash_block(parent, tokens.subspan(i * static_cast<size_t>(page_size),
-                                               static_cast<size_t>(page_size)),
-                        i == 0 ? std::string_view(extra) : std::string_view());
+    parent = hash_block(
+        parent, tokens.subspan(i * static_cast<size_t>(page_size), static_cast<size_t>(page_size)),
+        i == 0 ? std::string_view(extra) : std::string_view());
     out.push_back(parent);
   }
   return out;

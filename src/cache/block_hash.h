@@ -37,7 +37,11 @@ std::vector<BlockHash> hash_blocks(std::span<const TokenId> tokens, int page_siz
 
 // Block hashes cross JSON and msgpack as signed 64-bit integers (the convention of the
 // routers that consume vLLM/SGLang events); these convert without loss.
-inline int64_t block_hash_to_wire(BlockHash h) { return static_cast<int64_t>(h); }
-inline BlockHash block_hash_from_wire(int64_t v) { return static_cast<BlockHash>(v); }
+inline int64_t block_hash_to_wire(BlockHash h) {
+  return static_cast<int64_t>(h);
+}
+inline BlockHash block_hash_from_wire(int64_t v) {
+  return static_cast<BlockHash>(v);
+}
 
 }  // namespace strata

@@ -19,9 +19,9 @@ enum class Medium : uint8_t { kDevice, kHost, kStorage };
 std::string_view medium_wire_name(Medium m);
 
 struct BlockStored {
-  std::vector<BlockHash> block_hashes;           // consecutive blocks, parent first
-  std::optional<BlockHash> parent_block_hash;    // absent for a sequence's first block
-  std::vector<TokenId> token_ids;                // block_size tokens per block
+  std::vector<BlockHash> block_hashes;         // consecutive blocks, parent first
+  std::optional<BlockHash> parent_block_hash;  // absent for a sequence's first block
+  std::vector<TokenId> token_ids;              // block_size tokens per block
   int32_t block_size = 0;
   std::optional<int32_t> lora_id;
   Medium medium = Medium::kDevice;

@@ -23,7 +23,9 @@ bool same_tokens(const TokenId* a, const TokenId* b, int32_t n) {
   return std::memcmp(a, b, sizeof(TokenId) * static_cast<size_t>(n)) == 0;
 }
 
-std::string describe(const RadixNode* n) { return "node " + std::to_string(n->id); }
+std::string describe(const RadixNode* n) {
+  return "node " + std::to_string(n->id);
+}
 
 }  // namespace
 
@@ -52,8 +54,8 @@ BlockHash RadixTree::last_hash(const RadixNode* node) const {
 
 RadixNode* RadixTree::find_child(const RadixNode* parent, std::span<const TokenId> first_page,
                                  std::string_view extra) const {
-  const BlockHash h = hash_block(last_hash(parent), first_page,
-                                 parent == root_.get() ? extra : std::string_view());
+  const BlockHash h =
+      hash_block(last_hash(parent), first_page, parent == root_.get() ? extra : std::string_view());
   const auto it = index_.find(h);
   if (it == index_.end()) return nullptr;
   const Loc& loc = it->second;
@@ -71,8 +73,8 @@ void RadixTree::erase_evictable(RadixNode* node) {
 }
 
 void RadixTree::update_evictable(RadixNode* node) {
-  const bool should = node != root_.get() && node->is_leaf() && !node->is_protected() &&
-                      node->on_device();
+  const bool should =
+      node != root_.get() && node->is_leaf() && !node->is_protected() && node->on_device();
   if (should && !node->in_evictable_set) {
     evictable_.insert(EvictKey{node->last_access_tick, node->id, node});
     node->in_evictable_set = true;
@@ -462,7 +464,8 @@ UnpinResult RadixTree::unpin(std::span<const BlockHash> hashes) {
       continue;
     }
     const auto soft = soft_pins_.find(h);
-    const uint32_t soft_count = soft == soft_pins_.end() ? 0 : static_cast<uint32_t>(soft->second.count);
+    const uint32_t soft_count =
+        soft == soft_pins_.end() ? 0 : static_cast<uint32_t>(soft->second.count);
     if (count > soft_count) {
       change_pin(loc, -1);
     } else {
@@ -505,18 +508,19 @@ std::vector<BlockHash> RadixTree::release_pins_for(int64_t pages) {
     for (size_t k = 0; k < n->hashes.size(); ++k) {
       if (n->pin_counts[k] == 0) continue;
       const auto soft = soft_pins_.find(n->hashes[k]);
-      const bool hard = soft == soft_pins_.end() ||
-                        n->pin_counts[k] > static_cast<uint32_t>(soft->second.count);
+      const bool hard =
+          soft == soft_pins_.end() || n->pin_counts[k] > static_cast<uint32_t>(soft->second.count);
       candidates.push_back(Candidate{hard, soft == soft_pins_.end() ? 0 : soft->second.priority,
                                      n->last_access_tick, n->hashes[k]});
     }
   }
   // Deeper blocks of one node share its tick; unpinning the deepest first frees tails.
-  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.hard != b.hard) return !a.hard;
-    if (a.priority != b.priority) return a.priority < b.priority;
-    return a.tick < b.tick;
-  });
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     if (a.hard != b.hard) return !a.hard;
+                     if (a.priority != b.priority) return a.priority < b.priority;
+                     return a.tick < b.tick;
+                   });
   std::vector<BlockHash> released;
   const int64_t start = protected_pages_;
   for (const Candidate& c : candidates) {
@@ -548,7 +552,8 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
     if (p != kInvalidPage) device_pages_->free(p);
   }
   for (BlockHash h : leaf->hashes) index_.erase(h);
-  emit(BlockRemoved{leaf->hashes, Medium::kDevice});
+  // The leaf is destroyed below: its hash vector moves into the event.
+  if (events_ != nullptr) emit(BlockRemoved{std::move(leaf->hashes), Medium::kDevice});
   cached_pages_ -= n;
   --num_nodes_;
   evicted_pages_total_ += static_cast<uint64_t>(n);
@@ -841,8 +846,10 @@ Status RadixTree::check_invariants() const {
       }
     }
     if (own != node->own_pinned_blocks) return fail(describe(node) + ": own_pinned_blocks drifted");
-    if (soft != node->soft_pinned_blocks) return fail(describe(node) + ": soft_pinned_blocks drifted");
-    const int32_t expect_lock = child_locks + (direct_locks.contains(node) ? direct_locks[node] : 0);
+    if (soft != node->soft_pinned_blocks)
+      return fail(describe(node) + ": soft_pinned_blocks drifted");
+    const int32_t expect_lock =
+        child_locks + (direct_locks.contains(node) ? direct_locks[node] : 0);
     if (expect_lock != node->lock_ref) return fail(describe(node) + ": lock_ref drifted");
     if (own + child_pins != node->pin_ref) return fail(describe(node) + ": pin_ref drifted");
     sub[node] = {node->lock_ref, node->pin_ref};
@@ -850,9 +857,11 @@ Status RadixTree::check_invariants() const {
       return fail(describe(node) + ": childless pinned node ends with an unpinned block");
     }
     const bool should_evict = node->is_leaf() && !node->is_protected() && node->on_device();
-    if (should_evict != node->in_evictable_set) return fail(describe(node) + ": evictable flag wrong");
+    if (should_evict != node->in_evictable_set)
+      return fail(describe(node) + ": evictable flag wrong");
     if (node->in_evictable_set) {
-      if (!evictable_.contains(EvictKey{node->last_access_tick, node->id, const_cast<RadixNode*>(node)})) {
+      if (!evictable_.contains(
+              EvictKey{node->last_access_tick, node->id, const_cast<RadixNode*>(node)})) {
         return fail(describe(node) + ": missing from the evictable set");
       }
       evictable_pages += node->num_pages();
@@ -869,7 +878,8 @@ Status RadixTree::check_invariants() const {
   if (static_cast<size_t>(pages) != index_.size()) return fail("hash index has stale entries");
   if (prot != protected_pages_) return fail("protected page count drifted");
   if (evictable_pages != evictable_pages_) return fail("evictable page count drifted");
-  if (static_cast<size_t>(evictable_nodes) != evictable_.size()) return fail("evictable set has stale entries");
+  if (static_cast<size_t>(evictable_nodes) != evictable_.size())
+    return fail("evictable set has stale entries");
   if (pinned != pinned_blocks_) return fail("pinned block count drifted");
   if (locked != locked_nodes_) return fail("locked node count drifted");
   if (soft_seen != soft_pins_.size() || soft_pins_.size() != soft_expiry_.size()) {

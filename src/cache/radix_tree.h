@@ -56,23 +56,23 @@ struct RadixTreeOptions {
 // A tree node: a run of consecutive full pages with no branching inside.
 struct RadixNode {
   NodeId id = 0;
-  RadixNode* parent = nullptr;                        // null only for the root
-  uint32_t index_in_parent = 0;                       // position in parent->children
-  std::vector<std::unique_ptr<RadixNode>> children;   // owned
-  std::vector<TokenId> tokens;                        // num_pages() * page_size tokens
-  std::vector<BlockHash> hashes;                      // one per page
-  std::vector<uint32_t> pin_counts;                   // external pins per page
-  std::vector<PageId> device_pages;                   // per page; kInvalidPage if not on device
-  std::vector<PageId> host_pages;                     // empty, or per page (hierarchical cache)
-  std::vector<uint8_t> in_storage;                    // empty, or per page: 1 when in storage
-  std::string first_page_extra;   // children of the root: extra keys of the first page
-  int32_t lock_ref = 0;           // lock receipts whose path includes this node
-  int32_t pin_ref = 0;            // pinned blocks in this node and all its descendants
-  int32_t own_pinned_blocks = 0;  // pages of this node with pin_counts > 0
-  int32_t soft_pinned_blocks = 0; // pages of this node with a soft (TTL) pin
-  uint64_t last_access_tick = 0;  // logical time of the last match/insert (LRU order)
-  int64_t last_access_ms = 0;     // clock time of the same, for inspection
-  uint64_t hit_count = 0;         // matches that reached into this node
+  RadixNode* parent = nullptr;                       // null only for the root
+  uint32_t index_in_parent = 0;                      // position in parent->children
+  std::vector<std::unique_ptr<RadixNode>> children;  // owned
+  std::vector<TokenId> tokens;                       // num_pages() * page_size tokens
+  std::vector<BlockHash> hashes;                     // one per page
+  std::vector<uint32_t> pin_counts;                  // external pins per page
+  std::vector<PageId> device_pages;                  // per page; kInvalidPage if not on device
+  std::vector<PageId> host_pages;                    // empty, or per page (hierarchical cache)
+  std::vector<uint8_t> in_storage;                   // empty, or per page: 1 when in storage
+  std::string first_page_extra;    // children of the root: extra keys of the first page
+  int32_t lock_ref = 0;            // lock receipts whose path includes this node
+  int32_t pin_ref = 0;             // pinned blocks in this node and all its descendants
+  int32_t own_pinned_blocks = 0;   // pages of this node with pin_counts > 0
+  int32_t soft_pinned_blocks = 0;  // pages of this node with a soft (TTL) pin
+  uint64_t last_access_tick = 0;   // logical time of the last match/insert (LRU order)
+  int64_t last_access_ms = 0;      // clock time of the same, for inspection
+  uint64_t hit_count = 0;          // matches that reached into this node
   bool in_evictable_set = false;
 
   int32_t num_pages() const { return static_cast<int32_t>(hashes.size()); }
@@ -82,19 +82,19 @@ struct RadixNode {
 };
 
 struct MatchResult {
-  int32_t num_pages = 0;                 // full pages matched
-  std::vector<PageId> device_pages;      // the matched pages, in order
-  std::vector<BlockHash> block_hashes;   // their block hashes
-  RadixNode* last_node = nullptr;        // deepest matched node (the root when none)
+  int32_t num_pages = 0;                // full pages matched
+  std::vector<PageId> device_pages;     // the matched pages, in order
+  std::vector<BlockHash> block_hashes;  // their block hashes
+  RadixNode* last_node = nullptr;       // deepest matched node (the root when none)
   int32_t num_tokens(int32_t page_size) const { return num_pages * page_size; }
 };
 
 struct InsertResult {
-  int32_t num_existing_pages = 0;        // leading pages the tree already had
-  int32_t num_new_pages = 0;             // pages adopted into new nodes
-  std::vector<PageId> rejected_pages;    // passed pages the tree did not take: caller frees
-  RadixNode* last_node = nullptr;        // node holding the last inserted page
-  std::vector<BlockHash> block_hashes;   // hashes of every inserted page, in order
+  int32_t num_existing_pages = 0;       // leading pages the tree already had
+  int32_t num_new_pages = 0;            // pages adopted into new nodes
+  std::vector<PageId> rejected_pages;   // passed pages the tree did not take: caller frees
+  RadixNode* last_node = nullptr;       // node holding the last inserted page
+  std::vector<BlockHash> block_hashes;  // hashes of every inserted page, in order
 };
 
 // A request lock: proof that lock() protected a path; release it exactly once.
@@ -127,10 +127,10 @@ struct EvictResult {
 
 struct EvictBlocksResult {
   int32_t evicted_blocks = 0;
-  int32_t skipped_locked = 0;    // blocks kept because a request holds them
-  int32_t skipped_pinned = 0;    // blocks kept because they (or descendants) are pinned
+  int32_t skipped_locked = 0;        // blocks kept because a request holds them
+  int32_t skipped_pinned = 0;        // blocks kept because they (or descendants) are pinned
   int32_t skipped_has_children = 0;  // without descendants: blocks that still have some
-  int32_t unknown = 0;           // hashes not in the tree
+  int32_t unknown = 0;               // hashes not in the tree
 };
 
 struct FlushResult {
@@ -141,14 +141,14 @@ struct FlushResult {
 
 struct TreeStats {
   int32_t page_size = 0;
-  int64_t num_nodes = 0;          // excluding the root
-  int64_t cached_pages = 0;       // pages held by the tree on the device
-  int64_t protected_pages = 0;    // pages in locked or pinned nodes
-  int64_t evictable_pages = 0;    // pages in leaves that can be evicted now
-  int64_t pinned_blocks = 0;      // distinct blocks with a pin
-  int64_t soft_pinned_blocks = 0; // of which with a TTL
-  int64_t locked_nodes = 0;       // nodes with lock_ref > 0
-  int64_t outstanding_locks = 0;  // receipts not yet released
+  int64_t num_nodes = 0;           // excluding the root
+  int64_t cached_pages = 0;        // pages held by the tree on the device
+  int64_t protected_pages = 0;     // pages in locked or pinned nodes
+  int64_t evictable_pages = 0;     // pages in leaves that can be evicted now
+  int64_t pinned_blocks = 0;       // distinct blocks with a pin
+  int64_t soft_pinned_blocks = 0;  // of which with a TTL
+  int64_t locked_nodes = 0;        // nodes with lock_ref > 0
+  int64_t outstanding_locks = 0;   // receipts not yet released
   uint64_t match_calls = 0;
   uint64_t matched_pages_total = 0;
   uint64_t evicted_pages_total = 0;
@@ -256,14 +256,12 @@ class RadixTree {
     uint64_t tick;
     NodeId id;
     RadixNode* node;
-    bool operator<(const EvictKey& o) const {
-      return tick != o.tick ? tick < o.tick : id < o.id;
-    }
+    bool operator<(const EvictKey& o) const { return tick != o.tick ? tick < o.tick : id < o.id; }
   };
   struct SoftPin {
-    int32_t count = 0;       // soft pins on this block
-    int64_t ttl_ms = 0;      // the longest TTL given
-    int64_t expiry_ms = 0;   // refreshed on hit
+    int32_t count = 0;      // soft pins on this block
+    int64_t ttl_ms = 0;     // the longest TTL given
+    int64_t expiry_ms = 0;  // refreshed on hit
     int32_t priority = 0;
   };
   struct ReceiptSlot {
@@ -280,8 +278,8 @@ class RadixTree {
   BlockHash last_hash(const RadixNode* node) const;
   void touch(RadixNode* node, uint64_t tick, int64_t now_ms);
   void update_evictable(RadixNode* node);
-  void add_lock_ref(RadixNode* node, int32_t delta);    // node..root
-  void add_pin_ref(RadixNode* node, int32_t delta);     // node..root
+  void add_lock_ref(RadixNode* node, int32_t delta);  // node..root
+  void add_pin_ref(RadixNode* node, int32_t delta);   // node..root
   void set_protection_change(RadixNode* node, bool was_protected);
   // After a node loses pins or children: split off an unpinned tail of a childless node
   // with pinned blocks so that the tail becomes evictable.
@@ -301,7 +299,7 @@ class RadixTree {
   const Clock* clock_;
   std::unique_ptr<RadixNode> root_;
   absl::flat_hash_map<BlockHash, Loc> index_;  // every cached block -> its node and offset
-  std::set<EvictKey> evictable_;              // unprotected device leaves, LRU first
+  std::set<EvictKey> evictable_;               // unprotected device leaves, LRU first
   absl::flat_hash_map<BlockHash, SoftPin> soft_pins_;
   std::set<std::pair<int64_t, BlockHash>> soft_expiry_;  // (expiry_ms, hash)
   std::vector<ReceiptSlot> receipts_;

@@ -21,9 +21,9 @@ namespace strata {
 
 // STRATA_CHECK_MSG(cond, msg): msg is any expression convertible to std::string; it
 // is evaluated only when the check fails.
-#define STRATA_CHECK_MSG(cond, msg)                               \
-  do {                                                            \
-    if (!(cond)) [[unlikely]] {                                   \
-      ::strata::check_failed(__FILE__, __LINE__, #cond, (msg));   \
-    }                                                             \
+#define STRATA_CHECK_MSG(cond, msg)                             \
+  do {                                                          \
+    if (!(cond)) [[unlikely]] {                                 \
+      ::strata::check_failed(__FILE__, __LINE__, #cond, (msg)); \
+    }                                                           \
   } while (0)

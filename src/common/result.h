@@ -9,17 +9,17 @@
 namespace strata {
 
 enum class ErrorCode {
-  kInvalidArgument,   // bad input from a caller (HTTP 400)
-  kNotFound,          // unknown id, hash, session (HTTP 404)
-  kOutOfPages,        // a pool has too few free pages
-  kResourceExhausted, // a budget (pins, context, queue) would be exceeded
-  kFailedPrecondition,// the object is in the wrong state for the call (HTTP 409)
-  kUnauthenticated,   // missing or wrong admin key (HTTP 401)
-  kIoError,           // a file or network call failed
-  kCorrupt,           // data read back failed its checks
-  kTimeout,           // a deadline passed
-  kUnsupported,       // a format, dtype or architecture we do not handle
-  kInternal,          // a fault of Strata itself (HTTP 500)
+  kInvalidArgument,     // bad input from a caller (HTTP 400)
+  kNotFound,            // unknown id, hash, session (HTTP 404)
+  kOutOfPages,          // a pool has too few free pages
+  kResourceExhausted,   // a budget (pins, context, queue) would be exceeded
+  kFailedPrecondition,  // the object is in the wrong state for the call (HTTP 409)
+  kUnauthenticated,     // missing or wrong admin key (HTTP 401)
+  kIoError,             // a file or network call failed
+  kCorrupt,             // data read back failed its checks
+  kTimeout,             // a deadline passed
+  kUnsupported,         // a format, dtype or architecture we do not handle
+  kInternal,            // a fault of Strata itself (HTTP 500)
 };
 
 std::string_view error_code_name(ErrorCode code);

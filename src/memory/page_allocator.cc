@@ -24,9 +24,8 @@ void PageAllocator::reset() {
 Status PageAllocator::allocate(int32_t count, std::vector<PageId>& out) {
   if (count < 0) return make_error(ErrorCode::kInvalidArgument, "negative page count");
   if (count > num_free()) {
-    return make_error(ErrorCode::kOutOfPages, "need " + std::to_string(count) +
-                                                  " pages, " + std::to_string(num_free()) +
-                                                  " free");
+    return make_error(ErrorCode::kOutOfPages, "need " + std::to_string(count) + " pages, " +
+                                                  std::to_string(num_free()) + " free");
   }
   for (int32_t i = 0; i < count; ++i) {
     const PageId id = free_list_.back();

@@ -46,8 +46,8 @@ class PageAllocator {
   void reset();
 
  private:
-  std::vector<PageId> free_list_;  // LIFO: recently freed pages are reused first
-  std::vector<uint8_t> allocated_; // per page: 1 when allocated
+  std::vector<PageId> free_list_;   // LIFO: recently freed pages are reused first
+  std::vector<uint8_t> allocated_;  // per page: 1 when allocated
 };
 
 }  // namespace strata

@@ -11,7 +11,11 @@ enum class PageId : int32_t {};
 
 inline constexpr PageId kInvalidPage{-1};
 
-constexpr int32_t page_index(PageId id) { return static_cast<int32_t>(id); }
-constexpr PageId make_page_id(int32_t index) { return PageId{index}; }
+constexpr int32_t page_index(PageId id) {
+  return static_cast<int32_t>(id);
+}
+constexpr PageId make_page_id(int32_t index) {
+  return PageId{index};
+}
 
 }  // namespace strata

@@ -13,7 +13,8 @@ namespace strata {
 namespace {
 
 void put_be64(std::string& out, uint64_t v) {
-  for (int shift = 56; shift >= 0; shift -= 8) out.push_back(static_cast<char>((v >> shift) & 0xff));
+  for (int shift = 56; shift >= 0; shift -= 8)
+    out.push_back(static_cast<char>((v >> shift) & 0xff));
 }
 
 std::string be64(uint64_t v) {
@@ -95,8 +96,8 @@ struct KvEventPublisher::Impl {
   bool has_replay = false;
   std::mutex mutex;
   std::condition_variable wake;
-  std::deque<std::vector<KvEvent>> queue;   // GUARDED_BY(mutex)
-  bool stopping = false;                    // GUARDED_BY(mutex)
+  std::deque<std::vector<KvEvent>> queue;             // GUARDED_BY(mutex)
+  bool stopping = false;                              // GUARDED_BY(mutex)
   std::deque<std::pair<uint64_t, std::string>> ring;  // publisher thread only
   std::atomic<uint64_t> next_seq{0};
   std::thread thread;
@@ -120,9 +121,8 @@ struct KvEventPublisher::Impl {
   }
 
   void send(const std::vector<KvEvent>& events) {
-    const double ts = std::chrono::duration<double>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+    const double ts =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     std::string payload = encode_kv_event_batch(ts, events, options.data_parallel_rank);
     const uint64_t seq = next_seq.load(std::memory_order_relaxed);
     try {

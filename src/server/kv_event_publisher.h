@@ -32,8 +32,8 @@ namespace strata {
 
 struct KvEventPublisherOptions {
   std::string endpoint = "tcp://127.0.0.1:5557";  // PUB socket (bind)
-  std::string replay_endpoint;                     // ROUTER socket (bind); empty: none
-  std::string topic = "kv-events";                 // first frame of every message
+  std::string replay_endpoint;                    // ROUTER socket (bind); empty: none
+  std::string topic = "kv-events";                // first frame of every message
   int32_t data_parallel_rank = 0;
   size_t replay_buffer_batches = 10'000;  // batches kept for replay, in [1, 10^7]
 };

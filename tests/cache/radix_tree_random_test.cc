@@ -116,7 +116,8 @@ TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
   auto random_hashes = [&] {
     std::vector<BlockHash> hs;
     const int n = uniform(1, 6);
-    for (int k = 0; k < n; ++k) hs.push_back(coin(0.15) ? 0xDEADBEEF00ULL + k : random_known_hash());
+    for (int k = 0; k < n; ++k)
+      hs.push_back(coin(0.15) ? 0xDEADBEEF00ULL + k : random_known_hash());
     return hs;
   };
   // Applies removal events to the reference after checking each was legal.

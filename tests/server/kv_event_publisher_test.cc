@@ -116,7 +116,8 @@ TEST(KvEventPublisher, PublishesInOrderAndReplays) {
   dealer.set(zmq::sockopt::rcvtimeo, 5000);
   dealer.connect((*pub)->replay_endpoint());
   std::string start(8, '\0');
-  for (int i = 0; i < 8; ++i) start[static_cast<size_t>(i)] = static_cast<char>(((base + 1) >> (56 - 8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    start[static_cast<size_t>(i)] = static_cast<char>(((base + 1) >> (56 - 8 * i)) & 0xff);
   dealer.send(zmq::message_t(), zmq::send_flags::sndmore);
   dealer.send(zmq::buffer(start), zmq::send_flags::none);
   std::vector<uint64_t> replayed;
