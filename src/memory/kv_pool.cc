@@ -1,0 +1,181 @@
+#include "memory/kv_pool.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <string>
+
+#include "common/check.h"
+
+namespace strata {
+
+namespace {
+
+// Multiplies with an overflow check; false when the product does not fit.
+bool checked_mul(size_t a, size_t b, size_t& out) {
+  return !__builtin_mul_overflow(a, b, &out);
+}
+
+}  // namespace
+
+Status validate_kv_pool_shape(const KvPoolShape& shape) {
+  auto positive = [](const char* name, int32_t value) -> Status {
+    if (value < 1) {
+      return make_error(
+          ErrorCode::kInvalidArgument,
+          std::string("KV pool ") + name + " must be >= 1, got " + std::to_string(value));
+    }
+    return {};
+  };
+  if (auto s = positive("num_layers", shape.num_layers); !s) return s;
+  if (auto s = positive("num_kv_heads", shape.num_kv_heads); !s) return s;
+  if (auto s = positive("head_dim", shape.head_dim); !s) return s;
+  if (auto s = positive("num_pages", shape.num_pages); !s) return s;
+  if (auto s = positive("page_size", shape.page_size); !s) return s;
+  size_t total = kv_dtype_size_bytes(shape.dtype);
+  for (int32_t factor : {shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.num_pages,
+                         shape.page_size, int32_t{2}}) {
+    if (!checked_mul(total, static_cast<size_t>(factor), total)) {
+      return make_error(ErrorCode::kInvalidArgument, "KV pool size overflows");
+    }
+  }
+  return {};
+}
+
+KvPool::KvPool(const KvPoolShape& shape, NoAllocate) : shape_(shape) {
+  head_block_elements_ = static_cast<size_t>(shape.page_size) * static_cast<size_t>(shape.head_dim);
+  block_elements_ = head_block_elements_ * static_cast<size_t>(shape.num_kv_heads);
+  layer_region_bytes_ =
+      block_elements_ * static_cast<size_t>(shape.num_pages) * kv_dtype_size_bytes(shape.dtype);
+  total_bytes_ = layer_region_bytes_ * 2 * static_cast<size_t>(shape.num_layers);
+}
+
+KvPool::KvPool(const KvPoolShape& shape) : KvPool(shape, NoAllocate{}) {
+  const Status valid = validate_kv_pool_shape(shape);
+  STRATA_CHECK_MSG(valid.has_value(), valid.error().message);
+  STRATA_CHECK_MSG(allocate(),
+                   "KV pool allocation of " + std::to_string(total_bytes_) + " bytes failed");
+}
+
+KvPool::KvPool(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t num_pages,
+               int32_t page_size, KvDtype dtype)
+    : KvPool(KvPoolShape{num_layers, num_kv_heads, head_dim, num_pages, page_size, dtype}) {}
+
+KvPool::~KvPool() {
+  if (data_ != nullptr) munmap(data_, total_bytes_);
+}
+
+bool KvPool::allocate() {
+  // Anonymous mappings arrive zeroed and are only backed when touched.
+  void* p = mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return false;
+  madvise(p, total_bytes_, MADV_HUGEPAGE);  // advisory; failure is harmless
+  data_ = static_cast<std::byte*>(p);
+  return true;
+}
+
+Result<std::unique_ptr<KvPool>> KvPool::create(const KvPoolShape& shape) {
+  if (auto s = validate_kv_pool_shape(shape); !s) return std::unexpected(s.error());
+  std::unique_ptr<KvPool> pool(new KvPool(shape, NoAllocate{}));
+  if (!pool->allocate()) {
+    return make_error(
+        ErrorCode::kResourceExhausted,
+        "cannot allocate the KV pool: " + std::to_string(pool->total_bytes_) + " bytes");
+  }
+  return pool;
+}
+
+std::byte* KvPool::block(int32_t layer, PageId page, int kv) const {
+  STRATA_CHECK(layer >= 0 && layer < shape_.num_layers);
+  STRATA_CHECK_MSG(is_valid_page(page), "page " + std::to_string(page_index(page)) +
+                                            " outside a pool of " +
+                                            std::to_string(shape_.num_pages));
+  const size_t region = static_cast<size_t>(2 * layer + kv);
+  return data_ + region * layer_region_bytes_ +
+         static_cast<size_t>(page_index(page)) * block_elements_ * element_size_bytes();
+}
+
+void KvPool::write_token(int32_t layer, PageId page, int32_t slot, const float* k, const float* v) {
+  STRATA_CHECK(slot >= 0 && slot < shape_.page_size);
+  const size_t elem = element_size_bytes();
+  const size_t hd = static_cast<size_t>(shape_.head_dim);
+  const size_t ps = static_cast<size_t>(shape_.page_size);
+  std::byte* kb = k_block(layer, page);
+  std::byte* vb = v_block(layer, page);
+  for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
+    const size_t head = static_cast<size_t>(h) * head_block_elements_;
+    const float* kh = k + static_cast<size_t>(h) * hd;
+    // K: element d of this slot is at d * page_size + slot.
+    std::byte* kdst = kb + (head + static_cast<size_t>(slot)) * elem;
+    switch (shape_.dtype) {
+      case KvDtype::kF32:
+        for (size_t d = 0; d < hd; ++d) std::memcpy(kdst + d * ps * 4, kh + d, 4);
+        break;
+      case KvDtype::kF16:
+        for (size_t d = 0; d < hd; ++d) {
+          const uint16_t x = f32_to_f16(kh[d]);
+          std::memcpy(kdst + d * ps * 2, &x, 2);
+        }
+        break;
+      case KvDtype::kBF16:
+        for (size_t d = 0; d < hd; ++d) {
+          const uint16_t x = f32_to_bf16(kh[d]);
+          std::memcpy(kdst + d * ps * 2, &x, 2);
+        }
+        break;
+    }
+    f32_to_kv_row(shape_.dtype, v + static_cast<size_t>(h) * hd,
+                  vb + (head + static_cast<size_t>(slot) * hd) * elem, hd);
+  }
+}
+
+void KvPool::read_token(int32_t layer, PageId page, int32_t slot, float* k, float* v) const {
+  STRATA_CHECK(slot >= 0 && slot < shape_.page_size);
+  const size_t elem = element_size_bytes();
+  const size_t hd = static_cast<size_t>(shape_.head_dim);
+  const size_t ps = static_cast<size_t>(shape_.page_size);
+  const std::byte* kb = k_block(layer, page);
+  const std::byte* vb = v_block(layer, page);
+  for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
+    const size_t head = static_cast<size_t>(h) * head_block_elements_;
+    for (size_t d = 0; d < hd; ++d) {
+      kv_to_f32_row(shape_.dtype, kb + (head + d * ps + static_cast<size_t>(slot)) * elem,
+                    k + static_cast<size_t>(h) * hd + d, 1);
+    }
+    kv_to_f32_row(shape_.dtype, vb + (head + static_cast<size_t>(slot) * hd) * elem,
+                  v + static_cast<size_t>(h) * hd, hd);
+  }
+}
+
+void KvPool::copy_layer_page_out(int32_t layer, PageId page, std::span<std::byte> dst) const {
+  STRATA_CHECK_MSG(dst.size() == layer_page_bytes(), "layer page buffer has the wrong size");
+  const size_t block_bytes = block_elements_ * element_size_bytes();
+  std::memcpy(dst.data(), k_block(layer, page), block_bytes);
+  std::memcpy(dst.data() + block_bytes, v_block(layer, page), block_bytes);
+}
+
+void KvPool::copy_layer_page_in(int32_t layer, PageId page, std::span<const std::byte> src) {
+  STRATA_CHECK_MSG(src.size() == layer_page_bytes(), "layer page buffer has the wrong size");
+  const size_t block_bytes = block_elements_ * element_size_bytes();
+  std::memcpy(k_block(layer, page), src.data(), block_bytes);
+  std::memcpy(v_block(layer, page), src.data() + block_bytes, block_bytes);
+}
+
+void KvPool::copy_page_out(PageId page, std::span<std::byte> dst) const {
+  STRATA_CHECK_MSG(dst.size() == page_bytes(), "page buffer has the wrong size");
+  const size_t per_layer = layer_page_bytes();
+  for (int32_t layer = 0; layer < shape_.num_layers; ++layer) {
+    copy_layer_page_out(layer, page,
+                        dst.subspan(static_cast<size_t>(layer) * per_layer, per_layer));
+  }
+}
+
+void KvPool::copy_page_in(PageId page, std::span<const std::byte> src) {
+  STRATA_CHECK_MSG(src.size() == page_bytes(), "page buffer has the wrong size");
+  const size_t per_layer = layer_page_bytes();
+  for (int32_t layer = 0; layer < shape_.num_layers; ++layer) {
+    copy_layer_page_in(layer, page, src.subspan(static_cast<size_t>(layer) * per_layer, per_layer));
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,132 @@
+// The device KV page pool: the bytes of every layer's keys and values for `num_pages`
+// pages of `page_size` tokens, addressed by the PageIds that the radix tree hands out.
+// On this CPU build "device" memory is ordinary (anonymous, huge-page advised) memory.
+//
+// Layout (one allocation, layer-first, then K/V, then page, then KV head):
+//
+//   layer l, K: base + (2 l)     * layer_region_bytes()    [page][kv_head][head_dim][slot]
+//   layer l, V: base + (2 l + 1) * layer_region_bytes()    [page][kv_head][slot][head_dim]
+//
+// One page's K (or V) in one layer is a contiguous block of
+// `num_kv_heads * page_size * head_dim` elements; inside it each head has a contiguous
+// `page_size * head_dim` sub-block. Within a head, K is stored dimension-major (element
+// d of the token in slot s at d * page_size + s) so that the attention kernel loads 16
+// consecutive keys' element d as one vector; V is stored token-major (slot s at
+// s * head_dim), the layout the output accumulation reads. vLLM's K cache is laid out
+// for the same reason. Elements are F32, F16 or BF16 (kv_dtype.h). write_token and
+// read_token hide the layout from callers that handle single tokens.
+//
+// Page copies to and from a caller's contiguous buffer (host tier, storage) move the
+// bytes unchanged, for all layers of one page (`page_bytes()` bytes):
+//
+//   for l in 0..num_layers: [K block of page in layer l][V block of page in layer l]
+//
+// and for one layer of one page (`layer_page_bytes()` bytes): [K block][V block]. A
+// page copied out of a pool and into another pool of the same shape restores the same
+// keys and values.
+//
+// Thread: the pool holds no metadata that changes; reading and writing distinct pages
+// from different threads is safe. Ordering accesses to the same page (the forward pass
+// writing it while a copy reads it) is the caller's job (the scheduler's).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "common/result.h"
+#include "memory/kv_dtype.h"
+#include "memory/page_id.h"
+
+namespace strata {
+
+struct KvPoolShape {
+  int32_t num_layers = 0;    // transformer layers, >= 1
+  int32_t num_kv_heads = 0;  // key/value heads per layer, >= 1
+  int32_t head_dim = 0;      // elements per head, >= 1
+  int32_t num_pages = 0;     // pages in the pool, >= 1
+  int32_t page_size = 0;     // tokens per page, >= 1
+  KvDtype dtype = KvDtype::kF32;
+};
+
+// Returns an error naming the first invalid field, or a size that overflows.
+Status validate_kv_pool_shape(const KvPoolShape& shape);
+
+class KvPool {
+ public:
+  // Allocates a zeroed pool. An invalid shape or a failed allocation fails a check;
+  // use create() to get an error value instead.
+  KvPool(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t num_pages,
+         int32_t page_size, KvDtype dtype);
+  explicit KvPool(const KvPoolShape& shape);
+  ~KvPool();
+
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  // Validates the shape and allocates; kInvalidArgument for a bad shape,
+  // kResourceExhausted when the memory cannot be had.
+  static Result<std::unique_ptr<KvPool>> create(const KvPoolShape& shape);
+
+  const KvPoolShape& shape() const { return shape_; }
+  int32_t num_layers() const { return shape_.num_layers; }
+  int32_t num_kv_heads() const { return shape_.num_kv_heads; }
+  int32_t head_dim() const { return shape_.head_dim; }
+  int32_t num_pages() const { return shape_.num_pages; }
+  int32_t page_size() const { return shape_.page_size; }
+  KvDtype dtype() const { return shape_.dtype; }
+  size_t element_size_bytes() const { return kv_dtype_size_bytes(shape_.dtype); }
+
+  // Elements of one head's K (or V) in one page: page_size * head_dim.
+  size_t head_block_elements() const { return head_block_elements_; }
+  // Elements of one page's K (or V) in one layer: num_kv_heads * page_size * head_dim.
+  size_t block_elements() const { return block_elements_; }
+  // Bytes of one page's K and V in one layer (the per-layer copy unit).
+  size_t layer_page_bytes() const { return 2 * block_elements_ * element_size_bytes(); }
+  // Bytes of one page's K and V in all layers (the page copy unit).
+  size_t page_bytes() const { return layer_page_bytes() * static_cast<size_t>(num_layers()); }
+  // Bytes of one layer's K (or V) for all pages.
+  size_t layer_region_bytes() const { return layer_region_bytes_; }
+  size_t total_bytes() const { return total_bytes_; }
+
+  bool is_valid_page(PageId page) const {
+    return page_index(page) >= 0 && page_index(page) < shape_.num_pages;
+  }
+
+  // The K block ([kv_head][head_dim][slot]) or V block ([kv_head][slot][head_dim]) of
+  // `page` in `layer`, elements of dtype(). The layer and page must be valid (checked).
+  std::byte* k_block(int32_t layer, PageId page) { return block(layer, page, 0); }
+  std::byte* v_block(int32_t layer, PageId page) { return block(layer, page, 1); }
+  const std::byte* k_block(int32_t layer, PageId page) const { return block(layer, page, 0); }
+  const std::byte* v_block(int32_t layer, PageId page) const { return block(layer, page, 1); }
+
+  // Writes one token's keys and values (F32, [num_kv_heads][head_dim] each, converted
+  // to dtype()) into `slot` of `page` in `layer`.
+  void write_token(int32_t layer, PageId page, int32_t slot, const float* k, const float* v);
+  // Reads them back (widened to F32).
+  void read_token(int32_t layer, PageId page, int32_t slot, float* k, float* v) const;
+
+  // Page copies in the buffer format described at the top of this file. The buffer
+  // must be exactly page_bytes() (or layer_page_bytes()) long and the page valid;
+  // anything else is a bug in the caller and fails a check.
+  void copy_page_out(PageId page, std::span<std::byte> dst) const;
+  void copy_page_in(PageId page, std::span<const std::byte> src);
+  void copy_layer_page_out(int32_t layer, PageId page, std::span<std::byte> dst) const;
+  void copy_layer_page_in(int32_t layer, PageId page, std::span<const std::byte> src);
+
+ private:
+  struct NoAllocate {};
+  KvPool(const KvPoolShape& shape, NoAllocate);
+  bool allocate();
+  std::byte* block(int32_t layer, PageId page, int kv) const;
+
+  KvPoolShape shape_;
+  size_t head_block_elements_ = 0;
+  size_t block_elements_ = 0;
+  size_t layer_region_bytes_ = 0;
+  size_t total_bytes_ = 0;
+  std::byte* data_ = nullptr;  // owned mapping of total_bytes_
+};
+
+}  // namespace strata

@@ -1,0 +1,298 @@
+#include "model/make_model.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/make_tokenizer.h"
+#include "model/rng.h"
+
+namespace strata {
+
+namespace {
+
+using nlohmann::json;
+
+uint64_t name_hash(std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+void add_random(TensorStore& store, const std::string& name, std::vector<int64_t> shape,
+                uint64_t seed, TensorDtype dtype, double mean, double std) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  Rng rng(seed ^ name_hash(name));
+  std::vector<float> values(static_cast<size_t>(n));
+  for (float& v : values) v = static_cast<float>(mean + std * rng.normal());
+  store.add_f32(name, dtype, std::move(shape), values);
+}
+
+Status write_json(const std::filesystem::path& path, const json& j) {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) return make_error(ErrorCode::kIoError, "cannot create " + path.string());
+  out << j.dump(2) << "\n";
+  out.close();
+  if (!out) return make_error(ErrorCode::kIoError, "cannot write " + path.string());
+  return {};
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+}  // namespace
+
+std::string_view model_preset_name(ModelPreset preset) {
+  switch (preset) {
+    case ModelPreset::kTiny:
+      return "tiny";
+    case ModelPreset::kDemo:
+      return "demo";
+    case ModelPreset::kBench:
+      return "bench";
+  }
+  return "unknown";
+}
+
+Result<ModelPreset> parse_model_preset(std::string_view name) {
+  const std::string n = lower(name);
+  if (n == "tiny") return ModelPreset::kTiny;
+  if (n == "demo") return ModelPreset::kDemo;
+  if (n == "bench") return ModelPreset::kBench;
+  return make_error(ErrorCode::kInvalidArgument,
+                    "unknown preset '" + std::string(name) + "' (tiny, demo, bench)");
+}
+
+Result<Architecture> parse_architecture(std::string_view name) {
+  const std::string n = lower(name);
+  if (n == "llama") return Architecture::kLlama;
+  if (n == "mistral") return Architecture::kMistral;
+  if (n == "qwen2") return Architecture::kQwen2;
+  if (n == "qwen3") return Architecture::kQwen3;
+  return make_error(ErrorCode::kInvalidArgument, "unknown architecture '" + std::string(name) +
+                                                     "' (llama, mistral, qwen2, qwen3)");
+}
+
+ModelConfig preset_config(ModelPreset preset, Architecture arch,
+                          std::optional<int32_t> vocab_size) {
+  ModelConfig c;
+  c.architecture = arch;
+  switch (preset) {
+    case ModelPreset::kTiny:
+      c.hidden_size = 64;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.intermediate_size = 128;
+      c.max_position_embeddings = 8192;
+      c.vocab_size = kGeneratedVocabSize;
+      break;
+    case ModelPreset::kDemo:
+      c.hidden_size = 256;
+      c.num_layers = 4;
+      c.num_heads = 8;
+      c.num_kv_heads = 4;
+      c.intermediate_size = 768;
+      c.max_position_embeddings = 32768;
+      c.vocab_size = kGeneratedVocabSize;
+      break;
+    case ModelPreset::kBench:
+      c.hidden_size = 512;
+      c.num_layers = 8;
+      c.num_heads = 8;
+      c.num_kv_heads = 4;
+      c.intermediate_size = 1536;
+      c.max_position_embeddings = 32768;
+      c.vocab_size = 32000;
+      break;
+  }
+  c.head_dim = c.hidden_size / c.num_heads;
+  if (vocab_size) c.vocab_size = *vocab_size;
+  switch (arch) {
+    case Architecture::kLlama:
+    case Architecture::kMistral:
+      c.rope_theta = 500000.0;
+      c.rms_norm_eps = 1e-5;
+      c.tie_word_embeddings = false;
+      break;
+    case Architecture::kQwen2:
+      c.rope_theta = 1000000.0;
+      c.rms_norm_eps = 1e-6;
+      c.qkv_bias = true;
+      c.tie_word_embeddings = false;
+      break;
+    case Architecture::kQwen3:
+      c.rope_theta = 1000000.0;
+      c.rms_norm_eps = 1e-6;
+      c.qk_norm = true;
+      // Untied: with a random embedding shared by input and output, the residual stream
+      // carries the input token's embedding straight to the logits and greedy decoding
+      // repeats the input token forever.
+      c.tie_word_embeddings = false;
+      // Qwen3 decouples head_dim from hidden / heads; the presets do too.
+      c.head_dim = preset == ModelPreset::kTiny ? 32 : 64;
+      break;
+  }
+  // The generated tokenizer's special ids (make_tokenizer.h).
+  c.bos_token_id = kGeneratedRegularTokens + 3;
+  c.eos_token_ids = {kGeneratedRegularTokens + 2, kGeneratedRegularTokens};
+  return c;
+}
+
+TensorStore make_random_tensors(const ModelConfig& c, uint64_t seed, TensorDtype dtype) {
+  TensorStore store;
+  const int64_t hidden = c.hidden_size;
+  const double inv_sqrt_hidden = 1.0 / std::sqrt(static_cast<double>(hidden));
+  const double std_w = 0.02;
+  add_random(store, "model.embed_tokens.weight", {c.vocab_size, hidden}, seed, dtype, 0.0,
+             inv_sqrt_hidden);
+  for (int32_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    add_random(store, p + "input_layernorm.weight", {hidden}, seed, dtype, 1.0, 0.1);
+    add_random(store, p + "post_attention_layernorm.weight", {hidden}, seed, dtype, 1.0, 0.1);
+    add_random(store, p + "self_attn.q_proj.weight", {c.q_size(), hidden}, seed, dtype, 0.0,
+               inv_sqrt_hidden);
+    add_random(store, p + "self_attn.k_proj.weight", {c.kv_size(), hidden}, seed, dtype, 0.0,
+               inv_sqrt_hidden);
+    add_random(store, p + "self_attn.v_proj.weight", {c.kv_size(), hidden}, seed, dtype, 0.0,
+               std_w);
+    add_random(store, p + "self_attn.o_proj.weight", {hidden, c.q_size()}, seed, dtype, 0.0, std_w);
+    if (c.qkv_bias) {
+      add_random(store, p + "self_attn.q_proj.bias", {c.q_size()}, seed, dtype, 0.0, 0.1);
+      add_random(store, p + "self_attn.k_proj.bias", {c.kv_size()}, seed, dtype, 0.0, 0.1);
+      add_random(store, p + "self_attn.v_proj.bias", {c.kv_size()}, seed, dtype, 0.0, 0.1);
+    }
+    if (c.o_bias) {
+      add_random(store, p + "self_attn.o_proj.bias", {hidden}, seed, dtype, 0.0, 0.1);
+    }
+    if (c.qk_norm) {
+      add_random(store, p + "self_attn.q_norm.weight", {c.head_dim}, seed, dtype, 1.0, 0.1);
+      add_random(store, p + "self_attn.k_norm.weight", {c.head_dim}, seed, dtype, 1.0, 0.1);
+    }
+    add_random(store, p + "mlp.gate_proj.weight", {c.intermediate_size, hidden}, seed, dtype, 0.0,
+               std_w);
+    add_random(store, p + "mlp.up_proj.weight", {c.intermediate_size, hidden}, seed, dtype, 0.0,
+               std_w);
+    add_random(store, p + "mlp.down_proj.weight", {hidden, c.intermediate_size}, seed, dtype, 0.0,
+               std_w);
+  }
+  add_random(store, "model.norm.weight", {hidden}, seed, dtype, 1.0, 0.1);
+  if (!c.tie_word_embeddings) {
+    add_random(store, "lm_head.weight", {c.vocab_size, hidden}, seed, dtype, 0.0,
+               2.0 * inv_sqrt_hidden);
+  }
+  return store;
+}
+
+Result<std::unique_ptr<Model>> make_preset_model(ModelPreset preset, Architecture arch,
+                                                 uint64_t seed, const ModelOptions& options,
+                                                 std::optional<int32_t> vocab_size) {
+  const ModelConfig config = preset_config(preset, arch, vocab_size);
+  const TensorStore tensors = make_random_tensors(config, seed, TensorDtype::kF32);
+  return Model::from_tensors(config, tensors, options);
+}
+
+Result<MadeModel> make_model(const MakeModelOptions& options) {
+  std::error_code ec;
+  std::filesystem::create_directories(options.out_dir, ec);
+  if (ec) {
+    return make_error(ErrorCode::kIoError,
+                      "cannot create " + options.out_dir.string() + ": " + ec.message());
+  }
+  if (options.num_shards < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "num_shards must be >= 1");
+  }
+  ModelConfig config = preset_config(options.preset, options.arch);
+  TokenizerInfo tokenizer;
+  std::optional<GeneratedTokenizer> generated;
+  if (options.tokenizer_dir) {
+    auto info = inspect_tokenizer_dir(*options.tokenizer_dir);
+    if (!info) return std::unexpected(info.error());
+    tokenizer = *info;
+    config.vocab_size = tokenizer.vocab_size;
+  } else {
+    generated = make_byte_level_bpe_tokenizer(config.max_position_embeddings);
+    tokenizer = generated->info;
+    config.vocab_size = std::max(config.vocab_size, tokenizer.vocab_size);
+  }
+  if (options.vocab_size) {
+    if (*options.vocab_size < tokenizer.vocab_size) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "vocab size " + std::to_string(*options.vocab_size) +
+                            " does not cover the tokenizer's " +
+                            std::to_string(tokenizer.vocab_size) + " tokens");
+    }
+    config.vocab_size = *options.vocab_size;
+  }
+  config.bos_token_id = tokenizer.bos_id;
+  config.eos_token_ids = tokenizer.eos_ids;
+  config.torch_dtype = options.dtype == TensorDtype::kF32
+                           ? "float32"
+                           : (options.dtype == TensorDtype::kF16 ? "float16" : "bfloat16");
+  if (auto s = validate_model_config(config); !s) return std::unexpected(s.error());
+
+  const TensorStore tensors = make_random_tensors(config, options.seed, options.dtype);
+  MadeModel made;
+  made.config = config;
+  for (const std::string& name : tensors.names()) {
+    const TensorView* view = tensors.find(name);
+    made.num_parameters += view->num_elements();
+    made.weight_bytes += view->data.size();
+  }
+
+  // Remove weight files of an earlier model in the same folder, so that a stale
+  // index or shard is never mixed with the new weights.
+  for (const auto& entry : std::filesystem::directory_iterator(options.out_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
+        (name.rfind("model-", 0) == 0 && name.ends_with(".safetensors"))) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
+  if (options.num_shards == 1) {
+    if (auto s = write_safetensors(options.out_dir / "model.safetensors", tensors); !s) {
+      return std::unexpected(s.error());
+    }
+  } else if (auto s = write_sharded_safetensors(options.out_dir, tensors, options.num_shards); !s) {
+    return std::unexpected(s.error());
+  }
+
+  if (auto s = write_json(options.out_dir / "config.json", model_config_to_json(config)); !s) {
+    return std::unexpected(s.error());
+  }
+  json generation = {{"bos_token_id", config.bos_token_id ? json(*config.bos_token_id) : json()},
+                     {"eos_token_id", config.eos_token_ids},
+                     {"do_sample", true},
+                     {"temperature", 0.7},
+                     {"top_p", 0.9}};
+  if (tokenizer.pad_id) generation["pad_token_id"] = *tokenizer.pad_id;
+  if (auto s = write_json(options.out_dir / "generation_config.json", generation); !s) {
+    return std::unexpected(s.error());
+  }
+  if (generated) {
+    if (auto s = write_json(options.out_dir / "tokenizer.json", generated->tokenizer); !s) {
+      return std::unexpected(s.error());
+    }
+    if (auto s = write_json(options.out_dir / "tokenizer_config.json", generated->tokenizer_config);
+        !s) {
+      return std::unexpected(s.error());
+    }
+  } else if (auto s = copy_tokenizer_files(*options.tokenizer_dir, options.out_dir); !s) {
+    return std::unexpected(s.error());
+  }
+  return made;
+}
+
+}  // namespace strata

@@ -1,0 +1,79 @@
+// Random-weight models in Hugging Face format, for tests, demos and benchmarks (no model
+// can be downloaded on the machines Strata is built on). Same seed, same bytes.
+//
+// Presets (every architecture):
+//   tiny   hidden 64, 2 layers, 4 heads, 2 KV heads, FFN 128 (Qwen3: head_dim 32) —
+//          builds and runs in milliseconds; the tests' model.
+//   demo   hidden 256, 4 layers, 8 heads, 4 KV heads, FFN 768 (Qwen3: head_dim 64).
+//   bench  hidden 512, 8 layers, 8 heads, 4 KV heads, FFN 1536, SwiGLU, vocabulary
+//          32,000 unless a tokenizer needs more — the performance-target model.
+//
+// Initialisation keeps activations sane and sampling non-degenerate: matrices normal
+// with std 0.02, except q/k projections (1/sqrt(hidden): attention is neither uniform
+// nor one-hot), the embedding (1/sqrt(hidden)) and lm_head (2/sqrt(hidden): logits of
+// standard deviation about 2); norm weights 1 + N(0, 0.1^2); biases N(0, 0.1^2). Every
+// tensor has its own random stream derived from the seed and its name, so the bytes of
+// one tensor do not depend on the others.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "common/result.h"
+#include "model/model.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+
+namespace strata {
+
+enum class ModelPreset : uint8_t {
+  kTiny,
+  kDemo,
+  kBench,
+};
+
+std::string_view model_preset_name(ModelPreset preset);
+Result<ModelPreset> parse_model_preset(std::string_view name);
+// "llama", "mistral", "qwen2", "qwen3".
+Result<Architecture> parse_architecture(std::string_view name);
+
+// The preset's config for `arch`. The vocabulary defaults to the generated tokenizer's
+// (tiny, demo) or 32,000 (bench); special ids are the generated tokenizer's.
+ModelConfig preset_config(ModelPreset preset, Architecture arch,
+                          std::optional<int32_t> vocab_size = std::nullopt);
+
+// Random weights for `config` under their Hugging Face names, stored as `dtype`.
+TensorStore make_random_tensors(const ModelConfig& config, uint64_t seed, TensorDtype dtype);
+
+// The preset's model in memory, without files.
+Result<std::unique_ptr<Model>> make_preset_model(ModelPreset preset, Architecture arch,
+                                                 uint64_t seed, const ModelOptions& options = {},
+                                                 std::optional<int32_t> vocab_size = std::nullopt);
+
+struct MakeModelOptions {
+  std::filesystem::path out_dir;  // created if missing; existing model files are replaced
+  ModelPreset preset = ModelPreset::kTiny;
+  Architecture arch = Architecture::kLlama;
+  uint64_t seed = 0;
+  TensorDtype dtype = TensorDtype::kF32;
+  // Copy this tokenizer (its vocabulary size and special ids then rule the config);
+  // empty: generate the small byte-level BPE tokenizer.
+  std::optional<std::filesystem::path> tokenizer_dir;
+  // Overrides the vocabulary size; must cover the tokenizer's largest id.
+  std::optional<int32_t> vocab_size;
+  int num_shards = 1;  // > 1: model-0000i-of-0000n.safetensors + index
+};
+
+struct MadeModel {
+  ModelConfig config;
+  int64_t num_parameters = 0;
+  uint64_t weight_bytes = 0;
+};
+
+// Writes config.json, generation_config.json, the weights and the tokenizer files.
+Result<MadeModel> make_model(const MakeModelOptions& options);
+
+}  // namespace strata

@@ -1,0 +1,53 @@
+// Matrix products with the model's weights: C = A W^T (+ C), A [m][k] activations in
+// F32, W [n][k] a WeightMatrix.
+//
+// F32 weights:
+// - m >= kBlasMinRows: OpenBLAS cblas_sgemm, the columns of C split into one contiguous
+//   range per thread of our pool, each calling single-threaded OpenBLAS (the model sets
+//   OpenBLAS to one thread, so its own workers never compete with ours).
+// - m < kBlasMinRows (decode): our kernel, bound by reading W once from memory; it
+//   streams rows of W and computes up to 4 x 4 dot products per step from registers.
+//   BLAS's GEMM packs W before multiplying, which for one row costs more than the
+//   product itself.
+// BF16 weights (packed, weights.h), any m: A is rounded to BF16 once, then our kernel
+// multiplies 12-row tiles of A by 32-row panels of W with vdpbf16ps (two products per
+// lane and instruction: twice the F32 FMA rate) where the CPU has AVX512-BF16, and an
+// exact F32 emulation elsewhere. Debian's OpenBLAS does not export cblas_sbgemm.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/aligned_buffer.h"
+#include "model/thread_pool.h"
+#include "model/weights.h"
+
+namespace strata {
+
+class Matmul {
+ public:
+  static constexpr int64_t kBlasMinRows = 8;
+
+  explicit Matmul(int num_threads);
+
+  // c[i * ldc + j] (+)= sum_k a[i * lda + k] * w[j][k] for i < m, j < w.rows().
+  // With `accumulate` the product is added to c (the residual stream), else it
+  // replaces it. a and c must not overlap.
+  void run(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
+           float* c, int64_t ldc, bool accumulate);
+
+  // Sets OpenBLAS to one thread (process-wide); the constructor calls it.
+  static void use_single_threaded_blas();
+
+ private:
+  void blas(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
+            float* c, int64_t ldc, bool accumulate);
+  void small(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
+             float* c, int64_t ldc, bool accumulate);
+  void bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
+            float* c, int64_t ldc, bool accumulate);
+
+  AlignedBuffer a_bf16_;  // activations rounded to BF16 for the current product
+};
+
+}  // namespace strata

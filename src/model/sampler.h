@@ -1,0 +1,77 @@
+// Token sampling from one row of logits: greedy, temperature, top-k, top-p, a seed per
+// request, log-probabilities as OpenAI defines them, stop token ids.
+//
+// Order of operations (as vLLM and Hugging Face): divide by temperature, keep the top_k
+// largest, keep the smallest set of most likely tokens whose probability reaches
+// top_p, renormalise, draw. Ties are broken by the smaller token id, so every step is
+// deterministic given the logits and the generator's state.
+//
+// Log-probabilities are those of the raw logits (log-softmax before temperature and
+// filtering), which is what OpenAI's `logprobs` / `top_logprobs` report.
+//
+// Thread: a Sampler belongs to one request; distinct samplers are independent.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "common/result.h"
+#include "model/rng.h"
+
+namespace strata {
+
+struct SamplingParams {
+  float temperature = 1.0f;             // >= 0; 0 = greedy (argmax)
+  int32_t top_k = 0;                    // <= 0: no limit
+  float top_p = 1.0f;                   // in (0, 1]; 1: no limit
+  std::optional<uint64_t> seed;         // reproducible draws; empty: the caller's fallback seed
+  bool logprobs = false;                // report the sampled token's log-probability
+  int32_t top_logprobs = 0;             // report this many most likely alternatives, 0..20
+  std::vector<int32_t> stop_token_ids;  // sampling one of these ends the request
+};
+
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+// kInvalidArgument naming the bad field.
+Status validate_sampling_params(const SamplingParams& params);
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct SampledToken {
+  int32_t token = 0;
+  bool is_stop = false;                    // token is in stop_token_ids
+  float logprob = 0.0f;                    // when params.logprobs or top_logprobs > 0
+  std::vector<TokenLogprob> top_logprobs;  // most likely first, ties by token id
+};
+
+class Sampler {
+ public:
+  // Seeds the generator from params.seed, or from `fallback_seed` when it is empty.
+  // The params must be valid (checked).
+  Sampler(SamplingParams params, uint64_t fallback_seed);
+
+  const SamplingParams& params() const { return params_; }
+
+  // Draws the next token from `logits` (one per vocabulary entry, at least one).
+  SampledToken sample(std::span<const float> logits);
+
+ private:
+  int32_t draw(std::span<const float> logits);
+
+  SamplingParams params_;
+  Rng rng_;
+  std::vector<float> weights_;
+  std::vector<int32_t> candidates_;
+};
+
+// Log-softmax of `logits` for `token`, and the `n` most likely tokens (ties by id).
+// Exposed for tests and for scoring prompts.
+float token_logprob(std::span<const float> logits, int32_t token);
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int32_t n);
+
+}  // namespace strata

@@ -1,0 +1,114 @@
+#include "server/metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+#include <sstream>
+
+namespace strata {
+namespace {
+
+prometheus::Histogram::BucketBoundaries latency_buckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+
+}  // namespace
+
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  using namespace prometheus;
+  requests_family_ = &BuildCounter()
+                          .Name("strata_requests_total")
+                          .Help("HTTP requests by endpoint and status code")
+                          .Register(*registry_);
+  prompt_tokens_ = &BuildCounter()
+                        .Name("strata_prompt_tokens_total")
+                        .Help("Prompt tokens of admitted requests")
+                        .Register(*registry_)
+                        .Add({});
+  generation_tokens_ = &BuildCounter()
+                            .Name("strata_generation_tokens_total")
+                            .Help("Generated tokens")
+                            .Register(*registry_)
+                            .Add({});
+  cache_hit_tokens_ = &BuildCounter()
+                           .Name("strata_cache_hit_tokens_total")
+                           .Help("Prompt tokens served from the KV cache")
+                           .Register(*registry_)
+                           .Add({});
+  ttft_s_ = &BuildHistogram()
+                 .Name("strata_time_to_first_token_seconds")
+                 .Help("Time from request arrival to the first generated token")
+                 .Register(*registry_)
+                 .Add({}, latency_buckets());
+  inter_token_s_ = &BuildHistogram()
+                        .Name("strata_inter_token_latency_seconds")
+                        .Help("Time between consecutive generated tokens of a request")
+                        .Register(*registry_)
+                        .Add({}, latency_buckets());
+  e2e_s_ = &BuildHistogram()
+                .Name("strata_e2e_request_latency_seconds")
+                .Help("Time from request arrival to its end")
+                .Register(*registry_)
+                .Add({}, latency_buckets());
+  pages_family_ = &BuildGauge()
+                       .Name("strata_kv_pages")
+                       .Help(
+                           "Device KV pages by state (total, free, used, cached, pinned, "
+                           "protected, evictable)")
+                       .Register(*registry_);
+  running_ = &BuildGauge()
+                  .Name("strata_requests_running")
+                  .Help("Requests in the running batch")
+                  .Register(*registry_)
+                  .Add({});
+  waiting_ = &BuildGauge()
+                  .Name("strata_requests_waiting")
+                  .Help("Requests waiting for admission")
+                  .Register(*registry_)
+                  .Add({});
+  evictions_ = &BuildGauge()
+                    .Name("strata_kv_evicted_pages_total")
+                    .Help("Pages evicted from the device pool since start")
+                    .Register(*registry_)
+                    .Add({});
+  auto_unpinned_ = &BuildGauge()
+                        .Name("strata_auto_unpinned_blocks_total")
+                        .Help("Blocks unpinned by the scheduler's no-deadlock rule")
+                        .Register(*registry_)
+                        .Add({});
+  expired_pins_ = &BuildGauge()
+                       .Name("strata_expired_pins_total")
+                       .Help("Soft pins dropped when their TTL ran out")
+                       .Register(*registry_)
+                       .Add({});
+}
+
+prometheus::Counter& Metrics::requests(const std::string& endpoint, const std::string& status) {
+  return requests_family_->Add({{"endpoint", endpoint}, {"status", status}});
+}
+
+void Metrics::set_cache(const CacheGaugeValues& v) {
+  auto set = [&](const char* state, int64_t value) {
+    pages_family_->Add({{"state", state}}).Set(static_cast<double>(value));
+  };
+  set("total", v.pages_total);
+  set("free", v.pages_free);
+  set("used", v.pages_used);
+  set("cached", v.pages_cached);
+  set("pinned", v.pages_pinned);
+  set("protected", v.pages_protected);
+  set("evictable", v.pages_evictable);
+  running_->Set(static_cast<double>(v.running));
+  waiting_->Set(static_cast<double>(v.waiting));
+  evictions_->Set(static_cast<double>(v.evicted_pages_total));
+  auto_unpinned_->Set(static_cast<double>(v.auto_unpinned_blocks_total));
+  expired_pins_->Set(static_cast<double>(v.expired_pins_total));
+}
+
+std::string Metrics::serialize() const {
+  prometheus::TextSerializer serializer;
+  std::ostringstream out;
+  serializer.Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+}  // namespace strata

