@@ -191,6 +191,24 @@ void RadixTree::restore_pin_tail(RadixNode* node) {
   if (last + 1 < node->num_pages()) split(node, last + 1);
 }
 
+RadixNode* RadixTree::descend(RadixNode* node, std::span<const TokenId> tokens, int32_t at_page,
+                              std::string_view extra, int32_t& matched, bool& partial) {
+  const int32_t ps = options_.page_size;
+  const int32_t n_pages = static_cast<int32_t>(tokens.size() / static_cast<size_t>(ps));
+  RadixNode* child = find_child(node, tokens.subspan(static_cast<size_t>(at_page) * ps, ps), extra);
+  if (child == nullptr || !child->on_device()) return nullptr;
+  const int32_t limit = std::min(child->num_pages(), n_pages - at_page);
+  int32_t j = 1;
+  while (j < limit && same_tokens(child->tokens.data() + static_cast<size_t>(j) * ps,
+                                  tokens.data() + static_cast<size_t>(at_page + j) * ps, ps)) {
+    ++j;
+  }
+  partial = j < child->num_pages();
+  if (partial) child = split(child, j);
+  matched = j;
+  return child;
+}
+
 MatchResult RadixTree::match_prefix(std::span<const TokenId> tokens, std::string_view cache_salt) {
   ++match_calls_;
   MatchResult result;
@@ -202,16 +220,10 @@ MatchResult RadixTree::match_prefix(std::span<const TokenId> tokens, std::string
   RadixNode* node = root_.get();
   int32_t i = 0;
   while (i < n_pages) {
-    RadixNode* child = find_child(node, tokens.subspan(static_cast<size_t>(i) * ps, ps), extra);
-    if (child == nullptr || !child->on_device()) break;
-    const int32_t limit = std::min(child->num_pages(), n_pages - i);
-    int32_t j = 1;
-    while (j < limit && same_tokens(child->tokens.data() + static_cast<size_t>(j) * ps,
-                                    tokens.data() + static_cast<size_t>(i + j) * ps, ps)) {
-      ++j;
-    }
-    const bool partial = j < child->num_pages();
-    if (partial) child = split(child, j);
+    int32_t j = 0;
+    bool partial = false;
+    RadixNode* child = descend(node, tokens, i, extra, j, partial);
+    if (child == nullptr) break;
     result.device_pages.insert(result.device_pages.end(), child->device_pages.begin(),
                                child->device_pages.end());
     result.block_hashes.insert(result.block_hashes.end(), child->hashes.begin(),
@@ -254,17 +266,10 @@ InsertResult RadixTree::insert(std::span<const TokenId> tokens, std::span<const 
   RadixNode* node = root_.get();
   int32_t i = 0;
   while (i < n_pages) {
-    RadixNode* child = find_child(node, tokens.subspan(static_cast<size_t>(i) * ps, ps), extra);
+    int32_t j = 0;
+    bool partial = false;
+    RadixNode* child = descend(node, tokens, i, extra, j, partial);
     if (child == nullptr) break;
-    STRATA_CHECK_MSG(child->on_device(), "insert into a node without device pages");
-    const int32_t limit = std::min(child->num_pages(), n_pages - i);
-    int32_t j = 1;
-    while (j < limit && same_tokens(child->tokens.data() + static_cast<size_t>(j) * ps,
-                                    tokens.data() + static_cast<size_t>(i + j) * ps, ps)) {
-      ++j;
-    }
-    const bool partial = j < child->num_pages();
-    if (partial) child = split(child, j);
     for (int32_t k = 0; k < j; ++k) {
       const PageId passed = pages[static_cast<size_t>(i + k)];
       if (passed != child->device_pages[static_cast<size_t>(k)]) {

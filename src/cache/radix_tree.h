@@ -275,6 +275,10 @@ class RadixTree {
   RadixNode* split(RadixNode* node, int32_t at);
   RadixNode* find_child(const RadixNode* parent, std::span<const TokenId> first_page,
                         std::string_view extra) const;
+  // One step of a walk: the device-resident child of `node` that continues `tokens` at
+  // page `at_page`, split so that it ends where the match ends. Null when none.
+  RadixNode* descend(RadixNode* node, std::span<const TokenId> tokens, int32_t at_page,
+                     std::string_view extra, int32_t& matched, bool& partial);
   BlockHash last_hash(const RadixNode* node) const;
   void touch(RadixNode* node, uint64_t tick, int64_t now_ms);
   void update_evictable(RadixNode* node);

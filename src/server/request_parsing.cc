@@ -1,5 +1,7 @@
 #include "server/request_parsing.h"
 
+#include "model/tokenizer/utf8.h"
+
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -12,47 +14,10 @@ std::unexpected<Error> bad(std::string message) {
   return make_error(ErrorCode::kInvalidArgument, std::move(message));
 }
 
-bool valid_utf8(const std::string& s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t len;
-    char32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c >> 5) == 0x6) {
-      len = 2;
-      cp = c & 0x1f;
-    } else if ((c >> 4) == 0xe) {
-      len = 3;
-      cp = c & 0x0f;
-    } else if ((c >> 3) == 0x1e) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + len > n) return false;
-    for (size_t k = 1; k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc >> 6) != 0x2) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
-      return false;
-    }
-    i += len;
-  }
-  return true;
-}
-
 }  // namespace
 
 Result<nlohmann::json> parse_json_object(const std::string& body) {
-  if (!valid_utf8(body)) return bad("the request body is not valid UTF-8");
+  if (!utf8::is_valid(body)) return bad("the request body is not valid UTF-8");
   nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad("the request body is not valid JSON");
   if (!j.is_object()) return bad("the request body must be a JSON object");
