@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "common/log.h"
 #include "model/make_model.h"
 #include "model/model.h"
 
@@ -207,6 +208,7 @@ int run_forward_bench(const ForwardBenchOptions& o) {
   }
   auto kv_dtype = parse_kv_dtype(o.kv_dtype);
   if (!kv_dtype) return fail(kv_dtype.error().message);
+  if (o.json) set_log_level("warn");  // keep stdout one JSON object
 
   const auto load_start = Clock::now();
   Result<std::unique_ptr<Model>> model = make_error(ErrorCode::kInternal, "no model");
@@ -293,6 +295,7 @@ int run_forward_bench(const ForwardBenchOptions& o) {
               std::to_string(std::max<int64_t>(o.decode_context, 1)) + ")",
           static_cast<double>(o.decode_tokens) / r->seconds, r->seconds, r->profile);
     for (int64_t b : o.decode_batches) {
+      if (b <= 0) continue;  // "--decode-batches ''" parses as one 0
       auto br = bench.batched_decode(b);
       if (!br) return fail(br.error().message);
       print("batched decode x" + std::to_string(b) + " (context " +

@@ -43,6 +43,8 @@ Status validate_kv_pool_shape(const KvPoolShape& shape) {
 }
 
 KvPool::KvPool(const KvPoolShape& shape, NoAllocate) : shape_(shape) {
+  paired_bf16_ =
+      shape.dtype == KvDtype::kBF16 && shape.page_size % 16 == 0 && shape.head_dim % 2 == 0;
   head_block_elements_ = static_cast<size_t>(shape.page_size) * static_cast<size_t>(shape.head_dim);
   block_elements_ = head_block_elements_ * static_cast<size_t>(shape.num_kv_heads);
   layer_region_bytes_ =
@@ -95,55 +97,71 @@ std::byte* KvPool::block(int32_t layer, PageId page, int kv) const {
          static_cast<size_t>(page_index(page)) * block_elements_ * element_size_bytes();
 }
 
+namespace {
+
+// Stores / loads one element of `dtype` at element offset `index` of `block`.
+void store_element(KvDtype dtype, std::byte* block, size_t index, float value) {
+  switch (dtype) {
+    case KvDtype::kF32:
+      std::memcpy(block + index * 4, &value, 4);
+      return;
+    case KvDtype::kF16: {
+      const uint16_t x = f32_to_f16(value);
+      std::memcpy(block + index * 2, &x, 2);
+      return;
+    }
+    case KvDtype::kBF16: {
+      const uint16_t x = f32_to_bf16(value);
+      std::memcpy(block + index * 2, &x, 2);
+      return;
+    }
+  }
+}
+
+float load_element(KvDtype dtype, const std::byte* block, size_t index) {
+  float out;
+  kv_to_f32_row(dtype, block + index * kv_dtype_size_bytes(dtype), &out, 1);
+  return out;
+}
+
+}  // namespace
+
 void KvPool::write_token(int32_t layer, PageId page, int32_t slot, const float* k, const float* v) {
   STRATA_CHECK(slot >= 0 && slot < shape_.page_size);
-  const size_t elem = element_size_bytes();
-  const size_t hd = static_cast<size_t>(shape_.head_dim);
-  const size_t ps = static_cast<size_t>(shape_.page_size);
   std::byte* kb = k_block(layer, page);
   std::byte* vb = v_block(layer, page);
+  const int32_t hd = shape_.head_dim;
   for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
-    const size_t head = static_cast<size_t>(h) * head_block_elements_;
-    const float* kh = k + static_cast<size_t>(h) * hd;
-    // K: element d of this slot is at d * page_size + slot.
-    std::byte* kdst = kb + (head + static_cast<size_t>(slot)) * elem;
-    switch (shape_.dtype) {
-      case KvDtype::kF32:
-        for (size_t d = 0; d < hd; ++d) std::memcpy(kdst + d * ps * 4, kh + d, 4);
-        break;
-      case KvDtype::kF16:
-        for (size_t d = 0; d < hd; ++d) {
-          const uint16_t x = f32_to_f16(kh[d]);
-          std::memcpy(kdst + d * ps * 2, &x, 2);
-        }
-        break;
-      case KvDtype::kBF16:
-        for (size_t d = 0; d < hd; ++d) {
-          const uint16_t x = f32_to_bf16(kh[d]);
-          std::memcpy(kdst + d * ps * 2, &x, 2);
-        }
-        break;
+    const float* kh = k + static_cast<size_t>(h) * static_cast<size_t>(hd);
+    const float* vh = v + static_cast<size_t>(h) * static_cast<size_t>(hd);
+    for (int32_t d = 0; d < hd; ++d) store_element(shape_.dtype, kb, k_index(h, slot, d), kh[d]);
+    if (paired_bf16_) {
+      for (int32_t d = 0; d < hd; ++d) store_element(shape_.dtype, vb, v_index(h, slot, d), vh[d]);
+    } else {
+      // Token-major V: one contiguous row.
+      f32_to_kv_row(shape_.dtype, vh, vb + v_index(h, slot, 0) * element_size_bytes(),
+                    static_cast<size_t>(hd));
     }
-    f32_to_kv_row(shape_.dtype, v + static_cast<size_t>(h) * hd,
-                  vb + (head + static_cast<size_t>(slot) * hd) * elem, hd);
+  }
+}
+
+void KvPool::read_head(int32_t layer, PageId page, int32_t slot, int32_t head, float* k,
+                       float* v) const {
+  STRATA_CHECK(slot >= 0 && slot < shape_.page_size);
+  STRATA_CHECK(head >= 0 && head < shape_.num_kv_heads);
+  const std::byte* kb = k_block(layer, page);
+  const std::byte* vb = v_block(layer, page);
+  for (int32_t d = 0; d < shape_.head_dim; ++d) {
+    k[d] = load_element(shape_.dtype, kb, k_index(head, slot, d));
+    v[d] = load_element(shape_.dtype, vb, v_index(head, slot, d));
   }
 }
 
 void KvPool::read_token(int32_t layer, PageId page, int32_t slot, float* k, float* v) const {
-  STRATA_CHECK(slot >= 0 && slot < shape_.page_size);
-  const size_t elem = element_size_bytes();
   const size_t hd = static_cast<size_t>(shape_.head_dim);
-  const size_t ps = static_cast<size_t>(shape_.page_size);
-  const std::byte* kb = k_block(layer, page);
-  const std::byte* vb = v_block(layer, page);
   for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
-    const size_t head = static_cast<size_t>(h) * head_block_elements_;
-    for (size_t d = 0; d < hd; ++d) {
-      kv_to_f32_row(shape_.dtype, kb + (head + d * ps + static_cast<size_t>(slot)) * elem,
-                    k + static_cast<size_t>(h) * hd + d, 1);
-    }
-    kv_to_f32_row(shape_.dtype, vb + (head + static_cast<size_t>(slot) * hd) * elem,
-                  v + static_cast<size_t>(h) * hd, hd);
+    read_head(layer, page, slot, h, k + static_cast<size_t>(h) * hd,
+              v + static_cast<size_t>(h) * hd);
   }
 }
 

@@ -9,12 +9,21 @@
 //
 // One page's K (or V) in one layer is a contiguous block of
 // `num_kv_heads * page_size * head_dim` elements; inside it each head has a contiguous
-// `page_size * head_dim` sub-block. Within a head, K is stored dimension-major (element
-// d of the token in slot s at d * page_size + s) so that the attention kernel loads 16
-// consecutive keys' element d as one vector; V is stored token-major (slot s at
-// s * head_dim), the layout the output accumulation reads. vLLM's K cache is laid out
-// for the same reason. Elements are F32, F16 or BF16 (kv_dtype.h). write_token and
-// read_token hide the layout from callers that handle single tokens.
+// `page_size * head_dim` sub-block, laid out for the attention kernel:
+//
+//   F32, F16 (and BF16 with a page size that is not a multiple of 16):
+//     K dimension-major: element d of slot s at  d * page_size + s
+//     V token-major:     element d of slot s at  s * head_dim + d
+//   BF16 with a page size that is a multiple of 16 ("paired"):
+//     K in dimension pairs: element d of slot s at  ((d / 2) * page_size + s) * 2 + d % 2
+//     V in slot pairs:      element d of slot s at  ((s / 2) * head_dim + d) * 2 + s % 2
+//
+// Dimension-major K puts dim d of 16 consecutive keys in one 64-byte vector, so scores
+// are computed straight from the page with no transpose (vLLM lays out its K cache for
+// the same reason). The paired BF16 layouts put the two values that one vdpbf16ps lane
+// multiplies side by side (two dims of a key for q.k, two keys of a dim for p.v).
+// Elements are F32, F16 or BF16 (kv_dtype.h). write_token, read_token and the index
+// functions hide the layout from callers that handle single tokens.
 //
 // Page copies to and from a caller's contiguous buffer (host tier, storage) move the
 // bytes unchanged, for all layers of one page (`page_bytes()` bytes):
@@ -94,8 +103,27 @@ class KvPool {
     return page_index(page) >= 0 && page_index(page) < shape_.num_pages;
   }
 
-  // The K block ([kv_head][head_dim][slot]) or V block ([kv_head][slot][head_dim]) of
-  // `page` in `layer`, elements of dtype(). The layer and page must be valid (checked).
+  // Whether the paired BF16 layout is in use (see the top of this file).
+  bool paired_bf16() const { return paired_bf16_; }
+  // Offsets, in elements from the start of a K (or V) block, of element d of `slot` of
+  // `head`.
+  size_t k_index(int32_t head, int32_t slot, int32_t d) const {
+    const size_t h = static_cast<size_t>(head) * head_block_elements_;
+    const size_t ps = static_cast<size_t>(shape_.page_size);
+    return paired_bf16_ ? h + (static_cast<size_t>(d / 2) * ps + static_cast<size_t>(slot)) * 2 +
+                              static_cast<size_t>(d % 2)
+                        : h + static_cast<size_t>(d) * ps + static_cast<size_t>(slot);
+  }
+  size_t v_index(int32_t head, int32_t slot, int32_t d) const {
+    const size_t h = static_cast<size_t>(head) * head_block_elements_;
+    const size_t hd = static_cast<size_t>(shape_.head_dim);
+    return paired_bf16_ ? h + (static_cast<size_t>(slot / 2) * hd + static_cast<size_t>(d)) * 2 +
+                              static_cast<size_t>(slot % 2)
+                        : h + static_cast<size_t>(slot) * hd + static_cast<size_t>(d);
+  }
+
+  // The K or V block of `page` in `layer` (all heads), elements of dtype() laid out as
+  // described at the top of this file. The layer and page must be valid (checked).
   std::byte* k_block(int32_t layer, PageId page) { return block(layer, page, 0); }
   std::byte* v_block(int32_t layer, PageId page) { return block(layer, page, 1); }
   const std::byte* k_block(int32_t layer, PageId page) const { return block(layer, page, 0); }
@@ -106,6 +134,8 @@ class KvPool {
   void write_token(int32_t layer, PageId page, int32_t slot, const float* k, const float* v);
   // Reads them back (widened to F32).
   void read_token(int32_t layer, PageId page, int32_t slot, float* k, float* v) const;
+  // Reads one head's key and value of one token (head_dim F32 values each).
+  void read_head(int32_t layer, PageId page, int32_t slot, int32_t head, float* k, float* v) const;
 
   // Page copies in the buffer format described at the top of this file. The buffer
   // must be exactly page_bytes() (or layer_page_bytes()) long and the page valid;
@@ -122,6 +152,7 @@ class KvPool {
   std::byte* block(int32_t layer, PageId page, int kv) const;
 
   KvPoolShape shape_;
+  bool paired_bf16_ = false;
   size_t head_block_elements_ = 0;
   size_t block_elements_ = 0;
   size_t layer_region_bytes_ = 0;

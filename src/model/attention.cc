@@ -176,6 +176,144 @@ void pv_rows(const float* p, int32_t rows, const TileSource& src, int32_t head_d
   }
 }
 
+// ---- paired BF16 pages (kv_pool.h): both products on vdpbf16ps ----
+// q (rounded to BF16, [rows][head_dim]) times K in dimension pairs: for pair p, the 16
+// keys of column block c are 32 BF16 values at k[c] + p * 2 * page_size.
+template <int ROWS, int NB>
+void score_block_paired(const uint16_t* q, int32_t head_dim, const TileSource& src, float* scores) {
+  F32x16 acc[ROWS][NB];
+  for (int r = 0; r < ROWS; ++r) {
+    for (int c = 0; c < NB; ++c) acc[r][c] = F32x16{};
+  }
+  const size_t pair_stride = 2 * src.k_stride;
+  for (int32_t p = 0; p < head_dim / 2; ++p) {
+    simd::U32x16 k[NB];
+    for (int c = 0; c < NB; ++c) {
+      k[c] = simd::load_u32(reinterpret_cast<const uint16_t*>(src.k[c]) +
+                            static_cast<size_t>(p) * pair_stride);
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const simd::U32x16 qv = simd::broadcast_pair(q + r * head_dim + 2 * p);
+      for (int c = 0; c < NB; ++c) acc[r][c] = simd::dot_pairs(acc[r][c], qv, k[c]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    for (int c = 0; c < NB; ++c) simd::store(scores + r * kTile + c * kBlock, acc[r][c]);
+  }
+}
+
+template <int NB>
+void score_rows_paired_nb(const uint16_t* q, int32_t rows, int32_t head_dim, const TileSource& src,
+                          float* scores) {
+  int32_t r = 0;
+  for (; r + kMicroRows <= rows; r += kMicroRows) {
+    score_block_paired<kMicroRows, NB>(q + r * head_dim, head_dim, src, scores + r * kTile);
+  }
+  const uint16_t* qr = q + r * head_dim;
+  float* sr = scores + r * kTile;
+  switch (rows - r) {
+    case 1:
+      return score_block_paired<1, NB>(qr, head_dim, src, sr);
+    case 2:
+      return score_block_paired<2, NB>(qr, head_dim, src, sr);
+    case 3:
+      return score_block_paired<3, NB>(qr, head_dim, src, sr);
+    case 4:
+      return score_block_paired<4, NB>(qr, head_dim, src, sr);
+    case 5:
+      return score_block_paired<5, NB>(qr, head_dim, src, sr);
+    default:
+      return;
+  }
+}
+
+void score_rows_paired(const uint16_t* q, int32_t rows, int32_t head_dim, const TileSource& src,
+                       int32_t blocks, float* scores) {
+  switch (blocks) {
+    case 1:
+      return score_rows_paired_nb<1>(q, rows, head_dim, src, scores);
+    case 2:
+      return score_rows_paired_nb<2>(q, rows, head_dim, src, scores);
+    case 3:
+      return score_rows_paired_nb<3>(q, rows, head_dim, src, scores);
+    default:
+      return score_rows_paired_nb<4>(q, rows, head_dim, src, scores);
+  }
+}
+
+// acc[r][c0 ..] += P (rounded to BF16, [rows][kTile]) times V in slot pairs: for the key
+// pair (2q, 2q + 1) of column block c, dims c0.. are 32 BF16 values at
+// v[c] + (q * head_dim + c0) * 2.
+template <int ROWS, int NV>
+void pv_block_paired(const uint16_t* p, const TileSource& src, int32_t head_dim, int32_t num_keys,
+                     float* acc, int32_t c0) {
+  F32x16 a[ROWS][NV];
+  for (int r = 0; r < ROWS; ++r) {
+    for (int n = 0; n < NV; ++n) a[r][n] = simd::load(acc + r * head_dim + c0 + n * kLanes);
+  }
+  for (int32_t c = 0; c * kBlock < num_keys; ++c) {
+    const int32_t pairs = (std::min(kBlock, num_keys - c * kBlock) + 1) / 2;
+    const uint16_t* base = reinterpret_cast<const uint16_t*>(src.v[c]);
+    for (int32_t q = 0; q < pairs; ++q) {
+      const uint16_t* row = base + (static_cast<size_t>(q) * head_dim + c0) * 2;
+      simd::U32x16 v[NV];
+      for (int n = 0; n < NV; ++n) v[n] = simd::load_u32(row + n * 2 * kLanes);
+      for (int r = 0; r < ROWS; ++r) {
+        const simd::U32x16 pv = simd::broadcast_pair(p + r * kTile + c * kBlock + 2 * q);
+        for (int n = 0; n < NV; ++n) a[r][n] = simd::dot_pairs(a[r][n], pv, v[n]);
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    for (int n = 0; n < NV; ++n) simd::store(acc + r * head_dim + c0 + n * kLanes, a[r][n]);
+  }
+}
+
+template <int ROWS>
+void pv_rows_paired_fixed(const uint16_t* p, const TileSource& src, int32_t head_dim,
+                          int32_t num_keys, float* acc) {
+  for (int32_t c0 = 0; c0 < head_dim; c0 += 4 * kLanes) {
+    switch (std::min<int32_t>(4, (head_dim - c0) / kLanes)) {
+      case 4:
+        pv_block_paired<ROWS, 4>(p, src, head_dim, num_keys, acc, c0);
+        break;
+      case 3:
+        pv_block_paired<ROWS, 3>(p, src, head_dim, num_keys, acc, c0);
+        break;
+      case 2:
+        pv_block_paired<ROWS, 2>(p, src, head_dim, num_keys, acc, c0);
+        break;
+      default:
+        pv_block_paired<ROWS, 1>(p, src, head_dim, num_keys, acc, c0);
+        break;
+    }
+  }
+}
+
+void pv_rows_paired(const uint16_t* p, int32_t rows, const TileSource& src, int32_t head_dim,
+                    int32_t num_keys, float* acc) {
+  int32_t r = 0;
+  for (; r + kMicroRows <= rows; r += kMicroRows) {
+    pv_rows_paired_fixed<kMicroRows>(p + r * kTile, src, head_dim, num_keys, acc + r * head_dim);
+  }
+  const uint16_t* pr = p + r * kTile;
+  float* ar = acc + r * head_dim;
+  switch (rows - r) {
+    case 1:
+      return pv_rows_paired_fixed<1>(pr, src, head_dim, num_keys, ar);
+    case 2:
+      return pv_rows_paired_fixed<2>(pr, src, head_dim, num_keys, ar);
+    case 3:
+      return pv_rows_paired_fixed<3>(pr, src, head_dim, num_keys, ar);
+    case 4:
+      return pv_rows_paired_fixed<4>(pr, src, head_dim, num_keys, ar);
+    case 5:
+      return pv_rows_paired_fixed<5>(pr, src, head_dim, num_keys, ar);
+    default:
+      return;
+  }
+}
+
 // Scalar forms for head_dim not a multiple of 16 (F32 tiles only: the gather path).
 void score_rows_scalar(const float* q, int32_t rows, int32_t head_dim, const TileSource& src,
                        int32_t num_keys, float* scores) {
@@ -259,6 +397,8 @@ PagedAttention::PagedAttention(const AttentionShape& shape, int num_threads) : s
     ws.k.resize(hd * kTile * sizeof(float));
     ws.v.resize(hd * kTile * sizeof(float));
     ws.scores.resize(rows * kTile * sizeof(float));
+    ws.q_bf16.resize(rows * hd * sizeof(uint16_t));
+    ws.p_bf16.resize(rows * kTile * sizeof(uint16_t));
     ws.acc.resize(rows * hd * sizeof(float));
     ws.row_max.resize(rows);
     ws.row_sum.resize(rows);
@@ -303,7 +443,6 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
   const int32_t page_size = kv.page_size();
   const KvDtype dtype = kv.dtype();
   const size_t elem = kv.element_size_bytes();
-  const size_t head_offset = static_cast<size_t>(task.kv_head) * kv.head_block_elements();
 
   float* qs = ws.q.as<float>();
   float* acc = ws.acc.as<float>();
@@ -336,6 +475,11 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
   const int64_t key_end = ws.row_position[static_cast<size_t>(rows - 1)] + 1;
   const bool direct = page_size % kBlock == 0 && hd % kLanes == 0;
   const bool vector_pv = hd % kLanes == 0;
+  // Paired BF16 pages: q and p rounded to BF16, both products on vdpbf16ps.
+  const bool paired = direct && kv.paired_bf16();
+  uint16_t* q_bf16 = ws.q_bf16.as<uint16_t>();
+  uint16_t* p_bf16 = ws.p_bf16.as<uint16_t>();
+  if (paired) f32_to_bf16_row(qs, q_bf16, static_cast<size_t>(rows) * static_cast<size_t>(hd));
 
   float* kbuf = ws.k.as<float>();
   float* vbuf = ws.v.as<float>();
@@ -351,9 +495,9 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
       for (int32_t c = 0; c < blocks; ++c) {
         const int64_t first = k0 + c * kBlock;
         const PageId page = seq.page_table[static_cast<size_t>(first / page_size)];
-        const size_t slot = static_cast<size_t>(first % page_size);
-        src.k[c] = kv.k_block(layer, page) + (head_offset + slot) * elem;
-        src.v[c] = kv.v_block(layer, page) + (head_offset + slot * static_cast<size_t>(hd)) * elem;
+        const int32_t slot = static_cast<int32_t>(first % page_size);
+        src.k[c] = kv.k_block(layer, page) + kv.k_index(task.kv_head, slot, 0) * elem;
+        src.v[c] = kv.v_block(layer, page) + kv.v_index(task.kv_head, slot, 0) * elem;
       }
       src.k_stride = static_cast<size_t>(page_size);
     } else {
@@ -363,17 +507,8 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
         const int64_t position = k0 + j;
         if (position < key_end) {
           const PageId page = seq.page_table[static_cast<size_t>(position / page_size)];
-          const size_t slot = static_cast<size_t>(position % page_size);
-          const std::byte* kb = kv.k_block(layer, page);
-          for (int32_t d = 0; d < hd; ++d) {
-            kv_to_f32_row(dtype,
-                          kb + (head_offset + static_cast<size_t>(d) * page_size + slot) * elem,
-                          token_k + d, 1);
-          }
-          kv_to_f32_row(
-              dtype,
-              kv.v_block(layer, page) + (head_offset + slot * static_cast<size_t>(hd)) * elem,
-              token_v, static_cast<size_t>(hd));
+          kv.read_head(layer, page, static_cast<int32_t>(position % page_size), task.kv_head,
+                       token_k, token_v);
         } else {
           std::fill(token_k, token_k + hd, 0.0f);
           std::fill(token_v, token_v + hd, 0.0f);
@@ -389,7 +524,9 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
     }
 
     // ---- scores ----
-    if (!vector_pv) {
+    if (paired) {
+      score_rows_paired(q_bf16, rows, hd, src, blocks, scores);
+    } else if (!vector_pv) {
       score_rows_scalar(qs, rows, hd, src, kn, scores);
     } else if (tile_dtype == KvDtype::kF32) {
       score_rows<KvDtype::kF32>(qs, rows, hd, src, blocks, scores);
@@ -408,7 +545,13 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
                   acc + r * hd, hd);
     }
     // ---- acc += P V ----
-    if (!vector_pv) {
+    if (paired) {
+      for (int32_t r = 0; r < rows; ++r) {
+        f32_to_bf16_row(scores + r * kTile, p_bf16 + r * kTile,
+                        static_cast<size_t>(blocks * kBlock));
+      }
+      pv_rows_paired(p_bf16, rows, src, hd, kn, acc);
+    } else if (!vector_pv) {
       pv_rows_scalar(scores, rows, src, hd, kn, acc);
     } else if (tile_dtype == KvDtype::kF32) {
       pv_rows<KvDtype::kF32>(scores, rows, src, hd, kn, acc);

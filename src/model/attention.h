@@ -8,10 +8,12 @@
 // matrix), so every K/V tile is read once per group, not once per head. Tasks go to the
 // pool's threads heaviest first.
 //
-// Two kernels: for blocks of at least kWideRows query rows (prefill), K tiles are
-// transposed into scratch and scores and outputs are computed by register-blocked
-// micro-kernels (6 rows x 64 keys, 6 rows x 64 dims); for fewer rows (decode) scores are
-// dot products against K rows read straight from the pages.
+// Keys are read straight from the pages (K is stored dimension-major, kv_pool.h), 16
+// keys per vector; scores and outputs come from register-blocked micro-kernels (6 rows
+// x 64 keys, 6 rows x 64 dims), F16/BF16 widened in registers. With paired BF16 pages
+// both products run on vdpbf16ps instead (q and p rounded to BF16, as GPU flash
+// attention does). Page sizes or head dims that are not multiples of 16 take a gather
+// path through scratch.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +48,6 @@ class PagedAttention {
  public:
   static constexpr int32_t kKeyTile = 64;    // keys per tile
   static constexpr int32_t kRowTarget = 64;  // query rows (tokens x group heads) per task
-  static constexpr int32_t kWideRows = 8;    // from this many rows on, the tiled kernel
 
   PagedAttention(const AttentionShape& shape, int num_threads);
 
@@ -68,6 +69,8 @@ class PagedAttention {
     AlignedBuffer k;       // wide: [head_dim][kKeyTile] (transposed); narrow: [kKeyTile][head_dim]
     AlignedBuffer v;       // [kKeyTile][head_dim]
     AlignedBuffer scores;  // [rows][kKeyTile]
+    AlignedBuffer q_bf16;  // [rows][head_dim], paired BF16 pages only
+    AlignedBuffer p_bf16;  // [rows][kKeyTile], paired BF16 pages only
     AlignedBuffer acc;     // [rows][head_dim]
     std::vector<float> row_max;
     std::vector<float> row_sum;

@@ -2,6 +2,7 @@
 // matrix of T rows, so every projection is one GEMM over the whole batch; only
 // attention looks at sequences (each over its own pages).
 #include <chrono>
+#include <new>
 #include <string>
 
 #include "model/model.h"
@@ -110,6 +111,19 @@ void Model::grow_scratch(int64_t num_tokens) {
 Status Model::forward(std::span<const ForwardSequence> batch, KvPool& pool,
                       std::vector<float>& logits) {
   if (auto s = validate(batch, pool); !s) return s;
+  // Scratch grows on the calling thread (never inside pool tasks); running out of
+  // memory there is an error value, not an exception through the API.
+  try {
+    return forward_validated(batch, pool, logits);
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::kResourceExhausted,
+                      "forward: out of memory for the scratch of a batch of " +
+                          std::to_string(batch.size()) + " sequences");
+  }
+}
+
+Status Model::forward_validated(std::span<const ForwardSequence> batch, KvPool& pool,
+                                std::vector<float>& logits) {
   int64_t num_tokens = 0;
   int64_t num_logit_rows = 0;
   for (const ForwardSequence& seq : batch) {

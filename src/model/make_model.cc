@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <new>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -44,6 +46,8 @@ Status write_json(const std::filesystem::path& path, const json& j) {
   if (!out) return make_error(ErrorCode::kIoError, "cannot write " + path.string());
   return {};
 }
+
+Result<MadeModel> make_model_files(const MakeModelOptions& options);
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -200,11 +204,28 @@ Result<std::unique_ptr<Model>> make_preset_model(ModelPreset preset, Architectur
                                                  uint64_t seed, const ModelOptions& options,
                                                  std::optional<int32_t> vocab_size) {
   const ModelConfig config = preset_config(preset, arch, vocab_size);
-  const TensorStore tensors = make_random_tensors(config, seed, TensorDtype::kF32);
-  return Model::from_tensors(config, tensors, options);
+  if (auto s = validate_model_config(config); !s) return std::unexpected(s.error());
+  try {
+    const TensorStore tensors = make_random_tensors(config, seed, TensorDtype::kF32);
+    return Model::from_tensors(config, tensors, options);
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::kResourceExhausted, "out of memory making the random weights");
+  }
 }
 
 Result<MadeModel> make_model(const MakeModelOptions& options) {
+  try {
+    return make_model_files(options);
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::kResourceExhausted, "out of memory making the random weights");
+  } catch (const std::filesystem::filesystem_error& e) {
+    return make_error(ErrorCode::kIoError, e.what());
+  }
+}
+
+namespace {
+
+Result<MadeModel> make_model_files(const MakeModelOptions& options) {
   std::error_code ec;
   std::filesystem::create_directories(options.out_dir, ec);
   if (ec) {
@@ -294,5 +315,7 @@ Result<MadeModel> make_model(const MakeModelOptions& options) {
   }
   return made;
 }
+
+}  // namespace
 
 }  // namespace strata

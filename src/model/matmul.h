@@ -2,13 +2,13 @@
 // F32, W [n][k] a WeightMatrix.
 //
 // F32 weights:
-// - m >= kBlasMinRows: OpenBLAS cblas_sgemm, the columns of C split into one contiguous
+// - m >= blas_min_rows: OpenBLAS cblas_sgemm, the columns of C split into one contiguous
 //   range per thread of our pool, each calling single-threaded OpenBLAS (the model sets
 //   OpenBLAS to one thread, so its own workers never compete with ours).
-// - m < kBlasMinRows (decode): our kernel, bound by reading W once from memory; it
-//   streams rows of W and computes up to 4 x 4 dot products per step from registers.
-//   BLAS's GEMM packs W before multiplying, which for one row costs more than the
-//   product itself.
+// - m < blas_min_rows (decode): our kernel, bound by reading W once from memory; it
+//   streams W one row at a time (one sequential stream per thread) against up to 4 rows
+//   of A held in cache. BLAS's GEMM packs W before multiplying, which for one row costs
+//   more than the product itself.
 // BF16 weights (packed, weights.h), any m: A is rounded to BF16 once, then our kernel
 // multiplies 12-row tiles of A by 32-row panels of W with vdpbf16ps (two products per
 // lane and instruction: twice the F32 FMA rate) where the CPU has AVX512-BF16, and an
@@ -26,9 +26,10 @@ namespace strata {
 
 class Matmul {
  public:
-  static constexpr int64_t kBlasMinRows = 8;
+  static constexpr int64_t kDefaultBlasMinRows = 8;
 
-  explicit Matmul(int num_threads);
+  // F32 products with fewer than blas_min_rows rows of A use our kernel.
+  explicit Matmul(int num_threads, int64_t blas_min_rows = kDefaultBlasMinRows);
 
   // c[i * ldc + j] (+)= sum_k a[i * lda + k] * w[j][k] for i < m, j < w.rows().
   // With `accumulate` the product is added to c (the residual stream), else it
@@ -47,6 +48,7 @@ class Matmul {
   void bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
             float* c, int64_t ldc, bool accumulate);
 
+  int64_t blas_min_rows_;
   AlignedBuffer a_bf16_;  // activations rounded to BF16 for the current product
 };
 

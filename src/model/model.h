@@ -62,7 +62,8 @@ class Model {
   // `logits` (resized to rows x vocab_size), in batch order.
   // kInvalidArgument (and nothing computed or written) for an empty sequence, a token
   // id outside the vocabulary, a position beyond max_position_embeddings, a page table
-  // that is too short or names a page outside the pool, or a pool of another shape.
+  // that is too short or names a page outside the pool, or a pool of another shape;
+  // kResourceExhausted when the scratch for the batch cannot be allocated.
   Status forward(std::span<const ForwardSequence> batch, KvPool& pool, std::vector<float>& logits);
 
   // Per-phase timing of forward() (off by default: it costs two clock reads a phase).
@@ -74,6 +75,8 @@ class Model {
   Model(const ModelConfig& config, ModelWeights weights, int num_threads);
 
   Status validate(std::span<const ForwardSequence> batch, const KvPool& pool) const;
+  Status forward_validated(std::span<const ForwardSequence> batch, KvPool& pool,
+                           std::vector<float>& logits);
   void grow_scratch(int64_t num_tokens);
 
   ModelConfig config_;

@@ -120,8 +120,8 @@ STRATA_SIMD_INLINE F32x16 exp(F32x16 x) {
 #if defined(__AVX512F__)
   // vscalefps computes p * 2^n with the exponent range handled in hardware (0 below
   // the smallest subnormal, infinity above the largest float), so only -inf (whose
-  // reduction would be NaN) needs a clamp; -104 gives exactly 0.
-  x = x > -104.0f ? x : splat(-104.0f);
+  // reduction would be NaN) needs a clamp; -110 gives exactly 0.
+  x = x > -110.0f ? x : splat(-110.0f);
   x = x < 88.0f ? x : splat(88.0f);
 #else
   const F32x16 kMin = splat(-87.3365447504019f);
@@ -156,6 +156,42 @@ STRATA_SIMD_INLINE F32x16 exp(F32x16 x) {
   const F32x16 result = p * scale;
   return underflow ? splat(0.0f) : result;
 #endif
+}
+
+// acc + a_even * b_even + a_odd * b_odd per lane, where each 32-bit lane of a and b holds
+// two BF16 values (the pair of columns 2p, 2p + 1). One vdpbf16ps where the CPU has it.
+STRATA_SIMD_INLINE F32x16 dot_pairs(F32x16 acc, U32x16 a, U32x16 b) {
+#if defined(__AVX512BF16__)
+  __m512 accv;
+  __m512bh av, bv;
+  std::memcpy(&accv, &acc, sizeof accv);
+  std::memcpy(&av, &a, sizeof av);
+  std::memcpy(&bv, &b, sizeof bv);
+  accv = _mm512_dpbf16_ps(accv, av, bv);
+  std::memcpy(&acc, &accv, sizeof acc);
+  return acc;
+#else
+  const U32x16 a_even = a << 16, a_odd = a & 0xffff0000u;
+  const U32x16 b_even = b << 16, b_odd = b & 0xffff0000u;
+  F32x16 ae, ao, be, bo;
+  std::memcpy(&ae, &a_even, sizeof ae);
+  std::memcpy(&ao, &a_odd, sizeof ao);
+  std::memcpy(&be, &b_even, sizeof be);
+  std::memcpy(&bo, &b_odd, sizeof bo);
+  return acc + ae * be + ao * bo;
+#endif
+}
+
+STRATA_SIMD_INLINE U32x16 load_u32(const uint16_t* p) {
+  U32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+STRATA_SIMD_INLINE U32x16 broadcast_pair(const uint16_t* p) {
+  uint32_t x;
+  std::memcpy(&x, p, sizeof x);
+  return U32x16{} + x;
 }
 
 }  // namespace strata::simd

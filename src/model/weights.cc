@@ -226,7 +226,9 @@ float WeightMatrix::at(int64_t r, int64_t c) const {
                                      : bf16_to_f32(packed_bf16()[packed_index(r, c)]);
 }
 
-void WeightMatrix::row_to_f32(int64_t r, float* out) const { rows_to_f32(r, 1, out); }
+void WeightMatrix::row_to_f32(int64_t r, float* out) const {
+  rows_to_f32(r, 1, out);
+}
 
 void WeightMatrix::rows_to_f32(int64_t row_begin, int64_t num_rows, float* out) const {
   if (dtype_ == WeightDtype::kF32) {

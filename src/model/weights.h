@@ -73,8 +73,8 @@ class WeightMatrix {
   // Offset of element (r, c) in the packed BF16 layout.
   int64_t packed_index(int64_t r, int64_t c) const {
     const int64_t lane = r % kPanelRows;
-    return (r / kPanelRows) * panel_elements() + (c / 2) * (2 * kPanelRows) +
-           (lane / 16) * 32 + (lane % 16) * 2 + c % 2;
+    return (r / kPanelRows) * panel_elements() + (c / 2) * (2 * kPanelRows) + (lane / 16) * 32 +
+           (lane % 16) * 2 + c % 2;
   }
 
   int64_t rows_ = 0;

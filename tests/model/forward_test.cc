@@ -109,6 +109,10 @@ struct ArchCase {
   bool llama3_rope;
 };
 
+// Without this gtest prints raw bytes (the name pointer and padding), so CTest's discovered
+// test names change from run to run.
+void PrintTo(const ArchCase& c, std::ostream* os) { *os << c.name; }
+
 class ReferenceTest : public ::testing::TestWithParam<ArchCase> {};
 
 // Prefill (one piece, so the tiled attention kernel runs) then decode token by token
