@@ -111,7 +111,9 @@ struct ArchCase {
 
 // Without this gtest prints raw bytes (the name pointer and padding), so CTest's discovered
 // test names change from run to run.
-void PrintTo(const ArchCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const ArchCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class ReferenceTest : public ::testing::TestWithParam<ArchCase> {};
 

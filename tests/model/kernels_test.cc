@@ -234,7 +234,9 @@ TEST_P(MatmulTest, MatchesDoubleForEveryPath) {
 
 // gtest prints values without PrintTo as raw bytes ("1-byte object <00>"), and CTest's
 // gtest_discover_tests puts that in test names. ADL finds this one in WeightDtype's namespace.
-inline void PrintTo(WeightDtype dtype, std::ostream* os) { *os << weight_dtype_name(dtype); }
+inline void PrintTo(WeightDtype dtype, std::ostream* os) {
+  *os << weight_dtype_name(dtype);
+}
 
 namespace {
 
@@ -253,8 +255,8 @@ struct AttentionCase {
 // Deterministic print (the default dumps raw bytes, uninitialized padding included), also
 // used as the test name: e.g. h8_kv4_d64_p16_w0_f32.
 void PrintTo(const AttentionCase& c, std::ostream* os) {
-  *os << "h" << c.num_heads << "_kv" << c.num_kv_heads << "_d" << c.head_dim << "_p"
-      << c.page_size << "_w" << c.window << "_" << kv_dtype_name(c.dtype);
+  *os << "h" << c.num_heads << "_kv" << c.num_kv_heads << "_d" << c.head_dim << "_p" << c.page_size
+      << "_w" << c.window << "_" << kv_dtype_name(c.dtype);
 }
 
 class PagedAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
