@@ -59,6 +59,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     int32_t page_size = 16;
     int32_t kv_cache_tokens = 65'536;
     std::string kv_cache_dtype = "f32";
+    std::string weight_dtype = "auto";
     int32_t max_running_requests = 32;
     int32_t chunked_prefill_size = 2048;
     double max_pinned_ratio = 0.8;
@@ -91,6 +92,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(64, 1 << 30))
       ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV pool dtype: f32 | f16 | bf16")
+      ->capture_default_str();
+  cmd->add_option(
+         "--weight-dtype", o->weight_dtype,
+         "In-memory weights: auto (the checkpoint's) | f32 | bf16 (about 2x faster decode)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--max-running-requests", o->max_running_requests,
                   "Requests in the running batch")
@@ -142,7 +148,10 @@ void add_serve_command(CLI::App& app, int& exit_code) {
         if (!made) return fail("cannot make the demo model: " + made.error().message);
       }
     }
-    auto model = Model::load(dir, ModelOptions{.num_threads = o->threads});
+    ModelOptions model_options{.num_threads = o->threads};
+    if (o->weight_dtype == "f32") model_options.weight_dtype = WeightDtype::kF32;
+    if (o->weight_dtype == "bf16") model_options.weight_dtype = WeightDtype::kBF16;
+    auto model = Model::load(dir, model_options);
     if (!model) return fail(model.error().message);
     auto tokenizer = Tokenizer::load(dir);
     if (!tokenizer) return fail(tokenizer.error().message);
