@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include "model/tokenizer/utf8.h"
 
 namespace strata::testing {
 
@@ -30,23 +31,7 @@ class RandomText {
  private:
   int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
 
-  static void append_cp(std::string& out, char32_t cp) {
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
+  static void append_cp(std::string& out, char32_t cp) { utf8::append(out, cp); }
 
   void word(std::string& out, std::initializer_list<std::pair<char32_t, char32_t>> ranges,
             int max_len) {
