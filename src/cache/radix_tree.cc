@@ -29,17 +29,116 @@ std::string describe(const RadixNode* n) {
 
 }  // namespace
 
+Result<WritePolicy> parse_write_policy(std::string_view name) {
+  if (name == "write_through") return WritePolicy::kWriteThrough;
+  if (name == "write_through_selective") return WritePolicy::kWriteThroughSelective;
+  if (name == "write_back") return WritePolicy::kWriteBack;
+  return make_error(ErrorCode::kInvalidArgument,
+                    "unknown write policy '" + std::string(name) +
+                        "' (write_through, write_through_selective or write_back)");
+}
+
+std::string_view write_policy_name(WritePolicy policy) {
+  switch (policy) {
+    case WritePolicy::kWriteThrough:
+      return "write_through";
+    case WritePolicy::kWriteThroughSelective:
+      return "write_through_selective";
+    case WritePolicy::kWriteBack:
+      return "write_back";
+  }
+  return "write_through";
+}
+
 RadixTree::RadixTree(RadixTreeOptions options, PageAllocator* device_pages, KvEventSink* events,
-                     const Clock* clock)
+                     const Clock* clock, PageAllocator* host_pages)
     : options_(options),
       device_pages_(device_pages),
+      host_pages_(host_pages),
       events_(events),
       clock_(clock != nullptr ? clock : &SteadyClock::instance()),
       root_(std::make_unique<RadixNode>()) {
   STRATA_CHECK_MSG(options_.page_size >= 1 && options_.page_size <= 4096,
                    "page_size must be in [1, 4096]");
   STRATA_CHECK(device_pages_ != nullptr);
+  STRATA_CHECK_MSG(options_.write_through_threshold >= 1, "write_through_threshold must be >= 1");
   root_->id = 0;
+}
+
+// What one node contributes to the tree's counters, from its current state. Every change
+// of a node's state is bracketed by acct() before and apply(before, acct()) after, so the
+// counters can never drift from the states (check_invariants recomputes them).
+RadixTree::Acct RadixTree::acct(const RadixNode* n) const {
+  Acct a;
+  if (n == root_.get()) return a;
+  const int64_t np = n->num_pages();
+  const bool dev = n->has_device_pages();
+  const bool host = n->has_host_pages();
+  if (dev) a.device = np;
+  if (host) a.host = np;
+  if (host && !dev) a.host_only = np;
+  // Device pages that eviction cannot free: what requests hold or copies use, and pins
+  // when there is no host tier to demote them to.
+  if (dev && (n->lock_ref > 0 || n->io_ref > 0 || n->loading ||
+              (!hierarchical() && (n->pin_ref > 0 || n->host_ref > 0)))) {
+    a.prot = np;
+  }
+  if (host && (n->pin_ref > 0 || n->host_ref > 0)) a.host_prot = np;
+  for (uint8_t f : n->in_storage) a.stored += f != 0 ? 1 : 0;
+  a.io = n->io_ref > 0 ? 1 : 0;
+  return a;
+}
+
+void RadixTree::apply(const Acct& before, const Acct& after) {
+  cached_pages_ += after.device - before.device;
+  host_cached_pages_ += after.host - before.host;
+  host_only_pages_ += after.host_only - before.host_only;
+  protected_pages_ += after.prot - before.prot;
+  host_protected_pages_ += after.host_prot - before.host_prot;
+  stored_pages_ += after.stored - before.stored;
+  io_pending_nodes_ += after.io - before.io;
+}
+
+void RadixTree::update_sets(RadixNode* node) {
+  update_evictable(node);
+  update_host_evictable(node);
+}
+
+bool RadixTree::is_device_leaf(const RadixNode* node) const {
+  for (const auto& c : node->children) {
+    if (c->has_device_pages()) return false;
+  }
+  return true;
+}
+
+void RadixTree::erase_host_evictable(RadixNode* node) {
+  if (!node->in_host_evictable_set) return;
+  host_evictable_.erase(EvictKey{node->last_access_tick, node->id, node});
+  node->in_host_evictable_set = false;
+  host_evictable_pages_ -= node->num_pages();
+}
+
+void RadixTree::update_host_evictable(RadixNode* node) {
+  const bool should = node != root_.get() && node->on_host() && !node->has_device_pages() &&
+                      node->is_leaf() && !node->is_protected() && node->io_ref == 0;
+  if (should && !node->in_host_evictable_set) {
+    host_evictable_.insert(EvictKey{node->last_access_tick, node->id, node});
+    node->in_host_evictable_set = true;
+    host_evictable_pages_ += node->num_pages();
+  } else if (!should) {
+    erase_host_evictable(node);
+  }
+}
+
+void RadixTree::emit_stored(const RadixNode* node, Medium medium) {
+  if (events_ == nullptr) return;
+  BlockStored ev;
+  ev.block_hashes = node->hashes;
+  if (node->parent != root_.get()) ev.parent_block_hash = node->parent->hashes.back();
+  ev.token_ids = node->tokens;
+  ev.block_size = options_.page_size;
+  ev.medium = medium;
+  emit(std::move(ev));
 }
 
 RadixTree::~RadixTree() = default;
@@ -73,8 +172,10 @@ void RadixTree::erase_evictable(RadixNode* node) {
 }
 
 void RadixTree::update_evictable(RadixNode* node) {
-  const bool should =
-      node != root_.get() && node->is_leaf() && !node->is_protected() && node->on_device();
+  // With a host tier a pinned node may leave the device (it is demoted, never dropped).
+  const bool should = node != root_.get() && node->on_device() && is_device_leaf(node) &&
+                      node->lock_ref == 0 && node->io_ref == 0 &&
+                      (hierarchical() || !node->is_protected());
   if (should && !node->in_evictable_set) {
     evictable_.insert(EvictKey{node->last_access_tick, node->id, node});
     node->in_evictable_set = true;
@@ -86,37 +187,46 @@ void RadixTree::update_evictable(RadixNode* node) {
 
 void RadixTree::touch(RadixNode* node, uint64_t tick, int64_t now_ms) {
   const bool was_in = node->in_evictable_set;
+  const bool was_in_host = node->in_host_evictable_set;
   erase_evictable(node);
+  erase_host_evictable(node);
   node->last_access_tick = tick;
   node->last_access_ms = now_ms;
   if (was_in) update_evictable(node);
-}
-
-void RadixTree::set_protection_change(RadixNode* node, bool was_protected) {
-  const bool now = node->is_protected();
-  if (was_protected != now) {
-    protected_pages_ += now ? node->num_pages() : -node->num_pages();
-    update_evictable(node);
-  }
+  if (was_in_host) update_host_evictable(node);
 }
 
 void RadixTree::add_lock_ref(RadixNode* node, int32_t delta) {
   for (RadixNode* n = node; n != root_.get(); n = n->parent) {
-    const bool was = n->is_protected();
+    const Acct before = acct(n);
     const bool was_locked = n->lock_ref > 0;
     n->lock_ref += delta;
     STRATA_CHECK_MSG(n->lock_ref >= 0, "lock_ref underflow at " + describe(n));
     if (was_locked != (n->lock_ref > 0)) locked_nodes_ += n->lock_ref > 0 ? 1 : -1;
-    set_protection_change(n, was);
+    apply(before, acct(n));
+    update_sets(n);
+    if (n->lock_ref == 0) try_demote(n);
   }
 }
 
 void RadixTree::add_pin_ref(RadixNode* node, int32_t delta) {
   for (RadixNode* n = node; n != root_.get(); n = n->parent) {
-    const bool was = n->is_protected();
+    const Acct before = acct(n);
     n->pin_ref += delta;
     STRATA_CHECK_MSG(n->pin_ref >= 0, "pin_ref underflow at " + describe(n));
-    set_protection_change(n, was);
+    apply(before, acct(n));
+    update_sets(n);
+  }
+}
+
+void RadixTree::protect_host(RadixNode* node, int32_t delta) {
+  STRATA_CHECK(node != nullptr);
+  for (RadixNode* n = node; n != root_.get(); n = n->parent) {
+    const Acct before = acct(n);
+    n->host_ref += delta;
+    STRATA_CHECK_MSG(n->host_ref >= 0, "host_ref underflow at " + describe(n));
+    apply(before, acct(n));
+    update_sets(n);
   }
 }
 
@@ -125,8 +235,9 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
   STRATA_CHECK(at > 0 && at < node->num_pages());
   const int32_t ps = options_.page_size;
   const int32_t total = node->num_pages();
-  const bool was_protected = node->is_protected();
+  const Acct before = acct(node);
   erase_evictable(node);
+  erase_host_evictable(node);
 
   auto upper_owned = std::make_unique<RadixNode>();
   RadixNode* upper = upper_owned.get();
@@ -140,6 +251,12 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
   move_prefix(node->in_storage, upper->in_storage, static_cast<size_t>(at));
   upper->first_page_extra = std::move(node->first_page_extra);
   node->first_page_extra.clear();
+  // Both halves are in whatever transfer the node was in: each is finished by it.
+  upper->loading = node->loading;
+  upper->host_valid = node->host_valid;
+  upper->demote_pending = node->demote_pending;
+  upper->io_ref = node->io_ref;
+  upper->host_ref = node->host_ref;
   upper->lock_ref = node->lock_ref;
   for (int32_t k = 0; k < at; ++k) {
     if (upper->pin_counts[static_cast<size_t>(k)] > 0) ++upper->own_pinned_blocks;
@@ -176,11 +293,19 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
 
   ++num_nodes_;
   if (upper->lock_ref > 0) ++locked_nodes_;
-  if (was_protected) protected_pages_ -= total;
-  if (upper->is_protected()) protected_pages_ += upper->num_pages();
-  if (node->is_protected()) protected_pages_ += node->num_pages();
-  update_evictable(node);
-  update_evictable(upper);
+  Acct after = acct(upper);
+  const Acct lower_acct = acct(node);
+  after.device += lower_acct.device;
+  after.host += lower_acct.host;
+  after.host_only += lower_acct.host_only;
+  after.prot += lower_acct.prot;
+  after.host_prot += lower_acct.host_prot;
+  after.stored += lower_acct.stored;
+  after.io += lower_acct.io;
+  apply(before, after);
+  (void)total;
+  update_sets(node);
+  update_sets(upper);
   return upper;
 }
 
@@ -192,11 +317,17 @@ void RadixTree::restore_pin_tail(RadixNode* node) {
 }
 
 RadixNode* RadixTree::descend(RadixNode* node, std::span<const TokenId> tokens, int32_t at_page,
-                              std::string_view extra, int32_t& matched, bool& partial) {
+                              std::string_view extra, int32_t& matched, bool& partial,
+                              Walk walk) {
   const int32_t ps = options_.page_size;
   const int32_t n_pages = static_cast<int32_t>(tokens.size() / static_cast<size_t>(ps));
   RadixNode* child = find_child(node, tokens.subspan(static_cast<size_t>(at_page) * ps, ps), extra);
-  if (child == nullptr || !child->on_device()) return nullptr;
+  if (child == nullptr) return nullptr;
+  const bool host_only = child->on_host() && !child->has_device_pages();
+  const bool ok = walk == Walk::kDevice     ? child->on_device()
+                  : walk == Walk::kHostOnly ? host_only
+                                            : (child->on_device() || host_only);
+  if (!ok) return nullptr;
   const int32_t limit = std::min(child->num_pages(), n_pages - at_page);
   int32_t j = 1;
   while (j < limit && same_tokens(child->tokens.data() + static_cast<size_t>(j) * ps,
@@ -219,9 +350,9 @@ MatchResult RadixTree::match_prefix(std::span<const TokenId> tokens, std::string
   const int64_t now_ms = clock_->now_ms();
   RadixNode* node = root_.get();
   int32_t i = 0;
+  bool partial = false;
   while (i < n_pages) {
     int32_t j = 0;
-    bool partial = false;
     RadixNode* child = descend(node, tokens, i, extra, j, partial);
     if (child == nullptr) break;
     result.device_pages.insert(result.device_pages.end(), child->device_pages.begin(),
@@ -229,7 +360,12 @@ MatchResult RadixTree::match_prefix(std::span<const TokenId> tokens, std::string
     result.block_hashes.insert(result.block_hashes.end(), child->hashes.begin(),
                                child->hashes.end());
     ++child->hit_count;
+    child->demote_pending = false;  // wanted on the device again
     touch(child, tick, now_ms);
+    if (hierarchical() && options_.write_policy == WritePolicy::kWriteThroughSelective &&
+        !child->has_host_pages() && child->hit_count >= static_cast<uint64_t>(options_.write_through_threshold)) {
+      start_backup(child);
+    }
     if (child->soft_pinned_blocks > 0) {
       for (BlockHash h : child->hashes) {
         auto it = soft_pins_.find(h);
@@ -249,6 +385,25 @@ MatchResult RadixTree::match_prefix(std::span<const TokenId> tokens, std::string
   result.num_pages = i;
   result.last_node = node;
   matched_pages_total_ += static_cast<uint64_t>(i);
+  // The continuation that only the host holds.
+  if (hierarchical() && !partial) {
+    int32_t h = i;
+    while (h < n_pages) {
+      int32_t j = 0;
+      bool host_partial = false;
+      RadixNode* child = descend(node, tokens, h, extra, j, host_partial, Walk::kHostOnly);
+      if (child == nullptr) break;
+      ++child->hit_count;
+      touch(child, tick, now_ms);
+      node = child;
+      h += j;
+      if (host_partial) break;
+    }
+    if (h > i) {
+      result.host_num_pages = h - i;
+      result.host_last_node = node;
+    }
+  }
   return result;
 }
 
@@ -268,8 +423,18 @@ InsertResult RadixTree::insert(std::span<const TokenId> tokens, std::span<const 
   while (i < n_pages) {
     int32_t j = 0;
     bool partial = false;
-    RadixNode* child = descend(node, tokens, i, extra, j, partial);
+    RadixNode* child = descend(node, tokens, i, extra, j, partial, Walk::kAnyTier);
     if (child == nullptr) break;
+    if (!child->has_device_pages()) {
+      // The block is on the host only and the caller computed it again: adopt its pages
+      // as the device copy instead of keeping two.
+      const Acct before = acct(child);
+      child->device_pages.assign(pages.begin() + i, pages.begin() + i + j);
+      apply(before, acct(child));
+      update_sets(child);
+      update_sets(node);
+      emit_stored(child, Medium::kDevice);
+    }
     for (int32_t k = 0; k < j; ++k) {
       const PageId passed = pages[static_cast<size_t>(i + k)];
       if (passed != child->device_pages[static_cast<size_t>(k)]) {
@@ -320,19 +485,13 @@ InsertResult RadixTree::insert(std::span<const TokenId> tokens, std::span<const 
   for (int32_t k = 0; k < count; ++k) index_[leaf->hashes[static_cast<size_t>(k)]] = Loc{leaf, k};
   leaf->index_in_parent = static_cast<uint32_t>(node->children.size());
   node->children.push_back(std::move(leaf_owned));
-  update_evictable(node);  // no longer a leaf
+  update_sets(node);  // no longer a leaf
   ++num_nodes_;
-  cached_pages_ += count;
+  apply(Acct{}, acct(leaf));
   inserted_pages_total_ += static_cast<uint64_t>(count);
-  update_evictable(leaf);
-
-  BlockStored ev;
-  ev.block_hashes = leaf->hashes;
-  if (node != root_.get()) ev.parent_block_hash = node->hashes.back();
-  ev.token_ids = leaf->tokens;
-  ev.block_size = ps;
-  ev.medium = Medium::kDevice;
-  emit(std::move(ev));
+  update_sets(leaf);
+  emit_stored(leaf, Medium::kDevice);
+  if (hierarchical() && options_.write_policy == WritePolicy::kWriteThrough) start_backup(leaf);
 
   result.num_new_pages = count;
   result.block_hashes.insert(result.block_hashes.end(), leaf->hashes.begin(), leaf->hashes.end());
@@ -550,16 +709,25 @@ uint32_t RadixTree::pin_count(BlockHash hash) const {
 }
 
 int32_t RadixTree::remove_leaf(RadixNode* leaf) {
-  STRATA_CHECK(leaf != root_.get() && leaf->is_leaf() && !leaf->is_protected());
+  STRATA_CHECK(leaf != root_.get() && leaf->is_leaf() && !leaf->is_protected() &&
+               leaf->io_ref == 0);
   erase_evictable(leaf);
-  const int32_t n = leaf->num_pages();
-  for (PageId p : leaf->device_pages) {
-    if (p != kInvalidPage) device_pages_->free(p);
+  erase_host_evictable(leaf);
+  const Acct before = acct(leaf);
+  const int32_t n = leaf->has_device_pages() ? leaf->num_pages() : 0;
+  const bool had_host = leaf->has_host_pages();
+  if (n > 0) device_pages_->free(leaf->device_pages);
+  if (had_host) {
+    host_pages_->free(leaf->host_pages);
+    host_evicted_pages_total_ += static_cast<uint64_t>(leaf->num_pages());
   }
   for (BlockHash h : leaf->hashes) index_.erase(h);
-  // The leaf is destroyed below: its hash vector moves into the event.
-  if (events_ != nullptr) emit(BlockRemoved{std::move(leaf->hashes), Medium::kDevice});
-  cached_pages_ -= n;
+  if (n > 0 && had_host) emit(BlockRemoved{leaf->hashes, Medium::kDevice});
+  // The leaf is destroyed below: its hash vector moves into the last event.
+  if (events_ != nullptr) {
+    emit(BlockRemoved{std::move(leaf->hashes), had_host ? Medium::kHost : Medium::kDevice});
+  }
+  apply(before, Acct{});
   --num_nodes_;
   evicted_pages_total_ += static_cast<uint64_t>(n);
   RadixNode* parent = leaf->parent;
@@ -571,19 +739,418 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
     siblings[at]->index_in_parent = at;
   }
   siblings.pop_back();  // destroys leaf
-  update_evictable(parent);
+  update_sets(parent);
   restore_pin_tail(parent);
+  try_demote(parent);
   return n;
+}
+
+bool RadixTree::needs_backup_to_leave(const RadixNode* node) const {
+  // A node leaves the device without a host copy only by being dropped, which a pin, a
+  // session's protection, host-only children or the write_back policy forbid.
+  return options_.write_policy == WritePolicy::kWriteBack || node->pin_ref > 0 ||
+         node->host_ref > 0 || !node->is_leaf();
+}
+
+bool RadixTree::allocate_host(int32_t count, std::vector<PageId>& out) {
+  if (host_pages_->num_free() < count) evict_host(count - host_pages_->num_free());
+  return host_pages_->allocate(count, out).has_value();
+}
+
+bool RadixTree::start_backup(RadixNode* node) {
+  if (!hierarchical() || !node->on_device() || node->has_host_pages()) return false;
+  std::vector<PageId> host;
+  // Making host room removes host leaves, which can split this node (a pinned node that
+  // becomes childless splits off its unpinned tail): size the pages after that settles.
+  for (int attempt = 0;; ++attempt) {
+    const int32_t n = node->num_pages();
+    if (!allocate_host(n, host)) {
+      ++backups_skipped_total_;
+      return false;
+    }
+    if (n == node->num_pages()) break;
+    host_pages_->free(host);
+    host.clear();
+    STRATA_CHECK_MSG(attempt < 8, "start_backup: node keeps changing size");
+  }
+  const Acct before = acct(node);
+  node->host_pages = host;
+  node->host_valid = false;
+  ++node->io_ref;
+  apply(before, acct(node));
+  update_sets(node);
+  transfers_.push_back(TransferRequest{TransferRequest::Kind::kBackup, node->hashes,
+                                       node->device_pages, std::move(host)});
+  return true;
+}
+
+void RadixTree::demote(RadixNode* node) {
+  STRATA_CHECK(node->on_host() && node->on_device() && node->io_ref == 0 && node->lock_ref == 0);
+  const Acct before = acct(node);
+  device_pages_->free(node->device_pages);
+  std::fill(node->device_pages.begin(), node->device_pages.end(), kInvalidPage);
+  node->demote_pending = false;
+  apply(before, acct(node));
+  demoted_pages_total_ += static_cast<uint64_t>(node->num_pages());
+  evicted_pages_total_ += static_cast<uint64_t>(node->num_pages());
+  emit(BlockRemoved{node->hashes, Medium::kDevice});
+  update_sets(node);
+  RadixNode* parent = node->parent;
+  if (parent != root_.get()) {
+    update_sets(parent);
+    try_demote(parent);
+  }
+}
+
+void RadixTree::try_demote(RadixNode* node) {
+  if (node == root_.get() || !node->demote_pending) return;
+  if (node->on_host() && node->on_device() && node->io_ref == 0 && node->lock_ref == 0 &&
+      is_device_leaf(node)) {
+    demote(node);
+  }
 }
 
 EvictResult RadixTree::evict(int32_t num_pages) {
   EvictResult result;
-  while (result.evicted_pages < num_pages && !evictable_.empty()) {
-    RadixNode* leaf = evictable_.begin()->node;
-    result.evicted_pages += remove_leaf(leaf);
+  std::unordered_set<const RadixNode*> skipped;  // pinned nodes with no host room
+  while (result.evicted_pages < num_pages) {
+    auto it = evictable_.begin();
+    while (it != evictable_.end() && skipped.contains(it->node)) ++it;
+    if (it == evictable_.end()) break;
+    RadixNode* leaf = it->node;
+    const int32_t np = leaf->num_pages();
+    if (leaf->on_host()) {
+      demote(leaf);
+      result.evicted_pages += np;
+    } else if (hierarchical() && needs_backup_to_leave(leaf)) {
+      if (start_backup(leaf)) {
+        leaf->demote_pending = true;
+        result.pending_pages += np;
+      } else if (leaf->pin_ref > 0 || leaf->host_ref > 0 || !leaf->is_leaf()) {
+        skipped.insert(leaf);
+        continue;
+      } else {
+        result.evicted_pages += remove_leaf(leaf);  // write_back with a full host pool
+      }
+    } else {
+      result.evicted_pages += remove_leaf(leaf);
+    }
     ++result.evicted_nodes;
   }
   return result;
+}
+
+int32_t RadixTree::evict_host(int32_t num_pages) {
+  int32_t freed = 0;
+  while (freed < num_pages && !host_evictable_.empty()) {
+    RadixNode* leaf = host_evictable_.begin()->node;
+    freed += leaf->num_pages();
+    remove_leaf(leaf);
+  }
+  return freed;
+}
+
+Status RadixTree::load_back(const MatchResult& m) {
+  if (!hierarchical() || m.host_num_pages == 0 || m.host_last_node == nullptr) {
+    return make_error(ErrorCode::kInvalidArgument, "nothing to load");
+  }
+  STRATA_CHECK_MSG(m.host_last_node->lock_ref > 0,
+                   "load_back: the caller must lock the host path first");
+  const int32_t need = m.host_num_pages;
+  if (device_pages_->num_free() < need) evict(need - device_pages_->num_free());
+  std::vector<PageId> pages;
+  if (!device_pages_->allocate(need, pages)) {
+    return make_error(ErrorCode::kOutOfPages, "no room on the device to load " +
+                                                  std::to_string(need) + " pages back");
+  }
+  // The path after eviction made room (eviction may split its nodes; the walk up from the
+  // locked deepest node to the device part still covers exactly the same blocks).
+  std::vector<RadixNode*> path;
+  int32_t covered = 0;
+  for (RadixNode* n = m.host_last_node; n != m.last_node; n = n->parent) {
+    STRATA_CHECK_MSG(n != root_.get() && n->on_host() && !n->has_device_pages(),
+                     "load_back: stale match");
+    path.push_back(n);
+    covered += n->num_pages();
+  }
+  STRATA_CHECK_MSG(covered == need, "load_back: the host path changed size");
+  std::reverse(path.begin(), path.end());
+  TransferRequest req{TransferRequest::Kind::kLoad, {}, {}, {}};
+  size_t at = 0;
+  for (RadixNode* n : path) {
+    const Acct before = acct(n);
+    n->device_pages.assign(pages.begin() + static_cast<std::ptrdiff_t>(at),
+                           pages.begin() + static_cast<std::ptrdiff_t>(at) + n->num_pages());
+    at += static_cast<size_t>(n->num_pages());
+    n->loading = true;
+    ++n->io_ref;
+    apply(before, acct(n));
+    update_sets(n);
+    update_sets(n->parent);
+    req.hashes.insert(req.hashes.end(), n->hashes.begin(), n->hashes.end());
+    req.device_pages.insert(req.device_pages.end(), n->device_pages.begin(), n->device_pages.end());
+    req.host_pages.insert(req.host_pages.end(), n->host_pages.begin(), n->host_pages.end());
+  }
+  transfers_.push_back(std::move(req));
+  return {};
+}
+
+std::vector<TransferRequest> RadixTree::take_transfers() {
+  std::vector<TransferRequest> out;
+  out.swap(transfers_);
+  return out;
+}
+
+void RadixTree::complete_transfer(const TransferRequest& request, bool ok) {
+  // The blocks' nodes now, in path order (a node may have been split meanwhile: each
+  // part carries the transfer's io_ref and is finished once).
+  std::vector<RadixNode*> nodes;
+  for (BlockHash h : request.hashes) {
+    const auto it = index_.find(h);
+    STRATA_CHECK_MSG(it != index_.end(), "complete_transfer: a block in flight left the tree");
+    if (nodes.empty() || nodes.back() != it->second.node) nodes.push_back(it->second.node);
+  }
+  for (RadixNode* n : nodes) {
+    const Acct before = acct(n);
+    STRATA_CHECK(n->io_ref > 0);
+    --n->io_ref;
+    if (request.kind == TransferRequest::Kind::kBackup) {
+      if (ok) {
+        n->host_valid = true;
+        backed_up_pages_total_ += static_cast<uint64_t>(n->num_pages());
+      } else {
+        host_pages_->free(n->host_pages);
+        n->host_pages.clear();
+        n->host_valid = false;
+        n->demote_pending = false;
+      }
+    } else {
+      n->loading = false;
+      if (ok) {
+        loaded_pages_total_ += static_cast<uint64_t>(n->num_pages());
+      } else {
+        device_pages_->free(n->device_pages);
+        std::fill(n->device_pages.begin(), n->device_pages.end(), kInvalidPage);
+      }
+    }
+    apply(before, acct(n));
+    update_sets(n);
+    if (n->parent != root_.get()) update_sets(n->parent);
+    if (ok) emit_stored(n, request.kind == TransferRequest::Kind::kBackup ? Medium::kHost
+                                                                          : Medium::kDevice);
+  }
+  // Deepest first, so that a demoted child lets its parent go too.
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) try_demote(*it);
+}
+
+std::vector<std::pair<BlockHash, PageId>> RadixTree::begin_storage_write(
+    std::span<const BlockHash> hashes) {
+  std::vector<std::pair<BlockHash, PageId>> out;
+  std::vector<RadixNode*> nodes;
+  for (BlockHash h : hashes) {
+    const auto it = index_.find(h);
+    if (it == index_.end()) continue;
+    RadixNode* n = it->second.node;
+    if (!n->on_host() || std::find(nodes.begin(), nodes.end(), n) != nodes.end()) continue;
+    if (n->stored() && std::all_of(n->in_storage.begin(), n->in_storage.end(),
+                                   [](uint8_t f) { return f != 0; })) {
+      continue;
+    }
+    nodes.push_back(n);
+  }
+  // Whole nodes, so that a split while the write runs leaves each part in it.
+  for (RadixNode* n : nodes) {
+    const Acct before = acct(n);
+    ++n->io_ref;
+    apply(before, acct(n));
+    update_sets(n);
+    for (int32_t k = 0; k < n->num_pages(); ++k) {
+      out.emplace_back(n->hashes[static_cast<size_t>(k)], n->host_pages[static_cast<size_t>(k)]);
+    }
+  }
+  return out;
+}
+
+void RadixTree::finish_storage_write(std::span<const BlockHash> hashes,
+                                     std::span<const uint8_t> written) {
+  STRATA_CHECK(hashes.size() == written.size());
+  std::vector<RadixNode*> nodes;
+  BlockStored run;  // consecutive blocks newly in storage, one event per run
+  run.block_size = options_.page_size;
+  run.medium = Medium::kStorage;
+  const RadixNode* run_node = nullptr;
+  int32_t run_end = -1;
+  auto close_run = [&] {
+    if (!run.block_hashes.empty()) emit(std::move(run));
+    run = BlockStored{};
+    run.block_size = options_.page_size;
+    run.medium = Medium::kStorage;
+    run_node = nullptr;
+  };
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    const auto it = index_.find(hashes[i]);
+    STRATA_CHECK_MSG(it != index_.end(), "finish_storage_write: a block in flight left the tree");
+    RadixNode* n = it->second.node;
+    const int32_t off = it->second.offset;
+    if (std::find(nodes.begin(), nodes.end(), n) == nodes.end()) nodes.push_back(n);
+    if (written[i] == 0 || (!n->in_storage.empty() && n->in_storage[static_cast<size_t>(off)])) {
+      close_run();
+      continue;
+    }
+    const Acct before = acct(n);
+    if (n->in_storage.empty()) n->in_storage.assign(static_cast<size_t>(n->num_pages()), 0);
+    n->in_storage[static_cast<size_t>(off)] = 1;
+    apply(before, acct(n));
+    if (run_node != n || run_end != off) close_run();
+    if (run.block_hashes.empty()) {
+      if (off > 0) {
+        run.parent_block_hash = n->hashes[static_cast<size_t>(off - 1)];
+      } else if (n->parent != root_.get()) {
+        run.parent_block_hash = n->parent->hashes.back();
+      }
+    }
+    run.block_hashes.push_back(hashes[i]);
+    const auto ps = static_cast<size_t>(options_.page_size);
+    run.token_ids.insert(run.token_ids.end(), n->tokens.begin() + static_cast<std::ptrdiff_t>(off * ps),
+                         n->tokens.begin() + static_cast<std::ptrdiff_t>((off + 1) * ps));
+    run_node = n;
+    run_end = off + 1;
+  }
+  close_run();
+  for (RadixNode* n : nodes) {
+    const Acct before = acct(n);
+    --n->io_ref;
+    apply(before, acct(n));
+    update_sets(n);
+    if (n->parent != root_.get()) update_sets(n->parent);
+  }
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) try_demote(*it);
+}
+
+InsertResult RadixTree::insert_host(std::span<const TokenId> tokens, int32_t first_page,
+                                    std::span<const PageId> host_pages,
+                                    std::string_view cache_salt) {
+  InsertResult result;
+  STRATA_CHECK(hierarchical());
+  const int32_t ps = options_.page_size;
+  const int32_t n_pages = static_cast<int32_t>(tokens.size() / static_cast<size_t>(ps));
+  STRATA_CHECK(first_page >= 0 && first_page + static_cast<int32_t>(host_pages.size()) == n_pages);
+  const std::string extra = first_page_extra_keys(cache_salt);
+  const uint64_t tick = ++tick_;
+  const int64_t now_ms = clock_->now_ms();
+  RadixNode* node = root_.get();
+  int32_t i = 0;
+  while (i < n_pages) {
+    int32_t j = 0;
+    bool partial = false;
+    RadixNode* child = descend(node, tokens, i, extra, j, partial, Walk::kAnyTier);
+    if (child == nullptr) break;
+    touch(child, tick, now_ms);
+    node = child;
+    i += j;
+    if (partial) break;
+  }
+  result.num_existing_pages = i;
+  result.last_node = node;
+  // Pages of blocks the tree has, or that cannot hang below what it has, go back.
+  const int32_t from = std::max(i, first_page);
+  for (int32_t k = first_page; k < from; ++k) {
+    result.rejected_pages.push_back(host_pages[static_cast<size_t>(k - first_page)]);
+  }
+  if (i < first_page || i == n_pages) {
+    for (int32_t k = from; k < n_pages; ++k) {
+      result.rejected_pages.push_back(host_pages[static_cast<size_t>(k - first_page)]);
+    }
+    return result;
+  }
+  auto leaf_owned = std::make_unique<RadixNode>();
+  RadixNode* leaf = leaf_owned.get();
+  BlockHash parent_hash = last_hash(node);
+  int32_t count = 0;
+  for (int32_t k = i; k < n_pages; ++k) {
+    const BlockHash h =
+        hash_block(parent_hash, tokens.subspan(static_cast<size_t>(k) * ps, ps),
+                   (node == root_.get() && k == i) ? std::string_view(extra) : std::string_view());
+    if (index_.contains(h)) break;
+    leaf->hashes.push_back(h);
+    parent_hash = h;
+    ++count;
+  }
+  for (int32_t k = i + count; k < n_pages; ++k) {
+    result.rejected_pages.push_back(host_pages[static_cast<size_t>(k - first_page)]);
+  }
+  if (count == 0) return result;
+  leaf->id = next_node_id_++;
+  leaf->parent = node;
+  leaf->tokens.assign(tokens.begin() + static_cast<std::ptrdiff_t>(i) * ps,
+                      tokens.begin() + static_cast<std::ptrdiff_t>(i + count) * ps);
+  leaf->device_pages.assign(static_cast<size_t>(count), kInvalidPage);
+  leaf->host_pages.assign(host_pages.begin() + (i - first_page),
+                          host_pages.begin() + (i - first_page) + count);
+  leaf->host_valid = true;
+  leaf->in_storage.assign(static_cast<size_t>(count), 1);
+  leaf->pin_counts.assign(static_cast<size_t>(count), 0);
+  if (node == root_.get()) leaf->first_page_extra = extra;
+  leaf->last_access_tick = tick;
+  leaf->last_access_ms = now_ms;
+  for (int32_t k = 0; k < count; ++k) index_[leaf->hashes[static_cast<size_t>(k)]] = Loc{leaf, k};
+  leaf->index_in_parent = static_cast<uint32_t>(node->children.size());
+  node->children.push_back(std::move(leaf_owned));
+  update_sets(node);
+  ++num_nodes_;
+  apply(Acct{}, acct(leaf));
+  update_sets(leaf);
+  emit_stored(leaf, Medium::kHost);
+  result.num_new_pages = count;
+  result.block_hashes = leaf->hashes;
+  result.last_node = leaf;
+  return result;
+}
+
+std::vector<BlockHash> RadixTree::block_hashes_of(std::span<const TokenId> tokens,
+                                                  std::string_view cache_salt) const {
+  const int32_t ps = options_.page_size;
+  const size_t n_pages = tokens.size() / static_cast<size_t>(ps);
+  const std::string extra = first_page_extra_keys(cache_salt);
+  std::vector<BlockHash> out;
+  out.reserve(n_pages);
+  BlockHash parent = kRootParentHash;
+  for (size_t k = 0; k < n_pages; ++k) {
+    parent = hash_block(parent, tokens.subspan(k * static_cast<size_t>(ps), static_cast<size_t>(ps)),
+                        k == 0 ? std::string_view(extra) : std::string_view());
+    out.push_back(parent);
+  }
+  return out;
+}
+
+int32_t RadixTree::back_up(std::span<const BlockHash> hashes) {
+  if (!hierarchical()) return 0;
+  int32_t started = 0;
+  for (BlockHash h : hashes) {
+    const auto it = index_.find(h);
+    if (it == index_.end()) continue;
+    RadixNode* n = it->second.node;
+    if (n->on_device() && !n->has_host_pages() && start_backup(n)) ++started;
+  }
+  return started;
+}
+
+int32_t RadixTree::offload_path(RadixNode* node) {
+  int32_t leaving = 0;
+  if (!hierarchical() || node == root_.get()) return 0;
+  // Host room for the backups must never come from this path itself.
+  protect_host(node, +1);
+  std::vector<RadixNode*> path;
+  for (RadixNode* n = node; n != root_.get(); n = n->parent) path.push_back(n);
+  for (RadixNode* n : path) {
+    if (!n->has_device_pages() || n->loading) continue;
+    n->demote_pending = true;
+    leaving += n->num_pages();
+    if (!n->has_host_pages()) start_backup(n);
+  }
+  protect_host(node, -1);
+  for (RadixNode* n : path) try_demote(n);
+  return leaving;
 }
 
 void RadixTree::evict_subtree(RadixNode* top) {
@@ -603,7 +1170,7 @@ void RadixTree::evict_subtree(RadixNode* top) {
     }
   }
   for (RadixNode* n : order) {
-    if (n->is_leaf() && !n->is_protected()) remove_leaf(n);
+    if (n->is_leaf() && !n->is_protected() && n->io_ref == 0) remove_leaf(n);
   }
 }
 
@@ -644,7 +1211,7 @@ EvictBlocksResult RadixTree::evict_blocks(std::span<const BlockHash> hashes, boo
       const auto it = index_.find(h);
       if (it == index_.end()) continue;
       RadixNode* node = it->second.node;
-      if (!node->is_leaf() || node->is_protected()) continue;
+      if (!node->is_leaf() || node->is_protected() || node->io_ref > 0) continue;
       // The requested run at the node's tail must reach this block.
       int32_t m = node->num_pages();
       while (m > 0 && requested.contains(node->hashes[static_cast<size_t>(m - 1)])) --m;
@@ -658,7 +1225,7 @@ EvictBlocksResult RadixTree::evict_blocks(std::span<const BlockHash> hashes, boo
     const auto it = index_.find(h);
     if (it == index_.end()) continue;
     const RadixNode* n = it->second.node;
-    if (n->lock_ref > 0) {
+    if (n->lock_ref > 0 || n->io_ref > 0) {
       ++result.skipped_locked;
     } else if (n->pin_ref > 0) {
       ++result.skipped_pinned;
@@ -672,7 +1239,53 @@ EvictBlocksResult RadixTree::evict_blocks(std::span<const BlockHash> hashes, boo
 
 FlushResult RadixTree::flush() {
   FlushResult result;
-  result.evicted_pages = evict(std::numeric_limits<int32_t>::max()).evicted_pages;
+  if (!hierarchical()) {
+    result.evicted_pages = evict(std::numeric_limits<int32_t>::max()).evicted_pages;
+  } else {
+    // Children first: drop every unprotected leaf from all tiers; what pins or sessions
+    // protect leaves the device for the host (backed up first where needed).
+    std::vector<RadixNode*> order;
+    std::vector<std::pair<RadixNode*, size_t>> stack{{root_.get(), 0}};
+    while (!stack.empty()) {
+      auto& [n, next] = stack.back();
+      if (next < n->children.size()) {
+        RadixNode* c = n->children[next++].get();
+        stack.emplace_back(c, 0);
+      } else {
+        if (n != root_.get()) order.push_back(n);
+        stack.pop_back();
+      }
+    }
+    const int64_t device_before = cached_pages_;
+    const uint64_t host_before = host_evicted_pages_total_;
+    int32_t pending = 0;
+    for (RadixNode* n : order) {
+      if (n->is_leaf() && !n->is_protected() && n->io_ref == 0) remove_leaf(n);
+    }
+    // What is left is protected (or busy). Collect it afresh: removals above split nodes.
+    // Host eviction for the backups below only removes host-only nodes, never these.
+    std::vector<RadixNode*> keep;
+    stack.assign(1, {root_.get(), 0});
+    while (!stack.empty()) {
+      auto& [n, next] = stack.back();
+      if (next < n->children.size()) {
+        RadixNode* c = n->children[next++].get();
+        stack.emplace_back(c, 0);
+      } else {
+        if (n != root_.get() && n->has_device_pages() && !n->loading && n->lock_ref == 0) {
+          keep.push_back(n);
+        }
+        stack.pop_back();
+      }
+    }
+    for (RadixNode* n : keep) {
+      n->demote_pending = true;
+      if (!n->has_host_pages() && start_backup(n)) pending += n->num_pages();
+      try_demote(n);
+    }
+    result.evicted_pages = static_cast<int32_t>(device_before - cached_pages_) + pending;
+    result.evicted_host_pages = static_cast<int32_t>(host_evicted_pages_total_ - host_before);
+  }
   result.pinned_preserved = static_cast<int32_t>(pinned_blocks_);
   std::vector<const RadixNode*> stack{root_.get()};
   while (!stack.empty()) {
@@ -690,12 +1303,28 @@ Status RadixTree::reset() {
                       "reset refused: " + std::to_string(outstanding_locks_) +
                           " lock receipts are outstanding (requests are running)");
   }
+  if (io_pending()) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "reset refused: tier transfers are in flight");
+  }
   std::vector<PageId> pages;
   collect_device_pages(pages);
   device_pages_->free(pages);
+  if (hierarchical()) {
+    pages.clear();
+    collect_host_pages(pages);
+    host_pages_->free(pages);
+  }
   root_->children.clear();
   index_.clear();
   evictable_.clear();
+  host_evictable_.clear();
+  host_cached_pages_ = 0;
+  host_only_pages_ = 0;
+  host_evictable_pages_ = 0;
+  host_protected_pages_ = 0;
+  stored_pages_ = 0;
+  io_pending_nodes_ = 0;
   soft_pins_.clear();
   soft_expiry_.clear();
   num_nodes_ = 0;
@@ -724,6 +1353,19 @@ TreeStats RadixTree::stats() const {
   s.evicted_pages_total = evicted_pages_total_;
   s.inserted_pages_total = inserted_pages_total_;
   s.expired_pins_total = expired_pins_total_;
+  s.hierarchical = hierarchical();
+  s.host_capacity_pages = hierarchical() ? host_pages_->num_pages() : 0;
+  s.host_cached_pages = host_cached_pages_;
+  s.host_only_pages = host_only_pages_;
+  s.host_evictable_pages = host_evictable_pages_;
+  s.host_protected_pages = host_protected_pages_;
+  s.stored_pages = stored_pages_;
+  s.io_pending_nodes = io_pending_nodes_;
+  s.demoted_pages_total = demoted_pages_total_;
+  s.backed_up_pages_total = backed_up_pages_total_;
+  s.loaded_pages_total = loaded_pages_total_;
+  s.host_evicted_pages_total = host_evicted_pages_total_;
+  s.backups_skipped_total = backups_skipped_total_;
   return s;
 }
 
@@ -745,9 +1387,11 @@ std::vector<NodeSnapshot> RadixTree::snapshot() const {
     s.last_access_ms = n->last_access_ms;
     s.hit_count = n->hit_count;
     s.on_device = n->on_device();
-    s.on_host = !n->host_pages.empty() && n->host_pages[0] != kInvalidPage;
-    s.in_storage = !n->in_storage.empty() && n->in_storage[0] != 0;
-    s.evictable = n->in_evictable_set;
+    s.on_host = n->on_host();
+    s.in_storage = n->stored();
+    s.loading = n->loading;
+    s.host_ref = n->host_ref;
+    s.evictable = n->in_evictable_set || n->in_host_evictable_set;
     out.push_back(std::move(s));
     for (const auto& c : n->children) stack.push_back(c.get());
   }
@@ -762,6 +1406,16 @@ void RadixTree::collect_device_pages(std::vector<PageId>& out) const {
     for (PageId p : n->device_pages) {
       if (p != kInvalidPage) out.push_back(p);
     }
+    for (const auto& c : n->children) stack.push_back(c.get());
+  }
+}
+
+void RadixTree::collect_host_pages(std::vector<PageId>& out) const {
+  std::vector<const RadixNode*> stack{root_.get()};
+  while (!stack.empty()) {
+    const RadixNode* n = stack.back();
+    stack.pop_back();
+    if (n->has_host_pages()) out.insert(out.end(), n->host_pages.begin(), n->host_pages.end());
     for (const auto& c : n->children) stack.push_back(c.get());
   }
 }
@@ -786,8 +1440,9 @@ Status RadixTree::check_invariants() const {
   }
   if (live != outstanding_locks_) return fail("outstanding lock count drifted");
 
-  int64_t nodes = 0, pages = 0, prot = 0, evictable_pages = 0, pinned = 0, locked = 0;
-  int64_t evictable_nodes = 0;
+  int64_t nodes = 0, pages = 0, evictable_pages = 0, pinned = 0, locked = 0;
+  int64_t evictable_nodes = 0, host_evictable_pages = 0, host_evictable_nodes = 0;
+  Acct acct_sum;
   size_t soft_seen = 0;
   // Post-order so that children's refs are known when checking a parent.
   std::vector<std::pair<const RadixNode*, size_t>> stack{{root_.get(), 0}};
@@ -817,6 +1472,53 @@ Status RadixTree::check_invariants() const {
     }
     if (!node->host_pages.empty() && node->host_pages.size() != np) {
       return fail(describe(node) + ": host page array size");
+    }
+    if (!node->in_storage.empty() && node->in_storage.size() != np) {
+      return fail(describe(node) + ": storage flag array size");
+    }
+    for (size_t k = 1; k < np; ++k) {
+      if ((node->device_pages[k] == kInvalidPage) != (node->device_pages[0] == kInvalidPage) ||
+          (!node->host_pages.empty() &&
+           (node->host_pages[k] == kInvalidPage) != (node->host_pages[0] == kInvalidPage))) {
+        return fail(describe(node) + ": pages of one node in different tiers");
+      }
+    }
+    if (!node->has_device_pages() && !node->has_host_pages()) {
+      return fail(describe(node) + ": in no tier");
+    }
+    if (node->has_device_pages() && node->parent != root_.get() &&
+        !node->parent->has_device_pages()) {
+      return fail(describe(node) + ": on the device below a parent that is not");
+    }
+    if (!hierarchical() && (node->has_host_pages() || node->loading)) {
+      return fail(describe(node) + ": host state without a host tier");
+    }
+    if ((node->loading || (node->has_host_pages() && !node->host_valid)) && node->io_ref <= 0) {
+      return fail(describe(node) + ": a copy in flight without io_ref");
+    }
+    if (node->loading && node->lock_ref <= 0) return fail(describe(node) + ": loading unlocked");
+    {
+      const Acct a = acct(node);
+      acct_sum.device += a.device;
+      acct_sum.host += a.host;
+      acct_sum.host_only += a.host_only;
+      acct_sum.prot += a.prot;
+      acct_sum.host_prot += a.host_prot;
+      acct_sum.stored += a.stored;
+      acct_sum.io += a.io;
+    }
+    const bool should_host = node->on_host() && !node->has_device_pages() && node->is_leaf() &&
+                             !node->is_protected() && node->io_ref == 0;
+    if (should_host != node->in_host_evictable_set) {
+      return fail(describe(node) + ": host evictable flag wrong");
+    }
+    if (node->in_host_evictable_set) {
+      if (!host_evictable_.contains(
+              EvictKey{node->last_access_tick, node->id, const_cast<RadixNode*>(node)})) {
+        return fail(describe(node) + ": missing from the host evictable set");
+      }
+      host_evictable_pages += node->num_pages();
+      ++host_evictable_nodes;
     }
     // Chained hashes.
     BlockHash parent_hash = last_hash(node->parent);
@@ -861,7 +1563,8 @@ Status RadixTree::check_invariants() const {
     if (node->is_leaf() && own > 0 && node->pin_counts[np - 1] == 0) {
       return fail(describe(node) + ": childless pinned node ends with an unpinned block");
     }
-    const bool should_evict = node->is_leaf() && !node->is_protected() && node->on_device();
+    const bool should_evict = node->on_device() && is_device_leaf(node) && node->lock_ref == 0 &&
+                              node->io_ref == 0 && (hierarchical() || !node->is_protected());
     if (should_evict != node->in_evictable_set)
       return fail(describe(node) + ": evictable flag wrong");
     if (node->in_evictable_set) {
@@ -874,14 +1577,22 @@ Status RadixTree::check_invariants() const {
     }
     ++nodes;
     pages += node->num_pages();
-    if (node->is_protected()) prot += node->num_pages();
     pinned += own;
     if (node->lock_ref > 0) ++locked;
   }
   if (nodes != num_nodes_) return fail("node count drifted");
-  if (pages != cached_pages_) return fail("cached page count drifted");
+  if (acct_sum.device != cached_pages_) return fail("cached page count drifted");
   if (static_cast<size_t>(pages) != index_.size()) return fail("hash index has stale entries");
-  if (prot != protected_pages_) return fail("protected page count drifted");
+  if (acct_sum.prot != protected_pages_) return fail("protected page count drifted");
+  if (acct_sum.host != host_cached_pages_ || acct_sum.host_only != host_only_pages_ ||
+      acct_sum.host_prot != host_protected_pages_ || acct_sum.stored != stored_pages_ ||
+      acct_sum.io != io_pending_nodes_) {
+    return fail("host tier counters drifted");
+  }
+  if (host_evictable_pages != host_evictable_pages_ ||
+      static_cast<size_t>(host_evictable_nodes) != host_evictable_.size()) {
+    return fail("host evictable set drifted");
+  }
   if (evictable_pages != evictable_pages_) return fail("evictable page count drifted");
   if (static_cast<size_t>(evictable_nodes) != evictable_.size())
     return fail("evictable set has stale entries");

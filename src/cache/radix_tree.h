@@ -19,8 +19,18 @@
 // caller; pages it does not adopt (the tree already had those blocks) are returned to
 // the caller to free. Eviction returns pages to the device PageAllocator.
 //
-// Tiers. Each node records per tier where its pages live (device page ids now; host page
-// ids and storage residency are filled in by the hierarchical cache).
+// Tiers (hierarchical cache, when a host PageAllocator is given). A node lives on the
+// device (L1), on the host (L2), or both; a node on neither leaves the tree. Device-resident
+// nodes form a top-connected subtree (a node on the device has its parent on the device).
+// The tree decides what moves where and allocates the pages; the bytes move elsewhere
+// (the engine's transfer threads). A move is requested through take_transfers() and
+// finished by complete_transfer(): while it runs, the node's io_ref keeps it from being
+// evicted, and its destination pages are not yet readable (a loading node is invisible to
+// match_prefix). Device eviction of a node with a host copy frees the device pages and
+// keeps the node ("demotion"); a node that must be demoted but has no host copy (a pinned
+// block, or the write_back policy) is backed up first and demoted when the copy lands.
+// Host eviction removes least-recently-used host-only leaves that nothing protects.
+// Storage (L3) residency is a per-page flag: storage is shared and looked up by hash.
 //
 // Thread: not thread-safe. One thread (the scheduler) owns the tree; events are emitted
 // synchronously on that thread, in the order of the changes.
@@ -49,8 +59,19 @@ namespace strata {
 
 using NodeId = uint64_t;
 
+// When a device page gets a host copy (hierarchical cache only).
+enum class WritePolicy : uint8_t {
+  kWriteThrough,           // when the block is inserted
+  kWriteThroughSelective,  // when the block's node was hit write_through_threshold times
+  kWriteBack,              // when the block is evicted from the device
+};
+Result<WritePolicy> parse_write_policy(std::string_view name);
+std::string_view write_policy_name(WritePolicy policy);
+
 struct RadixTreeOptions {
   int32_t page_size = 16;  // tokens per page, in [1, 4096]
+  WritePolicy write_policy = WritePolicy::kWriteThrough;
+  int32_t write_through_threshold = 2;  // hits before a selective backup, >= 1
 };
 
 // A tree node: a run of consecutive full pages with no branching inside.
@@ -65,6 +86,11 @@ struct RadixNode {
   std::vector<PageId> device_pages;                  // per page; kInvalidPage if not on device
   std::vector<PageId> host_pages;                    // empty, or per page (hierarchical cache)
   std::vector<uint8_t> in_storage;                   // empty, or per page: 1 when in storage
+  bool loading = false;       // device_pages assigned, host->device copy in flight
+  bool host_valid = false;    // host_pages hold the KV (false while the backup copy runs)
+  bool demote_pending = false;  // leave the device once backed up and a device leaf
+  int32_t io_ref = 0;         // transfers in flight that read or write this node's pages
+  int32_t host_ref = 0;       // tool-session protections of this node's host copy (and below)
   std::string first_page_extra;    // children of the root: extra keys of the first page
   int32_t lock_ref = 0;            // lock receipts whose path includes this node
   int32_t pin_ref = 0;             // pinned blocks in this node and all its descendants
@@ -74,19 +100,40 @@ struct RadixNode {
   int64_t last_access_ms = 0;      // clock time of the same, for inspection
   uint64_t hit_count = 0;          // matches that reached into this node
   bool in_evictable_set = false;
+  bool in_host_evictable_set = false;
 
   int32_t num_pages() const { return static_cast<int32_t>(hashes.size()); }
   bool is_leaf() const { return children.empty(); }
-  bool is_protected() const { return lock_ref > 0 || pin_ref > 0; }
-  bool on_device() const { return !device_pages.empty() && device_pages[0] != kInvalidPage; }
+  bool is_protected() const { return lock_ref > 0 || pin_ref > 0 || host_ref > 0; }
+  // Device pages assigned (possibly still loading).
+  bool has_device_pages() const { return !device_pages.empty() && device_pages[0] != kInvalidPage; }
+  // Device pages readable.
+  bool on_device() const { return has_device_pages() && !loading; }
+  bool has_host_pages() const { return !host_pages.empty() && host_pages[0] != kInvalidPage; }
+  bool on_host() const { return has_host_pages() && host_valid; }
+  bool stored() const { return !in_storage.empty() && in_storage[0] != 0; }
 };
 
 struct MatchResult {
-  int32_t num_pages = 0;                // full pages matched
-  std::vector<PageId> device_pages;     // the matched pages, in order
+  int32_t num_pages = 0;                // full pages matched on the device
+  std::vector<PageId> device_pages;     // the matched device pages, in order
   std::vector<BlockHash> block_hashes;  // their block hashes
-  RadixNode* last_node = nullptr;       // deepest matched node (the root when none)
+  RadixNode* last_node = nullptr;       // deepest device node matched (the root when none)
+  // The continuation found on the host only (hierarchical cache): pages and the deepest
+  // node (null when none). load_back() brings it to the device.
+  int32_t host_num_pages = 0;
+  RadixNode* host_last_node = nullptr;
   int32_t num_tokens(int32_t page_size) const { return num_pages * page_size; }
+};
+
+// A copy the tree asks for. The engine runs it off the scheduler thread and then calls
+// complete_transfer() with it. hashes[i] names the block of device_pages[i]/host_pages[i].
+struct TransferRequest {
+  enum class Kind : uint8_t { kBackup, kLoad };  // device->host, host->device
+  Kind kind = Kind::kBackup;
+  std::vector<BlockHash> hashes;
+  std::vector<PageId> device_pages;
+  std::vector<PageId> host_pages;
 };
 
 struct InsertResult {
@@ -121,8 +168,9 @@ struct UnpinResult {
 };
 
 struct EvictResult {
-  int32_t evicted_pages = 0;
+  int32_t evicted_pages = 0;  // device pages freed now
   int32_t evicted_nodes = 0;
+  int32_t pending_pages = 0;  // device pages that free when their backup lands
 };
 
 struct EvictBlocksResult {
@@ -134,13 +182,15 @@ struct EvictBlocksResult {
 };
 
 struct FlushResult {
-  int32_t evicted_pages = 0;
+  int32_t evicted_pages = 0;       // device pages freed (or freeing once backed up)
+  int32_t evicted_host_pages = 0;  // host pages freed
   int32_t pinned_preserved = 0;  // pinned blocks kept
   int32_t locked_skipped = 0;    // pages kept because requests hold them
 };
 
 struct TreeStats {
   int32_t page_size = 0;
+  bool hierarchical = false;
   int64_t num_nodes = 0;           // excluding the root
   int64_t cached_pages = 0;        // pages held by the tree on the device
   int64_t protected_pages = 0;     // pages in locked or pinned nodes
@@ -154,6 +204,19 @@ struct TreeStats {
   uint64_t evicted_pages_total = 0;
   uint64_t inserted_pages_total = 0;
   uint64_t expired_pins_total = 0;
+  // Hierarchical cache.
+  int64_t host_capacity_pages = 0;
+  int64_t host_cached_pages = 0;       // pages held on the host (valid or being written)
+  int64_t host_only_pages = 0;         // of which not on the device
+  int64_t host_evictable_pages = 0;
+  int64_t host_protected_pages = 0;    // host pages of pinned or session-protected nodes
+  int64_t stored_pages = 0;            // pages known written to storage
+  int64_t io_pending_nodes = 0;        // nodes with a transfer in flight
+  uint64_t demoted_pages_total = 0;    // device->host demotions (device copy dropped)
+  uint64_t backed_up_pages_total = 0;  // device->host copies finished
+  uint64_t loaded_pages_total = 0;     // host->device copies finished
+  uint64_t host_evicted_pages_total = 0;
+  uint64_t backups_skipped_total = 0;  // backups not started: no host room
 };
 
 struct NodeSnapshot {
@@ -169,6 +232,8 @@ struct NodeSnapshot {
   bool on_device = false;
   bool on_host = false;
   bool in_storage = false;
+  bool loading = false;
+  int32_t host_ref = 0;
   bool evictable = false;
 };
 
@@ -176,13 +241,15 @@ class RadixTree {
  public:
   // `device_pages` receives evicted pages; `events` (may be null) receives every change;
   // `clock` (may be null: steady clock) stamps accesses and expires soft pins.
+  // `host_pages` (may be null) enables the hierarchical cache: the host pool's pages.
   RadixTree(RadixTreeOptions options, PageAllocator* device_pages, KvEventSink* events,
-            const Clock* clock = nullptr);
+            const Clock* clock = nullptr, PageAllocator* host_pages = nullptr);
   ~RadixTree();
   RadixTree(const RadixTree&) = delete;
   RadixTree& operator=(const RadixTree&) = delete;
 
   int32_t page_size() const { return options_.page_size; }
+  bool hierarchical() const { return host_pages_ != nullptr; }
 
   // Longest cached full-page prefix of `tokens` under `cache_salt`. Splits a node when
   // the match ends inside it, so that last_node ends exactly at the match. Marks the
@@ -195,6 +262,41 @@ class RadixTree {
   // page are returned in rejected_pages for the caller to free.
   InsertResult insert(std::span<const TokenId> tokens, std::span<const PageId> pages,
                       std::string_view cache_salt = {});
+
+  // Hierarchical cache. load_back() starts loading the host part of `m` (a fresh match)
+  // to the device: it allocates device pages for all of it (evicting unlocked device
+  // pages as needed) or fails and changes nothing. The caller holds a lock on
+  // m.host_last_node until complete_transfer() of the load finished.
+  Status load_back(const MatchResult& m);
+  // Copies requested since the last call, in order.
+  std::vector<TransferRequest> take_transfers();
+  // A copy from take_transfers() finished (`ok` false: it failed; the destination pages
+  // are released and the node keeps its source copy).
+  void complete_transfer(const TransferRequest& request, bool ok = true);
+  bool io_pending() const { return io_pending_nodes_ > 0 || !transfers_.empty(); }
+  // Evicts least-recently-used host-only leaves until `num_pages` host pages are free.
+  int32_t evict_host(int32_t num_pages);
+  // Host pages of blocks on the host, for a storage write: returns the blocks among
+  // `hashes` that are on the host and not yet in storage, with their host pages, and
+  // holds them (io_ref) until finish_storage_write().
+  std::vector<std::pair<BlockHash, PageId>> begin_storage_write(std::span<const BlockHash> hashes);
+  void finish_storage_write(std::span<const BlockHash> hashes, std::span<const uint8_t> written);
+  // Inserts blocks read from storage as host-only nodes (host pages adopted; pages of
+  // blocks the tree already has are returned for the caller to free).
+  InsertResult insert_host(std::span<const TokenId> tokens, int32_t first_page,
+                           std::span<const PageId> host_pages, std::string_view cache_salt);
+  // Full-page block hashes of tokens (no tree access).
+  std::vector<BlockHash> block_hashes_of(std::span<const TokenId> tokens,
+                                         std::string_view cache_salt) const;
+  // Tool sessions: protect (+1) or release (-1) the host copy of node..root. A protected
+  // node is backed up and demoted like a pinned one, and never dropped from the host.
+  void protect_host(RadixNode* node, int32_t delta);
+  // Starts host backups of the nodes holding these blocks that have none (pinned blocks
+  // get a host copy, and a storage copy, at once). Returns nodes started.
+  int32_t back_up(std::span<const BlockHash> hashes);
+  // Starts moving node..root off the device (backing up what has no host copy) as far as
+  // locks allow. Returns the device pages that will leave.
+  int32_t offload_path(RadixNode* node);
 
   // Locks the path root..node (node may be the root: an empty lock). The node must be
   // in this tree (a pointer from match_prefix or insert since the last reset).
@@ -218,8 +320,10 @@ class RadixTree {
   // pins. Returns the blocks unpinned, in order. Scans the tree: for rare use only.
   std::vector<BlockHash> release_pins_for(int64_t pages);
 
-  // Evicts least-recently-used unprotected leaves until at least `num_pages` pages were
-  // freed or nothing evictable remains. num_pages <= 0 evicts nothing.
+  // Evicts least-recently-used unprotected device leaves until at least `num_pages` device
+  // pages were freed or nothing evictable remains. num_pages <= 0 evicts nothing. With a
+  // host tier, a node with a host copy is demoted (kept on the host); a pinned node or,
+  // under write_back, any node without one is backed up first (its pages free later).
   EvictResult evict(int32_t num_pages);
   // Evicts the given blocks; with `descendants`, also everything below them. What a
   // lock or a pin protects is skipped and counted. Without `descendants`, a block that
@@ -239,6 +343,11 @@ class RadixTree {
   std::vector<NodeSnapshot> snapshot() const;
   // Every device page the tree owns (for page accounting audits).
   void collect_device_pages(std::vector<PageId>& out) const;
+  // Every host page the tree owns (valid or being written).
+  void collect_host_pages(std::vector<PageId>& out) const;
+  // Whether eviction can never free this node's device pages for now (what the
+  // admission arithmetic counts as protected).
+  bool device_protected(const RadixNode* node) const { return acct(node).prot > 0; }
   // Hashes of every cached block (order unspecified).
   std::vector<BlockHash> all_block_hashes() const;
   // Recomputes every derived quantity from scratch and compares: hash index, refs,
@@ -275,23 +384,42 @@ class RadixTree {
   RadixNode* split(RadixNode* node, int32_t at);
   RadixNode* find_child(const RadixNode* parent, std::span<const TokenId> first_page,
                         std::string_view extra) const;
-  // One step of a walk: the device-resident child of `node` that continues `tokens` at
-  // page `at_page`, split so that it ends where the match ends. Null when none.
+  // One step of a walk: the child of `node` that continues `tokens` at page `at_page` and
+  // is in the tiers `walk` accepts, split so that it ends where the match ends. Null when
+  // none.
+  enum class Walk : uint8_t { kDevice, kHostOnly, kAnyTier };
   RadixNode* descend(RadixNode* node, std::span<const TokenId> tokens, int32_t at_page,
-                     std::string_view extra, int32_t& matched, bool& partial);
+                     std::string_view extra, int32_t& matched, bool& partial,
+                     Walk walk = Walk::kDevice);
   BlockHash last_hash(const RadixNode* node) const;
   void touch(RadixNode* node, uint64_t tick, int64_t now_ms);
   void update_evictable(RadixNode* node);
   void add_lock_ref(RadixNode* node, int32_t delta);  // node..root
   void add_pin_ref(RadixNode* node, int32_t delta);   // node..root
-  void set_protection_change(RadixNode* node, bool was_protected);
   // After a node loses pins or children: split off an unpinned tail of a childless node
   // with pinned blocks so that the tail becomes evictable.
   void restore_pin_tail(RadixNode* node);
   void evict_subtree(RadixNode* top);
   void erase_evictable(RadixNode* node);
-  // Removes a leaf: frees its pages, unindexes it, emits BlockRemoved. Returns pages.
+  // Removes a childless node from every tier: frees its pages, unindexes it, emits
+  // BlockRemoved per medium. Returns its device pages.
   int32_t remove_leaf(RadixNode* leaf);
+  // Tier moves.
+  bool is_device_leaf(const RadixNode* node) const;
+  bool needs_backup_to_leave(const RadixNode* node) const;
+  bool start_backup(RadixNode* node);  // false: no host room
+  void demote(RadixNode* node);        // drop the device copy of a backed-up device leaf
+  void try_demote(RadixNode* node);
+  bool allocate_host(int32_t count, std::vector<PageId>& out);
+  void update_host_evictable(RadixNode* node);
+  void erase_host_evictable(RadixNode* node);
+  void update_sets(RadixNode* node);
+  struct Acct {
+    int64_t device = 0, host = 0, host_only = 0, prot = 0, host_prot = 0, stored = 0, io = 0;
+  };
+  Acct acct(const RadixNode* node) const;
+  void apply(const Acct& before, const Acct& after);
+  void emit_stored(const RadixNode* node, Medium medium);
   void change_pin(const Loc& loc, int32_t delta);
   int32_t unpin_soft(BlockHash hash, int32_t count);
   void drop_soft_record(BlockHash hash);
@@ -299,11 +427,14 @@ class RadixTree {
 
   RadixTreeOptions options_;
   PageAllocator* device_pages_;
+  PageAllocator* host_pages_;
   KvEventSink* events_;
   const Clock* clock_;
   std::unique_ptr<RadixNode> root_;
   absl::flat_hash_map<BlockHash, Loc> index_;  // every cached block -> its node and offset
   std::set<EvictKey> evictable_;               // unprotected device leaves, LRU first
+  std::set<EvictKey> host_evictable_;          // unprotected host-only leaves, LRU first
+  std::vector<TransferRequest> transfers_;     // requested, not yet taken
   absl::flat_hash_map<BlockHash, SoftPin> soft_pins_;
   std::set<std::pair<int64_t, BlockHash>> soft_expiry_;  // (expiry_ms, hash)
   std::vector<ReceiptSlot> receipts_;
@@ -322,6 +453,17 @@ class RadixTree {
   uint64_t evicted_pages_total_ = 0;
   uint64_t inserted_pages_total_ = 0;
   uint64_t expired_pins_total_ = 0;
+  int64_t host_cached_pages_ = 0;
+  int64_t host_only_pages_ = 0;
+  int64_t host_evictable_pages_ = 0;
+  int64_t host_protected_pages_ = 0;
+  int64_t stored_pages_ = 0;
+  int64_t io_pending_nodes_ = 0;
+  uint64_t demoted_pages_total_ = 0;
+  uint64_t backed_up_pages_total_ = 0;
+  uint64_t loaded_pages_total_ = 0;
+  uint64_t host_evicted_pages_total_ = 0;
+  uint64_t backups_skipped_total_ = 0;
 };
 
 }  // namespace strata

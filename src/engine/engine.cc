@@ -5,6 +5,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "engine/storage_worker.h"
 
 namespace strata {
 
@@ -39,7 +40,23 @@ struct Engine::Seq {
   int32_t generated = 0;
   RequestUsage usage;
   std::optional<Sampler> sampler;
+  // Hierarchical cache: tiers tried for this request, and what they gave.
+  bool load_tried = false;
+  bool prefetch_tried = false;
+  LockReceipt load_receipt;    // holds a host path while it loads to the device
+  int64_t park_deadline_ms = 0;  // parked for a prefetch: stop waiting then (0: never)
+  int32_t host_tokens = 0;     // prompt tokens loaded back from the host
+  int32_t storage_tokens = 0;  // of which first read from storage
 };
+
+Result<PrefetchPolicy> parse_prefetch_policy(std::string_view name) {
+  if (name == "best_effort") return PrefetchPolicy::kBestEffort;
+  if (name == "wait_complete") return PrefetchPolicy::kWaitComplete;
+  if (name == "timeout") return PrefetchPolicy::kTimeout;
+  return make_error(ErrorCode::kInvalidArgument,
+                    "unknown prefetch policy '" + std::string(name) +
+                        "' (best_effort, wait_complete or timeout)");
+}
 
 Status validate(const EngineOptions& o) {
   auto bad = [](std::string m) { return make_error(ErrorCode::kInvalidArgument, std::move(m)); };
@@ -55,6 +72,19 @@ Status validate(const EngineOptions& o) {
   if (!(o.max_pinned_ratio >= 0.0 && o.max_pinned_ratio <= 1.0)) {
     return bad("--max-pinned-ratio must be in [0, 1]");
   }
+  const HierarchicalCacheOptions& h = o.hicache;
+  if (h.enabled) {
+    if (h.size_gb <= 0 && !(h.ratio > 1.0 && h.ratio <= 1000.0)) {
+      return bad("--hicache-ratio must be > 1 (the host pool is larger than the device pool)");
+    }
+    if (h.size_gb < 0 || h.size_gb > 1e5) return bad("--hicache-size must be in (0, 1e5] GB");
+    if (h.write_through_threshold < 1) return bad("the write-through threshold must be >= 1");
+    if (h.transfer_threads < 1 || h.transfer_threads > 16) {
+      return bad("transfer threads must be in [1, 16]");
+    }
+  } else if (!h.storage_backend.empty()) {
+    return bad("--hicache-storage-backend needs --enable-hierarchical-cache");
+  }
   return {};
 }
 
@@ -67,6 +97,9 @@ Result<std::unique_ptr<Engine>> Engine::create(Model* model, EngineOptions optio
   auto pool = model->make_kv_pool(engine->num_pages_, options.page_size, options.kv_dtype);
   if (!pool) return std::unexpected(pool.error());
   engine->kv_pool_ = std::move(*pool);
+  if (options.hicache.enabled) {
+    if (auto st = engine->init_hicache(); !st) return std::unexpected(st.error());
+  }
   engine->thread_ = std::thread([raw = engine.get()] { raw->run(); });
   return engine;
 }
@@ -90,6 +123,177 @@ Engine::~Engine() {
   }
   wake_.notify_one();
   if (thread_.joinable()) thread_.join();
+}
+
+Status Engine::init_hicache() {
+  const HierarchicalCacheOptions& h = options_.hicache;
+  const size_t page_bytes = kv_pool_->page_bytes();
+  const double host_pages_d = h.size_gb > 0 ? h.size_gb * 1e9 / static_cast<double>(page_bytes)
+                                            : h.ratio * static_cast<double>(num_pages_);
+  if (host_pages_d <= num_pages_) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the host pool (" + std::to_string(static_cast<int64_t>(host_pages_d)) +
+                          " pages) must be larger than the device pool (" +
+                          std::to_string(num_pages_) + " pages)");
+  }
+  if (host_pages_d > 1e9) return make_error(ErrorCode::kInvalidArgument, "host pool too large");
+  KvPoolShape shape = kv_pool_->shape();
+  shape.num_pages = static_cast<int32_t>(host_pages_d);
+  auto host = HostKvPool::create(shape, h.layout);
+  if (!host) return std::unexpected(host.error());
+  host_pool_ = std::move(*host);
+  host_allocator_ = std::make_unique<PageAllocator>(shape.num_pages);
+  RadixTreeOptions topts{options_.page_size, h.write_policy, h.write_through_threshold};
+  tree_ = std::make_unique<RadixTree>(topts, allocator_.get(), &events_, clock_,
+                                      host_allocator_.get());
+  transfers_ = std::make_unique<TransferEngine>(*kv_pool_, *host_pool_, h.transfer_threads);
+  if (!h.storage_backend.empty()) {
+    auto cfg = parse_storage_config(h.storage_backend, h.storage_extra_config);
+    if (!cfg) return std::unexpected(cfg.error());
+    storage_config_ = std::move(*cfg);
+    if (storage_config_.name_space.empty()) storage_config_.name_space = h.storage_namespace;
+    auto backend = make_storage_backend(storage_config_);
+    if (!backend) return std::unexpected(backend.error());
+    storage_ = std::move(*backend);
+    storage_worker_ = std::make_unique<StorageWorker>(storage_.get(), host_pool_.get());
+  }
+  STRATA_LOG_INFO("hierarchical cache: host pool {} pages ({:.2f} GB, {}), write policy {}{}",
+                  shape.num_pages,
+                  static_cast<double>(host_pool_->total_bytes()) / 1e9,
+                  host_layout_name(h.layout), write_policy_name(h.write_policy),
+                  storage_ ? ", storage " + h.storage_backend : std::string());
+  return {};
+}
+
+bool Engine::io_busy() const {
+  return !pending_transfers_.empty() || !pending_storage_.empty() || !parked_.empty();
+}
+
+void Engine::submit_transfers(uint64_t load_for_seq) {
+  if (!transfers_) return;
+  for (TransferRequest& req : tree_->take_transfers()) {
+    TransferJob job;
+    job.kind = req.kind == TransferRequest::Kind::kBackup ? TransferJob::kDeviceToHost
+                                                          : TransferJob::kHostToDevice;
+    job.device_pages = req.device_pages;
+    job.host_pages = req.host_pages;
+    const TransferTicket t = transfers_->submit(std::move(job));
+    const uint64_t waiter = req.kind == TransferRequest::Kind::kLoad ? load_for_seq : 0;
+    pending_transfers_.emplace(t, PendingTransfer{std::move(req), waiter});
+  }
+}
+
+void Engine::unpark(uint64_t seq_id) {
+  for (size_t i = 0; i < parked_.size(); ++i) {
+    if (parked_[i]->id != seq_id) continue;
+    waiting_.push_front(std::move(parked_[i]));
+    parked_.erase(parked_.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
+}
+
+void Engine::start_prefetch(Seq& seq, const MatchResult& m) {
+  const int32_t ps = options_.page_size;
+  const int32_t first = m.num_pages + m.host_num_pages;
+  const size_t full = (seq.tokens.size() - 1) / static_cast<size_t>(ps);
+  PendingStorage p;
+  p.seq_id = seq.id;
+  p.tokens.assign(seq.tokens.begin(), seq.tokens.begin() + static_cast<std::ptrdiff_t>(full * ps));
+  p.cache_salt = seq.spec.cache_salt;
+  p.first_page = first;
+  std::vector<BlockHash> all = tree_->block_hashes_of(p.tokens, p.cache_salt);
+  StorageTask task;
+  task.kind = StorageTask::Kind::kExists;
+  task.hashes.assign(all.begin() + first, all.end());
+  const uint64_t id = storage_worker_->submit(std::move(task));
+  pending_storage_.emplace(id, std::move(p));
+  ++counters_.prefetches_started;
+}
+
+// Finished copies and storage calls: the tree learns what landed, parked requests go back
+// to the queue, backups continue to storage, prefetch hits become host nodes.
+void Engine::poll_io() {
+  if (!transfers_) return;
+  for (TransferTicket t : transfers_->take_completed()) {
+    auto it = pending_transfers_.find(t);
+    if (it == pending_transfers_.end()) continue;
+    PendingTransfer done = std::move(it->second);
+    pending_transfers_.erase(it);
+    tree_->complete_transfer(done.request, true);
+    if (done.request.kind == TransferRequest::Kind::kBackup && storage_worker_) {
+      auto items = tree_->begin_storage_write(done.request.hashes);
+      if (!items.empty()) {
+        StorageTask task;
+        task.kind = StorageTask::Kind::kWrite;
+        for (const auto& [h, page] : items) {
+          task.hashes.push_back(h);
+          task.host_pages.push_back(page);
+        }
+        pending_storage_.emplace(storage_worker_->submit(std::move(task)), PendingStorage{});
+      }
+    }
+    if (done.waiting_seq != 0) unpark(done.waiting_seq);
+  }
+  if (!storage_worker_) return;
+  for (StorageTaskResult& r : storage_worker_->take_results()) {
+    auto it = pending_storage_.find(r.id);
+    STRATA_CHECK(it != pending_storage_.end());
+    PendingStorage p = std::move(it->second);
+    pending_storage_.erase(it);
+    counters_.storage_faults += static_cast<uint64_t>(r.failures);
+    if (r.kind == StorageTask::Kind::kWrite) {
+      tree_->finish_storage_write(r.hashes, r.ok);
+      for (uint8_t ok : r.ok) counters_.storage_pages_written += ok;
+      continue;
+    }
+    if (r.kind == StorageTask::Kind::kExists) {
+      const int32_t hits = r.leading_hits;
+      std::vector<PageId> pages;
+      if (hits > 0) {
+        if (host_allocator_->num_free() < hits) tree_->evict_host(hits - host_allocator_->num_free());
+        if (!host_allocator_->allocate(hits, pages)) pages.clear();
+      }
+      if (pages.empty()) {
+        unpark(p.seq_id);
+        continue;
+      }
+      storage_read_pages_.insert(storage_read_pages_.end(), pages.begin(), pages.end());
+      StorageTask task;
+      task.kind = StorageTask::Kind::kRead;
+      task.hashes.assign(r.hashes.begin(), r.hashes.begin() + hits);
+      task.host_pages = pages;
+      p.tokens.resize(static_cast<size_t>(p.first_page + hits) * options_.page_size);
+      pending_storage_.emplace(storage_worker_->submit(std::move(task)), std::move(p));
+      continue;
+    }
+    // kRead: the leading run of verified pages becomes host nodes; the rest goes back.
+    std::erase_if(storage_read_pages_, [&](PageId x) {
+      return std::find(r.host_pages.begin(), r.host_pages.end(), x) != r.host_pages.end();
+    });
+    size_t good = 0;
+    while (good < r.ok.size() && r.ok[good] != 0) ++good;
+    std::vector<PageId> to_free(r.host_pages.begin() + static_cast<std::ptrdiff_t>(good),
+                                r.host_pages.end());
+    int32_t adopted = 0;
+    if (good > 0) {
+      const std::span<const int32_t> tokens(
+          p.tokens.data(), static_cast<size_t>(p.first_page + static_cast<int32_t>(good)) *
+                               options_.page_size);
+      InsertResult ins = tree_->insert_host(
+          tokens, p.first_page, std::span<const PageId>(r.host_pages.data(), good), p.cache_salt);
+      to_free.insert(to_free.end(), ins.rejected_pages.begin(), ins.rejected_pages.end());
+      adopted = ins.num_new_pages;
+      counters_.prefetch_pages_read += static_cast<uint64_t>(adopted);
+    }
+    host_allocator_->free(to_free);
+    for (auto& seq : parked_) {
+      if (seq->id == p.seq_id) {
+        seq->storage_tokens += adopted * options_.page_size;
+        seq->load_tried = false;  // load what just arrived
+      }
+    }
+    unpark(p.seq_id);
+  }
 }
 
 EngineCounters Engine::counters() const {
@@ -159,6 +363,11 @@ void Engine::post(std::function<void(EngineState&)> command) {
 
 EngineState Engine::make_state() {
   EngineState s{*tree_, *allocator_, *kv_pool_, options_, counters_, 0, {}};
+  s.host_pages = host_allocator_.get();
+  s.storage = storage_.get();
+  s.pin_budget_pages = static_cast<int64_t>(
+      options_.max_pinned_ratio *
+      static_cast<double>(host_allocator_ ? host_allocator_->num_pages() : num_pages_));
   for (const auto& seq : running_) {
     s.request_private_pages += static_cast<int64_t>(seq->pages.size()) - seq->tree_pages;
   }
@@ -172,20 +381,30 @@ Status Engine::audit_pages() const {
   for (const auto& seq : running_) {
     owned.insert(owned.end(), seq->pages.begin() + seq->tree_pages, seq->pages.end());
   }
-  return allocator_->audit(owned);
+  if (auto st = allocator_->audit(owned); !st) return st;
+  if (!host_allocator_) return {};
+  owned.clear();
+  tree_->collect_host_pages(owned);
+  owned.insert(owned.end(), storage_read_pages_.begin(), storage_read_pages_.end());
+  return host_allocator_->audit(owned);
 }
 
 void Engine::run() {
+  bool progressed = true;
   for (;;) {
     std::deque<std::unique_ptr<Seq>> arrived;
     std::deque<std::function<void(EngineState&)>> commands;
     bool stop = false;
     {
       std::unique_lock lock(mutex_);
-      const bool busy = !running_.empty() || !waiting_.empty();
+      const bool busy = (!running_.empty() || !waiting_.empty()) && progressed;
       if (!busy) {
-        // Idle: sleep until work arrives, waking now and then for soft-pin expiry.
-        wake_.wait_for(lock, std::chrono::milliseconds(200),
+        // Idle (or waiting on copies): sleep until work arrives, waking now and then for
+        // soft-pin expiry, or soon when copies are in flight.
+        const auto nap = io_busy() || !running_.empty() || !waiting_.empty()
+                             ? std::chrono::milliseconds(1)
+                             : std::chrono::milliseconds(200);
+        wake_.wait_for(lock, nap,
                        [&] { return stopping_ || !inbox_.empty() || !commands_.empty(); });
       }
       arrived.swap(inbox_);
@@ -193,17 +412,32 @@ void Engine::run() {
       stop = stopping_;
     }
     for (auto& seq : arrived) waiting_.push_back(std::move(seq));
+    poll_io();
     if (!commands.empty()) {
       EngineState state = make_state();
       for (auto& cmd : commands) cmd(state);
+      submit_transfers();
     }
     if (stop) break;
+    // Requests parked for a prefetch stop waiting at their deadline.
+    for (size_t i = 0; i < parked_.size();) {
+      Seq& p = *parked_[i];
+      if (p.park_deadline_ms > 0 && clock_->now_ms() >= p.park_deadline_ms) {
+        ++counters_.prefetch_timeouts;
+        p.park_deadline_ms = 0;
+        waiting_.push_front(std::move(parked_[i]));
+        parked_.erase(parked_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
     const int64_t now_ms = clock_->now_ms();
     if (now_ms - last_expiry_check_ms_ >= 100) {
       tree_->expire_soft_pins();
       last_expiry_check_ms_ = now_ms;
     }
-    step();
+    progressed = step();
+    submit_transfers();
     flush_events();
     counters_.running = static_cast<int64_t>(running_.size());
     counters_.waiting = static_cast<int64_t>(waiting_.size());
@@ -212,10 +446,18 @@ void Engine::run() {
       published_counters_ = counters_;
     }
   }
-  // Shutdown: everything still here ends cancelled, pages go back.
+  // Shutdown: everything still here ends cancelled, pages go back. Copies in flight
+  // finish first (the transfer threads still write pages the tree owns).
+  while (!pending_transfers_.empty() || !pending_storage_.empty()) {
+    poll_io();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (auto& seq : parked_) waiting_.push_back(std::move(seq));
+  parked_.clear();
   for (auto& seq : running_) finish(*seq, FinishReason::kCancelled);
   running_.clear();
   for (auto& seq : waiting_) {
+    if (seq->load_receipt.valid()) STRATA_CHECK(tree_->release(seq->load_receipt).has_value());
     seq->stream->push(StreamItem{{}, FinishReason::kCancelled, seq->usage, {}});
   }
   waiting_.clear();
@@ -290,37 +532,80 @@ void Engine::retract(Seq& seq) {
   ++counters_.requests_retracted;
 }
 
-bool Engine::try_admit(Seq& seq) {
+Engine::Admission Engine::try_admit(Seq& seq) {
   const int32_t ps = options_.page_size;
   // Match all but the last token: at least one token must run to produce logits.
   const std::span<const int32_t> probe(seq.tokens.data(), seq.tokens.size() - 1);
   MatchResult m = tree_->match_prefix(probe, seq.spec.cache_salt);
+  if (m.host_num_pages > 0 && !seq.load_tried && !seq.counted) {
+    // The continuation is on the host: load it back (all or nothing) before prefill.
+    seq.load_tried = true;
+    const LockReceipt hold = tree_->lock(m.host_last_node);
+    if (tree_->load_back(m)) {
+      if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
+      seq.load_receipt = hold;
+      seq.host_tokens = m.host_num_pages * ps;
+      submit_transfers(seq.id);
+      return Admission::kParked;
+    }
+    STRATA_CHECK(tree_->release(hold).has_value());
+    ++counters_.loads_failed;
+  }
+  if (storage_worker_ && !seq.prefetch_tried && !seq.counted) {
+    seq.prefetch_tried = true;
+    const int64_t full = static_cast<int64_t>(probe.size()) / ps;
+    const int64_t missing = full - m.num_pages - m.host_num_pages;
+    if (missing * ps >= storage_config_.prefetch_threshold) {
+      start_prefetch(seq, m);
+      const PrefetchPolicy policy = options_.hicache.prefetch_policy;
+      if (policy != PrefetchPolicy::kBestEffort) {
+        if (policy == PrefetchPolicy::kTimeout) {
+          const double timeout_s = storage_config_.prefetch_timeout_base +
+                                   storage_config_.prefetch_timeout_per_ki_token *
+                                       static_cast<double>(missing * ps) / 1024.0;
+          seq.park_deadline_ms = clock_->now_ms() + static_cast<int64_t>(timeout_s * 1000.0) + 1;
+        }
+        return Admission::kParked;
+      }
+    }
+  }
   const int64_t remaining_pages =
       (static_cast<int64_t>(seq.tokens.size()) + ps) / ps - m.num_pages;  // +1 decode slot
   const TreeStats stats = tree_->stats();
   // Pages the matched path holds become protected by our lock.
   int64_t newly_protected = 0;
   for (const RadixNode* n = m.last_node; n != nullptr && n != tree_->root(); n = n->parent) {
-    if (!n->is_protected()) newly_protected += n->num_pages();
+    if (!tree_->device_protected(n)) newly_protected += n->num_pages();
   }
   const int64_t available =
       allocator_->num_free() + stats.cached_pages - stats.protected_pages - newly_protected;
-  if (available < remaining_pages) return false;
+  if (available < remaining_pages) return Admission::kNoRoom;
   seq.receipt = tree_->lock(m.last_node);
+  if (seq.load_receipt.valid()) {
+    STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
+    seq.load_receipt = LockReceipt{};
+  }
   seq.pages = std::move(m.device_pages);
   seq.tree_pages = m.num_pages;
   seq.computed = static_cast<int64_t>(m.num_pages) * ps;
   seq.admitted = true;
   if (!seq.counted) {
     seq.counted = true;
-    // First admission: what the cache saved this prompt (a re-admission after a
-    // retraction keeps the first figure, as the client saw it).
-    seq.usage.cached_tokens = static_cast<int32_t>(seq.computed);
-    seq.usage.cached_device = seq.usage.cached_tokens;
-    counters_.cached_prompt_tokens += static_cast<uint64_t>(seq.computed);
+    // First admission: what the cache saved this prompt, per tier (a re-admission after
+    // a retraction keeps the first figure, as the client saw it).
+    const int32_t cached = static_cast<int32_t>(seq.computed);
+    const int32_t from_storage = std::min(seq.storage_tokens, cached);
+    const int32_t from_host = std::max(0, std::min(seq.host_tokens, cached) - from_storage);
+    seq.usage.cached_tokens = cached;
+    seq.usage.cached_storage = from_storage;
+    seq.usage.cached_host = from_host;
+    seq.usage.cached_device = cached - from_host - from_storage;
+    counters_.cached_prompt_tokens += static_cast<uint64_t>(cached);
+    counters_.cached_host_tokens += static_cast<uint64_t>(from_host);
+    counters_.cached_storage_tokens += static_cast<uint64_t>(from_storage);
     counters_.prompt_tokens += static_cast<uint64_t>(seq.prompt_len);
   }
-  return true;
+  return Admission::kAdmitted;
 }
 
 void Engine::admit() {
@@ -328,14 +613,22 @@ void Engine::admit() {
          static_cast<int32_t>(running_.size()) < options_.max_running_requests) {
     Seq& seq = *waiting_.front();
     if (seq.stream->cancelled()) {
+      if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
+      seq.load_receipt = LockReceipt{};
       seq.usage.prompt_tokens = seq.prompt_len;
       ++counters_.requests_cancelled;
       seq.stream->push(StreamItem{{}, FinishReason::kCancelled, seq.usage, {}});
       waiting_.pop_front();
       continue;
     }
-    if (!try_admit(seq)) {
-      if (running_.empty()) {
+    const Admission a = try_admit(seq);
+    if (a == Admission::kParked) {
+      parked_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      continue;
+    }
+    if (a == Admission::kNoRoom) {
+      if (running_.empty() && !tree_->io_pending()) {
         // Nothing runs and the head cannot start: only pins can be in the way (the
         // prompt fits the pool, checked at submit). Unpin as few as needed.
         const int32_t ps = options_.page_size;
@@ -355,7 +648,7 @@ void Engine::admit() {
         finish(seq, FinishReason::kError, "the request cannot fit the KV pool");
         waiting_.pop_front();
       }
-      break;  // FIFO: wait for running requests to free pages
+      break;  // FIFO: wait for running requests (or copies in flight) to free pages
     }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -395,6 +688,8 @@ bool Engine::step() {
       prefill_budget -= count;
     }
     if (!ensure_pages(seq, seq.computed + count)) {
+      // Backups in flight free device pages when they land: wait for them.
+      if (tree_->io_pending()) continue;
       // Not even eviction helps: retract the newest request (possibly this one).
       Seq& victim = *running_.back();
       retract(victim);

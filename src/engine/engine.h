@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/kv_event.h"
@@ -24,11 +25,33 @@
 #include "common/clock.h"
 #include "common/result.h"
 #include "engine/request.h"
+#include "memory/host_kv_pool.h"
 #include "memory/kv_pool.h"
 #include "memory/page_allocator.h"
+#include "memory/transfer_engine.h"
 #include "model/model.h"
+#include "storage/storage_backend.h"
 
 namespace strata {
+
+// When a request whose prefix is in storage stops waiting for the prefetch.
+enum class PrefetchPolicy : uint8_t { kBestEffort, kWaitComplete, kTimeout };
+Result<PrefetchPolicy> parse_prefetch_policy(std::string_view name);
+
+// The hierarchical cache (SGLang HiCache's options; docs/hierarchical-cache.md).
+struct HierarchicalCacheOptions {
+  bool enabled = false;
+  double ratio = 2.0;    // host pages = ratio x device pages, > 1
+  double size_gb = 0.0;  // host pool in GB (1e9 bytes); overrides ratio when > 0
+  WritePolicy write_policy = WritePolicy::kWriteThrough;
+  int32_t write_through_threshold = 2;
+  HostLayout layout = HostLayout::kLayerFirst;
+  int32_t transfer_threads = 1;
+  std::string storage_backend;       // "" (none), "file" or "redis"
+  std::string storage_extra_config;  // JSON object or @file
+  std::string storage_namespace;     // isolates models sharing one store (set by serve)
+  PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
+};
 
 struct EngineOptions {
   int32_t page_size = 16;                // tokens per KV page, in [1, 256]
@@ -37,6 +60,7 @@ struct EngineOptions {
   int32_t max_running_requests = 32;     // requests in the running batch, >= 1
   int32_t chunked_prefill_size = 2'048;  // prefill tokens per step, >= page_size
   double max_pinned_ratio = 0.8;         // pinned pages / pool pages, in [0, 1]
+  HierarchicalCacheOptions hicache;
 };
 
 Status validate(const EngineOptions& options);
@@ -51,6 +75,14 @@ struct EngineCounters {
   uint64_t cached_prompt_tokens = 0;
   uint64_t auto_unpinned_blocks = 0;
   uint64_t forward_steps = 0;
+  uint64_t cached_host_tokens = 0;     // prompt tokens loaded back from the host
+  uint64_t cached_storage_tokens = 0;  // prompt tokens prefetched from storage
+  uint64_t loads_failed = 0;           // load-backs refused for want of device pages
+  uint64_t prefetches_started = 0;
+  uint64_t prefetch_pages_read = 0;
+  uint64_t storage_pages_written = 0;
+  uint64_t storage_faults = 0;         // items a backend failed (down, full, corrupt)
+  uint64_t prefetch_timeouts = 0;      // requests that stopped waiting for a prefetch
   int64_t running = 0;  // gauge
   int64_t waiting = 0;  // gauge
 };
@@ -66,6 +98,11 @@ struct EngineState {
   int64_t request_private_pages = 0;
   // Audits "every page is free, in the tree, or owned by exactly one request".
   std::function<Status()> audit_pages;
+  // Hierarchical cache (null / 0 without it).
+  PageAllocator* host_pages = nullptr;
+  StorageBackend* storage = nullptr;
+  // Pages --max-pinned-ratio applies to: the host pool with a host tier, else the device.
+  int64_t pin_budget_pages = 0;
 };
 
 class Engine {
@@ -108,7 +145,8 @@ class Engine {
   void run();
   bool step();  // one scheduler iteration; false when idle
   void admit();
-  bool try_admit(Seq& seq);
+  enum class Admission : uint8_t { kAdmitted, kNoRoom, kParked };
+  Admission try_admit(Seq& seq);
   bool ensure_pages(Seq& seq, int64_t positions);
   void cache_computed_pages(Seq& seq);
   void finish(Seq& seq, FinishReason reason, std::string error = {}, int32_t stop_token = -1);
@@ -116,6 +154,15 @@ class Engine {
   void release_seq_pages(Seq& seq);
   void flush_events();
   Status audit_pages() const;
+  // Hierarchical cache, all on the scheduler thread.
+  Status init_hicache();
+  // Hands the tree's requested copies to the transfer threads; a load among them wakes
+  // the parked request `load_for_seq` when it lands.
+  void submit_transfers(uint64_t load_for_seq = 0);
+  void poll_io();
+  void start_prefetch(Seq& seq, const MatchResult& m);
+  void unpark(uint64_t seq_id);
+  bool io_busy() const;
   EngineState make_state();
 
   Model* model_;
@@ -127,6 +174,28 @@ class Engine {
   std::unique_ptr<PageAllocator> allocator_;
   VectorEventSink events_;
   std::unique_ptr<RadixTree> tree_;
+  // Hierarchical cache (null without it).
+  std::unique_ptr<HostKvPool> host_pool_;
+  std::unique_ptr<PageAllocator> host_allocator_;
+  std::unique_ptr<TransferEngine> transfers_;
+  std::unique_ptr<StorageBackend> storage_;
+  std::unique_ptr<class StorageWorker> storage_worker_;
+  StorageConfig storage_config_;
+  struct PendingTransfer {
+    TransferRequest request;
+    uint64_t waiting_seq = 0;  // a parked request waiting for this load, or 0
+  };
+  std::unordered_map<TransferTicket, PendingTransfer> pending_transfers_;
+  struct PendingStorage {
+    uint64_t seq_id = 0;              // the request that asked (prefetch), or 0
+    std::vector<int32_t> tokens;      // prefetch: tokens through the last fetched page
+    std::string cache_salt;
+    int32_t first_page = 0;
+  };
+  std::unordered_map<uint64_t, PendingStorage> pending_storage_;
+  std::vector<PageId> storage_read_pages_;  // host pages being read (owned by no node)
+  // Requests parked until a load or prefetch lands (or its deadline passes).
+  std::vector<std::unique_ptr<Seq>> parked_;
 
   // Scheduler thread only.
   std::deque<std::unique_ptr<Seq>> waiting_;

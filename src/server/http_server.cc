@@ -764,8 +764,9 @@ void HttpServer::handle_pin(const httplib::Request& req, httplib::Response& res,
             for (BlockHash x : h) {
               if (s.tree.contains(x) && s.tree.pin_count(x) == 0) fresh.insert(x);
             }
-            const int64_t budget = static_cast<int64_t>(
-                s.options.max_pinned_ratio * static_cast<double>(s.device_pages.num_pages()));
+            const int64_t budget = s.pin_budget_pages;
+            const int32_t pool_pages =
+                s.host_pages != nullptr ? s.host_pages->num_pages() : s.device_pages.num_pages();
             const int64_t pinned = s.tree.stats().pinned_blocks;
             if (pinned + static_cast<int64_t>(fresh.size()) > budget) {
               return make_error(ErrorCode::kResourceExhausted,
@@ -773,9 +774,12 @@ void HttpServer::handle_pin(const httplib::Request& req, httplib::Response& res,
                                     " blocks are pinned and this call adds " +
                                     std::to_string(fresh.size()) + "; --max-pinned-ratio allows " +
                                     std::to_string(budget) + " of " +
-                                    std::to_string(s.device_pages.num_pages()) + " pages");
+                                    std::to_string(pool_pages) +
+                                    (s.host_pages != nullptr ? " host pages" : " pages"));
             }
-            return s.tree.pin(h, opts);
+            PinResult r = s.tree.pin(h, opts);
+            s.tree.back_up(h);  // a pinned block gets its host (and storage) copy now
+            return r;
           })
           .get();
   if (!result) return send_error(res, 400, result.error().message, "pin_budget_exceeded");
@@ -811,7 +815,8 @@ void HttpServer::handle_flush(const httplib::Request& req, httplib::Response& re
   }
   const FlushResult r = engine_.call([](EngineState& s) { return s.tree.flush(); }).get();
   send_json(res, 200,
-            json{{"evicted", {{"device", r.evicted_pages}, {"host", 0}, {"storage", 0}}},
+            json{{"evicted",
+                  {{"device", r.evicted_pages}, {"host", r.evicted_host_pages}, {"storage", 0}}},
                  {"pinned_preserved", r.pinned_preserved},
                  {"locked_skipped", r.locked_skipped}});
 }
@@ -842,13 +847,54 @@ void HttpServer::handle_state(const httplib::Request& req, httplib::Response& re
                 {"locked_nodes", t.locked_nodes}};
             j["host"] = nullptr;
             j["storage"] = nullptr;
+            if (s.host_pages != nullptr) {
+              j["host"] = {
+                  {"capacity_pages", s.host_pages->num_pages()},
+                  {"capacity_tokens", static_cast<int64_t>(s.host_pages->num_pages()) * t.page_size},
+                  {"free_pages", s.host_pages->num_free()},
+                  {"used_pages", s.host_pages->num_allocated()},
+                  {"cached_pages", t.host_cached_pages},
+                  {"host_only_pages", t.host_only_pages},
+                  {"protected_pages", t.host_protected_pages},
+                  {"evictable_pages", t.host_evictable_pages},
+                  {"write_policy", std::string(write_policy_name(s.options.hicache.write_policy))},
+                  {"mem_layout", std::string(host_layout_name(s.options.hicache.layout))},
+                  {"transfers_in_flight", t.io_pending_nodes}};
+            }
+            if (s.storage != nullptr) {
+              const StorageStats st = s.storage->stats();
+              j["storage"] = {{"backend", std::string(s.storage->name())},
+                              {"stored_pages_known", t.stored_pages},
+                              {"pages_written_total", s.counters.storage_pages_written},
+                              {"prefetches_total", s.counters.prefetches_started},
+                              {"prefetch_pages_read_total", s.counters.prefetch_pages_read},
+                              {"prefetch_timeouts_total", s.counters.prefetch_timeouts},
+                              {"faults_total", s.counters.storage_faults},
+                              {"get_hits", st.get_hits},
+                              {"get_misses", st.get_misses},
+                              {"get_errors", st.get_errors},
+                              {"corrupt_values", st.corrupt_values},
+                              {"set_written", st.set_written},
+                              {"set_skipped_existing", st.set_skipped_existing},
+                              {"set_errors", st.set_errors},
+                              {"bytes_read", st.bytes_read},
+                              {"bytes_written", st.bytes_written}};
+            }
             j["nodes_count"] = t.num_nodes;
             j["hits"] = {{"match_calls", t.match_calls},
                          {"matched_tokens_total",
                           t.matched_pages_total * static_cast<uint64_t>(t.page_size)},
                          {"cached_prompt_tokens_total", s.counters.cached_prompt_tokens},
+                         {"cached_host_tokens_total", s.counters.cached_host_tokens},
+                         {"cached_storage_tokens_total", s.counters.cached_storage_tokens},
                          {"prompt_tokens_total", s.counters.prompt_tokens}};
             j["evictions"] = {{"evicted_pages_total", t.evicted_pages_total},
+                              {"demoted_pages_total", t.demoted_pages_total},
+                              {"host_evicted_pages_total", t.host_evicted_pages_total},
+                              {"backed_up_pages_total", t.backed_up_pages_total},
+                              {"loaded_pages_total", t.loaded_pages_total},
+                              {"backups_skipped_total", t.backups_skipped_total},
+                              {"loads_failed_total", s.counters.loads_failed},
                               {"auto_unpinned_blocks_total", s.counters.auto_unpinned_blocks},
                               {"expired_pins_total", t.expired_pins_total}};
             j["requests"] = {{"running", s.counters.running}, {"waiting", s.counters.waiting}};
@@ -871,6 +917,8 @@ void HttpServer::handle_state(const httplib::Request& req, httplib::Response& re
                                      {"pin_ref", n.pin_ref},
                                      {"last_access_ms", n.last_access_ms},
                                      {"hit_count", n.hit_count},
+                                     {"loading", n.loading},
+                                     {"session_protected", n.host_ref > 0},
                                      {"evictable", n.evictable}});
               }
               j["nodes"] = std::move(nodes);

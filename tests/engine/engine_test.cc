@@ -6,34 +6,11 @@
 #include <random>
 #include <thread>
 
+#include "engine_test_util.h"
 #include "model/make_model.h"
 
 namespace strata {
 namespace {
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  FinishReason reason = FinishReason::kError;
-  RequestUsage usage;
-  std::string error;
-};
-
-Outcome drain(RequestStream& stream) {
-  Outcome out;
-  for (int i = 0; i < 6000; ++i) {
-    for (StreamItem& item : stream.wait(10)) {
-      for (const auto& t : item.tokens) out.tokens.push_back(t.token);
-      if (item.finish) {
-        out.reason = *item.finish;
-        out.usage = item.usage;
-        out.error = item.error;
-        return out;
-      }
-    }
-  }
-  ADD_FAILURE() << "request did not finish";
-  return out;
-}
 
 class EngineTest : public ::testing::Test {
  protected:

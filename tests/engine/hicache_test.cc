@@ -1,0 +1,203 @@
+// The hierarchical cache inside the engine: demotion to the host under a flood, load-back
+// with identical greedy output, write policies, pins that survive on the host, storage
+// shared across engine restarts, and faults that fall back to computing.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "engine/engine.h"
+#include "engine_test_util.h"
+#include "model/make_model.h"
+
+namespace strata {
+namespace {
+
+class HiCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 11,
+                                   ModelOptions{.num_threads = 1});
+    ASSERT_TRUE(model.has_value()) << model.error().message;
+    model_ = std::move(*model);
+    dir_ = std::filesystem::temp_directory_path() /
+           ("strata-hicache-test-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  EngineOptions options(WritePolicy policy = WritePolicy::kWriteThrough) {
+    EngineOptions o;
+    o.page_size = 16;
+    o.kv_cache_tokens = 1024;  // 64 device pages: a flood of a few prompts cycles it
+    o.max_running_requests = 4;
+    o.chunked_prefill_size = 256;
+    o.hicache.enabled = true;
+    o.hicache.ratio = 4.0;
+    o.hicache.write_policy = policy;
+    return o;
+  }
+
+  std::unique_ptr<Engine> start(EngineOptions o) {
+    auto e = Engine::create(model_.get(), std::move(o), {});
+    EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
+    return e ? std::move(*e) : nullptr;
+  }
+
+  static std::vector<int32_t> prompt(int n, int salt) {
+    std::vector<int32_t> p;
+    std::mt19937 rng(static_cast<uint32_t>(salt));
+    for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>(rng() % 200) + 3);
+    return p;
+  }
+
+  static Outcome run(Engine& e, std::vector<int32_t> p, int32_t max_tokens = 8) {
+    RequestSpec spec;
+    spec.prompt = std::move(p);
+    spec.sampling.temperature = 0;
+    spec.max_tokens = max_tokens;
+    auto stream = e.submit(std::move(spec));
+    EXPECT_TRUE(stream.has_value());
+    return drain(**stream);
+  }
+
+  // Other traffic: `n` distinct prompts of `len` tokens, enough to cycle the device pool.
+  static void flood(Engine& e, int n, int len, int salt) {
+    for (int i = 0; i < n; ++i) run(e, prompt(len, salt + i), 2);
+  }
+
+  static void expect_consistent(Engine& e) {
+    auto st = e.call([](EngineState& s) { return s.audit_pages(); }).get();
+    EXPECT_TRUE(st.has_value()) << st.error().message;
+    auto inv = e.call([](EngineState& s) { return s.tree.check_invariants(); }).get();
+    EXPECT_TRUE(inv.has_value()) << inv.error().message;
+  }
+
+  static TreeStats stats(Engine& e) {
+    return e.call([](EngineState& s) { return s.tree.stats(); }).get();
+  }
+
+  // Waits until no copy is in flight (backups land asynchronously).
+  static void settle(Engine& e) {
+    for (int i = 0; i < 2000; ++i) {
+      if (!e.call([](EngineState& s) { return s.tree.io_pending(); }).get()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ADD_FAILURE() << "transfers never settled";
+  }
+
+  std::unique_ptr<Model> model_;
+  std::filesystem::path dir_;
+};
+
+TEST_F(HiCacheTest, FloodDemotesToHostAndTheNextTurnLoadsBackWithIdenticalOutput) {
+  for (WritePolicy policy : {WritePolicy::kWriteThrough, WritePolicy::kWriteBack,
+                             WritePolicy::kWriteThroughSelective}) {
+    SCOPED_TRACE(std::string(write_policy_name(policy)));
+    auto e = start(options(policy));
+    const std::vector<int32_t> vip = prompt(400, 1);
+    const Outcome first = run(*e, vip);
+    if (policy == WritePolicy::kWriteThroughSelective) run(*e, vip);  // a second hit
+    flood(*e, 12, 300, 100);
+    settle(*e);
+    const TreeStats st = stats(*e);
+    EXPECT_GT(st.evicted_pages_total, 0u);
+    const Outcome again = run(*e, vip);
+    EXPECT_EQ(again.tokens, first.tokens);
+    EXPECT_GT(again.usage.cached_host, 0) << "the next turn should come from the host";
+    EXPECT_EQ(again.usage.cached_tokens,
+              again.usage.cached_device + again.usage.cached_host + again.usage.cached_storage);
+    settle(*e);
+    expect_consistent(*e);
+  }
+}
+
+TEST_F(HiCacheTest, PinnedPrefixSurvivesOnTheHostAndFlushKeepsIt) {
+  auto e = start(options());
+  const std::vector<int32_t> vip = prompt(480, 2);
+  const Outcome first = run(*e, vip);
+  auto hashes = e->call([&](EngineState& s) {
+                   return s.tree.block_hashes_of(vip, "");
+                 }).get();
+  const PinResult pinned = e->call([&](EngineState& s) { return s.tree.pin(hashes); }).get();
+  EXPECT_EQ(pinned.pinned, static_cast<int32_t>(hashes.size()));
+  // A flood that far exceeds device and host pools together.
+  flood(*e, 30, 400, 300);
+  settle(*e);
+  FlushResult fr = e->call([](EngineState& s) { return s.tree.flush(); }).get();
+  EXPECT_EQ(fr.pinned_preserved, static_cast<int32_t>(hashes.size()));
+  settle(*e);
+  const TreeStats st = stats(*e);
+  EXPECT_EQ(st.pinned_blocks, static_cast<int64_t>(hashes.size()));
+  EXPECT_GE(st.host_protected_pages, static_cast<int64_t>(hashes.size()));
+  const Outcome again = run(*e, vip);
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_EQ(again.usage.cached_tokens, static_cast<int32_t>(hashes.size()) * 16 -
+                                           (vip.size() % 16 == 0 ? 16 : 0));
+  EXPECT_GT(again.usage.cached_host, 0);
+  expect_consistent(*e);
+}
+
+TEST_F(HiCacheTest, FileStorageIsSharedAcrossRestartsAndChecked) {
+  const std::vector<int32_t> vip = prompt(600, 3);
+  Outcome first;
+  EngineOptions o = options();
+  o.hicache.storage_backend = "file";
+  o.hicache.storage_extra_config = R"({"dir": ")" + (dir_ / "store").string() +
+                                   R"(", "prefetch_threshold": 64})";
+  o.hicache.storage_namespace = "test";
+  o.hicache.prefetch_policy = PrefetchPolicy::kWaitComplete;
+  {
+    auto e = start(o);
+    first = run(*e, vip);
+    settle(*e);
+    // Let the storage writes land before the engine stops.
+    for (int i = 0; i < 2000 && e->counters().storage_pages_written < 37; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_GE(e->counters().storage_pages_written, 37u);
+  }
+  {
+    auto e = start(o);  // a fresh engine: empty device and host pools
+    const Outcome again = run(*e, vip);
+    EXPECT_EQ(again.tokens, first.tokens);
+    EXPECT_GE(again.usage.cached_storage, 37 * 16 - 16);
+    settle(*e);
+    expect_consistent(*e);
+  }
+  // Corrupt every stored value: the next fresh engine computes instead, same output.
+  for (const auto& f : std::filesystem::recursive_directory_iterator(dir_ / "store")) {
+    if (!f.is_regular_file()) continue;
+    std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(f.file_size() - 1));
+    io.put('\x5a');
+  }
+  {
+    auto e = start(o);
+    const Outcome again = run(*e, vip);
+    EXPECT_EQ(again.tokens, first.tokens);
+    EXPECT_EQ(again.usage.cached_storage, 0);
+    EXPECT_GT(e->counters().storage_faults, 0u);
+    settle(*e);
+    expect_consistent(*e);
+  }
+}
+
+TEST_F(HiCacheTest, BadOptionsAreRefused) {
+  EngineOptions o = options();
+  o.hicache.ratio = 0.5;
+  EXPECT_FALSE(Engine::create(model_.get(), o, {}).has_value());
+  o = options();
+  o.hicache.enabled = false;
+  o.hicache.storage_backend = "file";
+  EXPECT_FALSE(Engine::create(model_.get(), o, {}).has_value());
+  o = options();
+  o.hicache.storage_backend = "nfs";
+  EXPECT_FALSE(Engine::create(model_.get(), o, {}).has_value());
+}
+
+}  // namespace
+}  // namespace strata
