@@ -268,6 +268,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     eo.hicache.storage_backend = o->hicache_storage_backend;
     eo.hicache.storage_extra_config = o->hicache_storage_backend_extra_config;
     eo.hicache.storage_namespace = storage_namespace(dir, *kv_dtype, o->page_size);
+    eo.tool_session_ttl_ms = o->tool_session_ttl_s * 1000;
     KvEventPublisher* pub = publisher.get();
     auto engine = Engine::create(
         model->get(), eo,
@@ -280,6 +281,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     so.host = o->host;
     so.port = o->port;
     so.admin_api_key = o->admin_api_key;
+    so.auto_tool_offload = o->auto_tool_offload;
     so.model_name = o->served_model_name.empty()
                         ? std::filesystem::absolute(dir).filename().string()
                         : o->served_model_name;

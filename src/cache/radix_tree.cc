@@ -1123,6 +1123,19 @@ std::vector<BlockHash> RadixTree::block_hashes_of(std::span<const TokenId> token
   return out;
 }
 
+RadixNode* RadixTree::node_ending_at(BlockHash hash) {
+  const auto it = index_.find(hash);
+  if (it == index_.end()) return nullptr;
+  const Loc loc = it->second;
+  if (loc.offset + 1 == loc.node->num_pages()) return loc.node;
+  return split(loc.node, loc.offset + 1);
+}
+
+RadixNode* RadixTree::node_of(BlockHash hash) const {
+  const auto it = index_.find(hash);
+  return it == index_.end() ? nullptr : it->second.node;
+}
+
 int32_t RadixTree::back_up(std::span<const BlockHash> hashes) {
   if (!hierarchical()) return 0;
   int32_t started = 0;

@@ -291,6 +291,11 @@ class RadixTree {
   // Tool sessions: protect (+1) or release (-1) the host copy of node..root. A protected
   // node is backed up and demoted like a pinned one, and never dropped from the host.
   void protect_host(RadixNode* node, int32_t delta);
+  // The node whose last page is block `hash`, splitting its node there if needed (the
+  // node then keeps ending at that block through later splits). Null for an unknown hash.
+  RadixNode* node_ending_at(BlockHash hash);
+  // Lookup without splitting (null when unknown).
+  RadixNode* node_of(BlockHash hash) const;
   // Starts host backups of the nodes holding these blocks that have none (pinned blocks
   // get a host copy, and a storage copy, at once). Returns nodes started.
   int32_t back_up(std::span<const BlockHash> hashes);

@@ -100,6 +100,8 @@ Result<std::unique_ptr<Engine>> Engine::create(Model* model, EngineOptions optio
   if (options.hicache.enabled) {
     if (auto st = engine->init_hicache(); !st) return std::unexpected(st.error());
   }
+  engine->sessions_ = std::make_unique<ToolSessions>(*engine->tree_, *engine->clock_,
+                                                     options.tool_session_ttl_ms);
   engine->thread_ = std::thread([raw = engine.get()] { raw->run(); });
   return engine;
 }
@@ -364,6 +366,7 @@ void Engine::post(std::function<void(EngineState&)> command) {
 EngineState Engine::make_state() {
   EngineState s{*tree_, *allocator_, *kv_pool_, options_, counters_, 0, {}};
   s.host_pages = host_allocator_.get();
+  s.sessions = sessions_.get();
   s.storage = storage_.get();
   s.pin_budget_pages = static_cast<int64_t>(
       options_.max_pinned_ratio *
@@ -411,7 +414,10 @@ void Engine::run() {
       commands.swap(commands_);
       stop = stopping_;
     }
-    for (auto& seq : arrived) waiting_.push_back(std::move(seq));
+    for (auto& seq : arrived) {
+      if (!seq->spec.session_id.empty()) sessions_->on_request_arrived(seq->spec.session_id);
+      waiting_.push_back(std::move(seq));
+    }
     poll_io();
     if (!commands.empty()) {
       EngineState state = make_state();
@@ -435,6 +441,10 @@ void Engine::run() {
     if (now_ms - last_expiry_check_ms_ >= 100) {
       tree_->expire_soft_pins();
       last_expiry_check_ms_ = now_ms;
+    }
+    if (now_ms - last_session_tick_ms_ >= 5) {
+      counters_.tool_sessions_expired += static_cast<uint64_t>(sessions_->tick());
+      last_session_tick_ms_ = now_ms;
     }
     progressed = step();
     submit_transfers();
@@ -513,7 +523,14 @@ void Engine::release_seq_pages(Seq& seq) {
 }
 
 void Engine::finish(Seq& seq, FinishReason reason, std::string error, int32_t stop_token) {
+  const int64_t cached = seq.admitted ? seq.computed : 0;
   release_seq_pages(seq);
+  if (!seq.spec.session_id.empty()) {
+    sessions_->on_request_finished(
+        seq.spec.session_id,
+        std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(cached)),
+        seq.spec.cache_salt);
+  }
   seq.usage.prompt_tokens = seq.prompt_len;
   seq.usage.completion_tokens = seq.generated;
   if (reason == FinishReason::kCancelled) {
@@ -617,6 +634,9 @@ void Engine::admit() {
       seq.load_receipt = LockReceipt{};
       seq.usage.prompt_tokens = seq.prompt_len;
       ++counters_.requests_cancelled;
+      if (!seq.spec.session_id.empty()) {
+        sessions_->on_request_finished(seq.spec.session_id, {}, seq.spec.cache_salt);
+      }
       seq.stream->push(StreamItem{{}, FinishReason::kCancelled, seq.usage, {}});
       waiting_.pop_front();
       continue;

@@ -25,6 +25,7 @@
 #include "common/clock.h"
 #include "common/result.h"
 #include "engine/request.h"
+#include "engine/tool_sessions.h"
 #include "memory/host_kv_pool.h"
 #include "memory/kv_pool.h"
 #include "memory/page_allocator.h"
@@ -61,6 +62,7 @@ struct EngineOptions {
   int32_t chunked_prefill_size = 2'048;  // prefill tokens per step, >= page_size
   double max_pinned_ratio = 0.8;         // pinned pages / pool pages, in [0, 1]
   HierarchicalCacheOptions hicache;
+  int64_t tool_session_ttl_ms = 3'600'000;  // --tool-session-ttl-s
 };
 
 Status validate(const EngineOptions& options);
@@ -83,6 +85,7 @@ struct EngineCounters {
   uint64_t storage_pages_written = 0;
   uint64_t storage_faults = 0;         // items a backend failed (down, full, corrupt)
   uint64_t prefetch_timeouts = 0;      // requests that stopped waiting for a prefetch
+  uint64_t tool_sessions_expired = 0;  // offloaded sessions released by the TTL
   int64_t running = 0;  // gauge
   int64_t waiting = 0;  // gauge
 };
@@ -101,6 +104,7 @@ struct EngineState {
   // Hierarchical cache (null / 0 without it).
   PageAllocator* host_pages = nullptr;
   StorageBackend* storage = nullptr;
+  ToolSessions* sessions = nullptr;
   // Pages --max-pinned-ratio applies to: the host pool with a host tier, else the device.
   int64_t pin_budget_pages = 0;
 };
@@ -196,6 +200,8 @@ class Engine {
   std::vector<PageId> storage_read_pages_;  // host pages being read (owned by no node)
   // Requests parked until a load or prefetch lands (or its deadline passes).
   std::vector<std::unique_ptr<Seq>> parked_;
+  std::unique_ptr<ToolSessions> sessions_;
+  int64_t last_session_tick_ms_ = 0;
 
   // Scheduler thread only.
   std::deque<std::unique_ptr<Seq>> waiting_;

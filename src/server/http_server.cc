@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <ctime>
+#include <limits>
+#include <thread>
 #include <unordered_set>
 
 #include "common/log.h"
@@ -31,9 +33,20 @@ int http_status(ErrorCode code) {
       return 409;
     case ErrorCode::kTimeout:
       return 504;
+    case ErrorCode::kOutOfPages:
+      return 503;  // no room now (a restore): retry later
     default:
       return 500;
   }
+}
+
+// A response that ends with a tool call in the Hermes/Qwen format the chat templates use.
+bool ends_with_tool_call(std::string_view text) {
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\r' ||
+                           text.back() == '\t')) {
+    text.remove_suffix(1);
+  }
+  return text.ends_with("</tool_call>");
 }
 
 void send_json(httplib::Response& res, int status, const json& body) {
@@ -241,6 +254,14 @@ void HttpServer::routes() {
          admin([this](const httplib::Request& q, httplib::Response& r) { handle_flush(q, r); }));
   s.Get("/cache/state",
         admin([this](const httplib::Request& q, httplib::Response& r) { handle_state(q, r); }));
+  s.Post("/session/tool_start", admin([this](const httplib::Request& q, httplib::Response& r) {
+           handle_tool_session(q, r, true);
+         }));
+  s.Post("/session/tool_end", admin([this](const httplib::Request& q, httplib::Response& r) {
+           handle_tool_session(q, r, false);
+         }));
+  s.Get("/session/kv_meta",
+        admin([this](const httplib::Request& q, httplib::Response& r) { handle_kv_meta(q, r); }));
 }
 
 void HttpServer::handle_metrics(const httplib::Request&, httplib::Response& res) {
@@ -476,6 +497,13 @@ void HttpServer::handle_completions(const httplib::Request& req, httplib::Respon
       } else {
         sessions_.erase(session_id);
       }
+    }
+    // --auto-tool-offload: a turn that ends in a tool call parks the session on the host
+    // until its next request (which restores it by itself).
+    if (options_.auto_tool_offload && !session_id.empty() && ends_with_tool_call(text)) {
+      auto r = engine_.call([id = session_id](EngineState& s) { return s.sessions->tool_start(id); })
+                   .get();
+      if (!r) STRATA_LOG_DEBUG("auto tool offload of '{}': {}", session_id, r.error().message);
     }
     if (msg_info && msg_info->pin_through >= 0) {
       ojson upto = ojson::array();
@@ -927,6 +955,87 @@ void HttpServer::handle_state(const httplib::Request& req, httplib::Response& re
           })
           .get();
   send_json(res, 200, out);
+}
+
+namespace {
+
+json session_json(const SessionView& v) {
+  return json{{"state", std::string(session_state_name(v.state))},
+              {"tier", v.tier},
+              {"epoch", v.epoch},
+              {"tokens", v.tokens},
+              {"since", v.since_ms}};
+}
+
+bool transitional(SessionState s) {
+  return s == SessionState::kOffloading || s == SessionState::kRestoring;
+}
+
+}  // namespace
+
+// Waits (on this HTTP thread, never the scheduler's) until the session's copies landed,
+// so that the answer says where its KV is.
+Result<SessionView> HttpServer::settle_session(const std::string& id, SessionView v) {
+  const auto deadline = WallClock::now() + std::chrono::seconds(30);
+  while (transitional(v.state) && WallClock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    auto now = engine_.call([id](EngineState& s) { return s.sessions->kv_meta(id); }).get();
+    if (!now) return now;
+    const int64_t moved = v.moved_tokens;
+    v = *now;
+    v.moved_tokens = moved;
+  }
+  return v;
+}
+
+void HttpServer::handle_tool_session(const httplib::Request& req, httplib::Response& res,
+                                     bool start) {
+  auto body = parse_json_object(req.body);
+  if (!body) return send_error(res, body.error());
+  for (const auto& [key, value] : body->items()) {
+    if (key != "session_id" && key != "epoch") {
+      return send_error(res, 400, "unknown field '" + key + "'", "invalid_argument");
+    }
+  }
+  auto id = get_string(*body, "session_id");
+  if (!id) return send_error(res, id.error());
+  if (!id->has_value() || (*id)->empty() || (*id)->size() > 256) {
+    return send_error(res, 400, "'session_id' (1 to 256 characters) is required",
+                      "invalid_argument");
+  }
+  std::optional<int64_t> epoch;
+  if (!start) {
+    auto e = get_int(*body, "epoch", 0, std::numeric_limits<int64_t>::max());
+    if (!e) return send_error(res, e.error());
+    if (!e->has_value()) return send_error(res, 400, "'epoch' is required", "invalid_argument");
+    epoch = **e;
+  } else if (body->contains("epoch")) {
+    return send_error(res, 400, "tool_start takes no 'epoch'", "invalid_argument");
+  }
+  const std::string sid = **id;
+  auto r = engine_
+               .call([sid, start, epoch](EngineState& s) {
+                 return start ? s.sessions->tool_start(sid)
+                              : s.sessions->tool_end(sid, static_cast<uint64_t>(*epoch));
+               })
+               .get();
+  if (!r) return send_error(res, r.error());
+  auto v = settle_session(sid, *r);
+  if (!v) return send_error(res, v.error());
+  json out = session_json(*v);
+  out[start ? "offloaded_tokens" : "restored_tokens"] = v->moved_tokens;
+  send_json(res, 200, out);
+}
+
+void HttpServer::handle_kv_meta(const httplib::Request& req, httplib::Response& res) {
+  const std::string id = req.get_param_value("session_id");
+  if (id.empty() || id.size() > 256) {
+    return send_error(res, 400, "'session_id' (1 to 256 characters) is required",
+                      "invalid_argument");
+  }
+  auto r = engine_.call([id](EngineState& s) { return s.sessions->kv_meta(id); }).get();
+  if (!r) return send_error(res, r.error());
+  send_json(res, 200, session_json(*r));
 }
 
 }  // namespace strata

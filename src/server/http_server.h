@@ -28,6 +28,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";  // bind address (loopback unless told otherwise)
   int port = 8000;                 // 0: any free port (see HttpServer::port())
   std::string admin_api_key;       // guards /cache/*, /session/*, /flush_cache when set
+  bool auto_tool_offload = false;  // offload a session whose turn ends in a tool call
   std::string model_name = "strata";
   int http_threads = 64;           // concurrent connections served, >= 4
   int64_t default_max_tokens = 0;  // 0: up to the context length
@@ -67,6 +68,9 @@ class HttpServer {
   void handle_evict(const httplib::Request& req, httplib::Response& res);
   void handle_flush(const httplib::Request& req, httplib::Response& res);
   void handle_state(const httplib::Request& req, httplib::Response& res);
+  void handle_tool_session(const httplib::Request& req, httplib::Response& res, bool start);
+  void handle_kv_meta(const httplib::Request& req, httplib::Response& res);
+  Result<SessionView> settle_session(const std::string& id, SessionView v);
   void handle_metrics(const httplib::Request& req, httplib::Response& res);
 
   // Renders and tokenizes messages (with tools, add_generation_prompt) into ids.

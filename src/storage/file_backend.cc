@@ -96,13 +96,15 @@ Result<std::unique_ptr<FileBackend>> FileBackend::open(const StorageConfig& conf
   const std::string root = config.dir + "/" + config.name_space;
   for (const std::string& d : {config.dir, root}) {
     if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) {
+      const int err = errno;
       return make_error(ErrorCode::kIoError,
-                        "file storage: cannot create directory '" + d + "': " + errno_text(errno));
+                        "file storage: cannot create directory '" + d + "': " + errno_text(err));
     }
   }
   if (::access(root.c_str(), R_OK | W_OK | X_OK) != 0) {
+    const int err = errno;
     return make_error(ErrorCode::kIoError,
-                      "file storage: directory '" + root + "' is not usable: " + errno_text(errno));
+                      "file storage: directory '" + root + "' is not usable: " + errno_text(err));
   }
   std::unique_ptr<FileBackend> backend(new FileBackend(config, clock, root));
   if (auto s = backend->scan(); !s) return std::unexpected(s.error());
@@ -122,8 +124,9 @@ int64_t FileBackend::used_bytes() const {
 Status FileBackend::scan() {
   DIR* dir = ::opendir(root_.c_str());
   if (dir == nullptr) {
+    const int err = errno;
     return make_error(ErrorCode::kIoError,
-                      "file storage: cannot read directory '" + root_ + "': " + errno_text(errno));
+                      "file storage: cannot read directory '" + root_ + "': " + errno_text(err));
   }
   std::vector<ScannedValue> found;
   Status status;
@@ -155,9 +158,10 @@ Status FileBackend::scan_shard(const std::string& shard_name,
   const std::string shard = root_ + "/" + shard_name;
   DIR* dir = ::opendir(shard.c_str());
   if (dir == nullptr) {
-    if (errno == ENOTDIR) return {};  // a stray file with a shard's name
+    const int err = errno;
+    if (err == ENOTDIR) return {};  // a stray file with a shard's name
     return make_error(ErrorCode::kIoError,
-                      "file storage: cannot read directory '" + shard + "': " + errno_text(errno));
+                      "file storage: cannot read directory '" + shard + "': " + errno_text(err));
   }
   while (const dirent* entry = ::readdir(dir)) {
     // Only a value's name counts: temp files start with '.', and a key is filed under
@@ -182,9 +186,9 @@ std::vector<bool> FileBackend::exists(std::span<const uint64_t> keys) {
     const std::string path = value_path(keys[i]);
     if (::stat(path.c_str(), &st) == 0) {
       found[i] = S_ISREG(st.st_mode);
-    } else if (errno != ENOENT && errno != ENOTDIR) {
+    } else if (const int err = errno; err != ENOENT && err != ENOTDIR) {
       StorageCounters::add(counters_.exists_errors);
-      log_failure("file storage: stat '" + path + "': " + errno_text(errno));
+      log_failure("file storage: stat '" + path + "': " + errno_text(err));
     }
   }
   return found;
@@ -215,9 +219,9 @@ Status FileBackend::get_one(uint64_t key, std::span<std::byte> dst) {
   FdCloser closer(fd);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     StorageCounters::add(counters_.get_errors);
-    return make_error(ErrorCode::kIoError,
-                      "file storage: stat '" + path + "': " + errno_text(errno));
+    return make_error(ErrorCode::kIoError, "file storage: stat '" + path + "': " + errno_text(err));
   }
   std::array<std::byte, kFrameHeaderBytes> header;
   FrameCheck check;
@@ -269,9 +273,8 @@ Status FileBackend::set_one(uint64_t key, std::span<const std::byte> value) {
     StorageCounters::add(counters_.set_skipped_existing);
     return {};
   }
-  if (errno != ENOENT) {
-    return make_error(ErrorCode::kIoError,
-                      "file storage: stat '" + path + "': " + errno_text(errno));
+  if (const int err = errno; err != ENOENT) {
+    return make_error(ErrorCode::kIoError, "file storage: stat '" + path + "': " + errno_text(err));
   }
   if (capacity_bytes_ > 0 && size_bytes > capacity_bytes_) {
     return make_error(ErrorCode::kResourceExhausted,
@@ -292,8 +295,9 @@ Status FileBackend::make_room(int64_t size_bytes) {
     const uint64_t victim = write_order_.front();
     const std::string path = value_path(victim);
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      const int err = errno;
       return make_error(ErrorCode::kIoError,
-                        "file storage: cannot evict '" + path + "': " + errno_text(errno));
+                        "file storage: cannot evict '" + path + "': " + errno_text(err));
     }
     index_erase(victim);
     StorageCounters::add(counters_.evicted);
@@ -305,12 +309,16 @@ Status FileBackend::write_atomically(uint64_t key, std::span<const std::byte> va
   const std::string hex = storage_key_hex(key);
   const std::string shard = root_ + "/" + hex.substr(0, 2);
   if (::mkdir(shard.c_str(), 0755) != 0 && errno != EEXIST) {
-    return write_error("file storage: cannot create '" + shard + "'", errno);
+    const int err = errno;
+    return write_error("file storage: cannot create '" + shard + "'", err);
   }
   const std::string temp = shard + "/.tmp." + hex + "." + std::to_string(::getpid()) + "." +
                            std::to_string(temp_counter_.fetch_add(1));
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return write_error("file storage: cannot create '" + temp + "'", errno);
+  if (fd < 0) {
+    const int err = errno;
+    return write_error("file storage: cannot create '" + temp + "'", err);
+  }
 
   std::array<std::byte, kFrameHeaderBytes> header;
   encode_frame_header(key, namespace_hash_, value, header);
@@ -330,7 +338,8 @@ void FileBackend::drop_damaged(uint64_t key) {
   const std::string path = value_path(key);
   std::lock_guard lock(mutex_);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    log_failure("file storage: cannot remove damaged '" + path + "': " + errno_text(errno));
+    const int err = errno;
+    log_failure("file storage: cannot remove damaged '" + path + "': " + errno_text(err));
   }
   index_erase(key);
 }

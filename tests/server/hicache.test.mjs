@@ -185,3 +185,71 @@ test('Redis shares KV across a restart of Strata; Redis stopped mid-run degrades
     await second.stop();
   }
 });
+
+test('tool sessions: tool_start offloads, tool_end restores, bad calls get a clear 4xx', async () => {
+  const server = await startServer(['--kv-cache-tokens', '2048', '--enable-hierarchical-cache',
+    '--hicache-ratio', '4', '--admin-api-key', 'k']);
+  try {
+    const convo = conversation(1, 61);
+    const first = await chat(server, convo, { session_id: 'agent-1' });
+    const start = await server.post('/session/tool_start', { session_id: 'agent-1' }, ADMIN);
+    assert.equal(start.status, 200, start.text);
+    assert.equal(start.json.epoch, 1);
+    assert.equal(start.json.tier, 'host');
+    assert.equal(start.json.state, 'OFFLOADED');
+    assert.ok(start.json.offloaded_tokens >= 700, start.text);
+    const meta = await server.get('/session/kv_meta?session_id=agent-1', ADMIN);
+    assert.equal(meta.status, 200);
+    assert.deepEqual([meta.json.state, meta.json.tier, meta.json.epoch], ['OFFLOADED', 'host', 1]);
+    assert.ok(meta.json.since > 1.7e12);
+    await flood(server, 10, 800);
+    // Bad calls: each a clear 4xx, none changes the session.
+    for (const [path, body, status] of [
+      ['/session/tool_start', { session_id: 'nobody' }, 404],
+      ['/session/tool_end', { session_id: 'nobody', epoch: 1 }, 404],
+      ['/session/tool_start', { session_id: 'agent-1' }, 409],
+      ['/session/tool_end', { session_id: 'agent-1', epoch: 9 }, 409],
+      ['/session/tool_end', { session_id: 'agent-1' }, 400],
+      ['/session/tool_end', { session_id: 'agent-1', epoch: 'one' }, 400],
+      ['/session/tool_start', {}, 400],
+      ['/session/tool_start', { session_id: 5 }, 400],
+      ['/session/tool_start', { session_id: 'agent-1', colour: 'red' }, 400],
+      ['/session/tool_start', '{"session_id": ', 400],
+    ]) {
+      const r = await server.post(path, body, ADMIN);
+      assert.equal(r.status, status, `${path} ${JSON.stringify(body)}: ${r.text}`);
+      assert.ok(r.json.error.message.length > 0);
+    }
+    assert.equal((await server.get('/session/kv_meta?session_id=nobody', ADMIN)).status, 404);
+    assert.equal((await server.get('/session/kv_meta', ADMIN)).status, 400);
+    assert.equal((await server.post('/session/tool_start', { session_id: 'agent-1' })).status, 401);
+    const still = await server.get('/session/kv_meta?session_id=agent-1', ADMIN);
+    assert.deepEqual([still.json.state, still.json.epoch], ['OFFLOADED', 1]);
+    const end = await server.post('/session/tool_end', { session_id: 'agent-1', epoch: 1 }, ADMIN);
+    assert.equal(end.status, 200, end.text);
+    assert.equal(end.json.state, 'RUNNABLE');
+    assert.equal(end.json.tier, 'device');
+    assert.ok(end.json.restored_tokens >= 700, end.text);
+    assert.equal((await server.post('/session/tool_end', { session_id: 'agent-1', epoch: 1 }, ADMIN)).status, 409);
+    // The next turn of the agent is a device hit with the same output as a cold server.
+    const next = [...convo, first.choices[0].message, { role: 'user', content: words(30, 62) }];
+    const hit = await chat(server, next, { session_id: 'agent-1' });
+    assert.ok(hit.usage.cached_tokens_details.device >= 700, JSON.stringify(hit.usage));
+    const ref = await chat(reference, next);
+    assert.equal(hit.choices[0].message.content, ref.choices[0].message.content);
+  } finally {
+    await server.stop();
+  }
+});
+
+test('tool sessions need the host tier: a clear 409 without it', async () => {
+  const server = await startServer(['--kv-cache-tokens', '2048']);
+  try {
+    await chat(server, conversation(0, 71), { session_id: 'x' });
+    const r = await server.post('/session/tool_start', { session_id: 'x' });
+    assert.equal(r.status, 409, r.text);
+    assert.match(r.json.error.message, /enable-hierarchical-cache/);
+  } finally {
+    await server.stop();
+  }
+});

@@ -1,0 +1,97 @@
+// Tool-call sessions: an agent's conversation whose KV is moved to the host while the
+// agent waits for a tool, and brought back when the tool answers (docs/tool-sessions.md).
+//
+// A session is named by the requests' session_id. The engine records, when a request of
+// the session finishes, the exact tokens whose KV is cached (prompt + generated) and the
+// block hash of the last full page. It never keeps a node pointer across scheduler steps:
+// nodes split and leave the tree, block hashes do not change, and the hash index finds
+// the node at any time. tool_start protects the path on the host (host_ref on the node
+// ending exactly at that block, so later splits keep it the deepest protected node) and
+// moves it off the device; tool_end loads it back, all or nothing, and drops the
+// protection. Each tool_start bumps an epoch that tool_end must echo.
+//
+// States: RUNNABLE -> (tool_start) OFFLOADING -> OFFLOADED -> (tool_end) RESTORING ->
+// RUNNABLE. A request of the session, a failed restore (protection released, state
+// OFFLOADED: a later tool_end or request recovers), or the TTL also release the host copy.
+//
+// Thread: the scheduler thread only (it owns the tree); HTTP threads reach it through
+// Engine::call.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/radix_tree.h"
+#include "common/clock.h"
+#include "common/result.h"
+
+namespace strata {
+
+enum class SessionState : uint8_t { kRunnable, kOffloading, kOffloaded, kRestoring };
+std::string_view session_state_name(SessionState state);
+
+struct SessionView {
+  SessionState state = SessionState::kRunnable;
+  std::string tier;      // where the session's KV is now: device | host | none
+  uint64_t epoch = 0;
+  int64_t tokens = 0;    // tokens whose KV the session has (full pages)
+  int64_t since_ms = 0;  // wall time (ms since the Unix epoch) of the last state change
+  int64_t moved_tokens = 0;  // tool_start: tokens offloaded; tool_end: tokens restored
+};
+
+class ToolSessions {
+ public:
+  ToolSessions(RadixTree& tree, const Clock& clock, int64_t ttl_ms);
+
+  // A request of the session arrived: an offloaded session comes back with it.
+  void on_request_arrived(const std::string& id);
+  // A request of the session ended; `tokens` have their KV in the tree.
+  void on_request_finished(const std::string& id, std::span<const int32_t> tokens,
+                           const std::string& cache_salt);
+
+  Result<SessionView> tool_start(const std::string& id);
+  // Starts the load-back (the engine submits the copies after the call).
+  Result<SessionView> tool_end(const std::string& id, uint64_t epoch);
+  Result<SessionView> kv_meta(const std::string& id) const;
+
+  // Advances OFFLOADING -> OFFLOADED and RESTORING -> RUNNABLE as copies land, and
+  // releases sessions past the TTL. Returns the sessions released by the TTL.
+  int32_t tick();
+  uint64_t expired_total() const { return expired_total_; }
+  size_t size() const { return sessions_.size(); }
+  // Sessions whose host copy is protected now (for invariant checks).
+  int64_t protected_count() const;
+
+ private:
+  struct Session {
+    SessionState state = SessionState::kRunnable;
+    uint64_t epoch = 0;
+    int64_t tokens = 0;
+    std::vector<int32_t> token_ids;  // full pages only
+    std::string salt;
+    BlockHash last_hash = 0;
+    bool has_kv = false;       // at least one full page
+    bool protected_ = false;   // host_ref taken on the node ending at last_hash
+    LockReceipt restore_lock;  // held while RESTORING
+    int32_t running = 0;       // requests of the session in the engine
+    int64_t since_ms = 0;      // wall clock
+    int64_t changed_ms = 0;    // engine clock (TTL)
+  };
+  void set_state(Session& s, SessionState state);
+  void release(Session& s);  // drops protection and restore lock
+  std::string tier_of(const Session& s) const;
+  bool path_all(const Session& s, bool on_device) const;
+  SessionView view(const Session& s) const;
+
+  RadixTree& tree_;
+  const Clock& clock_;
+  int64_t ttl_ms_;
+  std::unordered_map<std::string, Session> sessions_;
+  uint64_t expired_total_ = 0;
+};
+
+}  // namespace strata
