@@ -3,6 +3,9 @@
 # builds the release tree and an ASan+UBSan tree, and runs every test through CTest.
 #   scripts/test.sh            everything
 #   STRATA_SKIP_SANITIZERS=1   only the release build's tests
+# The ThreadSanitizer stage builds and runs the test programs of the threaded modules
+# (engine scheduler + transfer threads + tool sessions, host pool and transfers, storage
+# worker and backends).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -25,5 +28,14 @@ if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      STRATA_SANITIZER_BUILD=1 ctest --output-on-failure -j "$jobs")
+
+  echo "== ThreadSanitizer build (threaded modules)"
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
+        -DSTRATA_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-tsan -j "$jobs" --target engine_tests memory_tests storage_tests
+  echo "== ThreadSanitizer tests"
+  for t in engine_tests memory_tests storage_tests; do
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "build-tsan/tests/$t" --gtest_brief=1
+  done
 fi
 echo "== all tests passed"

@@ -10,6 +10,8 @@ namespace strata::app {
 void add_block_hashes_command(CLI::App& app, int& exit_code);
 void add_make_model_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
+// `strata bench tiers` (registered by add_bench_command).
+void add_bench_tiers(CLI::App& bench, int& exit_code);
 void add_serve_command(CLI::App& app, int& exit_code);
 
 }  // namespace strata::app

@@ -281,6 +281,27 @@ void HttpServer::handle_metrics(const httplib::Request&, httplib::Response& res)
                                    g.evicted_pages_total = t.evicted_pages_total;
                                    g.auto_unpinned_blocks_total = s.counters.auto_unpinned_blocks;
                                    g.expired_pins_total = t.expired_pins_total;
+                                   if (s.host_pages != nullptr) {
+                                     g.host_pages = {{"total", s.host_pages->num_pages()},
+                                                     {"free", s.host_pages->num_free()},
+                                                     {"cached", t.host_cached_pages},
+                                                     {"host_only", t.host_only_pages},
+                                                     {"protected", t.host_protected_pages},
+                                                     {"evictable", t.host_evictable_pages}};
+                                   }
+                                   const EngineCounters& c = s.counters;
+                                   g.tier_events = {
+                                       {"demoted_pages", t.demoted_pages_total},
+                                       {"backed_up_pages", t.backed_up_pages_total},
+                                       {"loaded_pages", t.loaded_pages_total},
+                                       {"host_evicted_pages", t.host_evicted_pages_total},
+                                       {"cached_host_tokens", c.cached_host_tokens},
+                                       {"cached_storage_tokens", c.cached_storage_tokens},
+                                       {"storage_pages_written", c.storage_pages_written},
+                                       {"storage_faults", c.storage_faults},
+                                       {"prefetch_pages_read", c.prefetch_pages_read},
+                                       {"prefetch_timeouts", c.prefetch_timeouts},
+                                       {"tool_sessions_expired", c.tool_sessions_expired}};
                                    return g;
                                  })
                                  .get();

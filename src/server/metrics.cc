@@ -80,6 +80,15 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        .Help("Soft pins dropped when their TTL ran out")
                        .Register(*registry_)
                        .Add({});
+  host_pages_family_ = &BuildGauge()
+                            .Name("strata_host_kv_pages")
+                            .Help("Host KV pages by state (hierarchical cache)")
+                            .Register(*registry_);
+  tier_events_family_ = &BuildGauge()
+                             .Name("strata_tier_events_total")
+                             .Help("Hierarchical cache and tool-session events since start "
+                                   "(pages moved, storage faults, sessions expired, ...)")
+                             .Register(*registry_);
 }
 
 prometheus::Counter& Metrics::requests(const std::string& endpoint, const std::string& status) {
@@ -102,6 +111,12 @@ void Metrics::set_cache(const CacheGaugeValues& v) {
   evictions_->Set(static_cast<double>(v.evicted_pages_total));
   auto_unpinned_->Set(static_cast<double>(v.auto_unpinned_blocks_total));
   expired_pins_->Set(static_cast<double>(v.expired_pins_total));
+  for (const auto& [state, n] : v.host_pages) {
+    host_pages_family_->Add({{"state", state}}).Set(static_cast<double>(n));
+  }
+  for (const auto& [event, n] : v.tier_events) {
+    tier_events_family_->Add({{"event", event}}).Set(static_cast<double>(n));
+  }
 }
 
 std::string Metrics::serialize() const {

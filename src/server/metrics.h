@@ -12,6 +12,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace strata {
 
@@ -28,6 +30,10 @@ struct CacheGaugeValues {
   uint64_t evicted_pages_total = 0;
   uint64_t auto_unpinned_blocks_total = 0;
   uint64_t expired_pins_total = 0;
+  // Hierarchical cache and tool sessions: host pages by state, and monotonic totals by
+  // event (strata_host_kv_pages{state}, strata_tier_events_total{event}).
+  std::vector<std::pair<std::string, int64_t>> host_pages;
+  std::vector<std::pair<std::string, uint64_t>> tier_events;
 };
 
 class Metrics {
@@ -61,6 +67,8 @@ class Metrics {
   prometheus::Gauge* evictions_;
   prometheus::Gauge* auto_unpinned_;
   prometheus::Gauge* expired_pins_;
+  prometheus::Family<prometheus::Gauge>* host_pages_family_;
+  prometheus::Family<prometheus::Gauge>* tier_events_family_;
 };
 
 }  // namespace strata
