@@ -120,6 +120,10 @@ int run_tier_bench(const TierBenchOptions& o) {
   if (!kv) return fail(kv.error().message);
   const int32_t vocab = (*model)->config().vocab_size;
 
+  // A fresh namespace per run: a store left over from an earlier run must not turn the
+  // cold measurement into a storage hit.
+  const std::string name_space =
+      "bench-tiers-" + std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
   auto engine_options = [&](const std::string& backend, int32_t device_tokens) {
     EngineOptions eo;
     eo.kv_cache_tokens = device_tokens;
@@ -127,7 +131,7 @@ int run_tier_bench(const TierBenchOptions& o) {
     eo.hicache.enabled = true;
     eo.hicache.ratio = 4.0;
     eo.hicache.storage_backend = backend;
-    eo.hicache.storage_namespace = "bench-tiers";
+    eo.hicache.storage_namespace = name_space;
     eo.hicache.prefetch_policy = PrefetchPolicy::kWaitComplete;
     if (backend == "file") {
       eo.hicache.storage_extra_config = nlohmann::json{{"dir", o.store_dir}}.dump();
@@ -136,12 +140,13 @@ int run_tier_bench(const TierBenchOptions& o) {
     }
     return eo;
   };
-  nlohmann::json report = {{"prompt_tokens", o.prompt_tokens}, {"kv_dtype", o.kv_dtype},
-                           {"weight_dtype", o.weight_dtype}, {"threads", o.threads}};
+  nlohmann::json report = {{"prompt_tokens", o.prompt_tokens},
+                           {"kv_dtype", o.kv_dtype},
+                           {"weight_dtype", o.weight_dtype},
+                           {"threads", o.threads}};
   auto print = [&](const std::string& what, const Timed& t) {
     std::printf("%-44s TTFT %8.1f ms   cached device %6d host %6d storage %6d\n", what.c_str(),
-                t.ttft_s * 1e3, t.usage.cached_device, t.usage.cached_host,
-                t.usage.cached_storage);
+                t.ttft_s * 1e3, t.usage.cached_device, t.usage.cached_host, t.usage.cached_storage);
     std::fflush(stdout);
     report["ttft"][what] = {{"ttft_ms", t.ttft_s * 1e3},
                             {"cached_device", t.usage.cached_device},
@@ -181,8 +186,8 @@ int run_tier_bench(const TierBenchOptions& o) {
         if (!r) return fail(r.error().message);
       }
       settle(**e);
-      wait_storage_written(**e, backend == "file" ? static_cast<uint64_t>(o.prompt_tokens / 16 - 1)
-                                                  : 0);
+      wait_storage_written(**e,
+                           backend == "file" ? static_cast<uint64_t>(o.prompt_tokens / 16 - 1) : 0);
     }
     auto e = Engine::create(model->get(), engine_options(backend, o.device_tokens), {});
     if (!e) return fail(e.error().message);
@@ -203,8 +208,13 @@ int run_tier_bench(const TierBenchOptions& o) {
       t.insert(t.end(), more.begin(), more.end());
       return t;
     };
-    for (const std::string mode : {"never left the device", "tool_start/tool_end", "no offload"}) {
-      auto e = Engine::create(model->get(), engine_options("", o.device_tokens), {});
+    for (const std::string mode :
+         {"never left the device", "tool_start/tool_end", "no offload (device pool only)"}) {
+      EngineOptions eo = engine_options("", o.device_tokens);
+      // Without tool sessions the paused conversation is just more LRU data: on a device
+      // pool alone the flood evicts it and the next turn recomputes it.
+      eo.hicache.enabled = std::string(mode) != "no offload (device pool only)";
+      auto e = Engine::create(model->get(), eo, {});
       if (!e) return fail(e.error().message);
       auto first = timed_request(**e, turn1, 1, "agent");
       if (!first) return fail(first.error().message);
@@ -219,16 +229,17 @@ int run_tier_bench(const TierBenchOptions& o) {
       }
       if (m != "never left the device") {
         for (int64_t done = 0, i = 0; done < flood_tokens; ++i) {
-          auto r = timed_request(**e, random_tokens(2048, 1000 + static_cast<uint32_t>(i), vocab), 1);
+          auto r =
+              timed_request(**e, random_tokens(2048, 1000 + static_cast<uint32_t>(i), vocab), 1);
           if (!r) return fail(r.error().message);
           done += 2048;
         }
         settle(**e);
       }
       if (m == "tool_start/tool_end") {
-        auto s = (*e)->call([epoch](EngineState& st) {
-                       return st.sessions->tool_end("agent", epoch);
-                     }).get();
+        auto s =
+            (*e)->call([epoch](EngineState& st) { return st.sessions->tool_end("agent", epoch); })
+                .get();
         if (!s) return fail(s.error().message);
         for (int i = 0; i < 100000; ++i) {
           auto v = (*e)->call([](EngineState& st) { return st.sessions->kv_meta("agent"); }).get();

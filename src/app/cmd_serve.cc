@@ -178,8 +178,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--hicache-storage-backend", o->hicache_storage_backend,
                   "Storage tier (L3): file | redis (none when empty)");
-  cmd->add_option("--hicache-storage-backend-extra-config",
-                  o->hicache_storage_backend_extra_config,
+  cmd->add_option("--hicache-storage-backend-extra-config", o->hicache_storage_backend_extra_config,
                   "JSON object (or @file) with backend options: dir, capacity_bytes, host, port, "
                   "db, password, timeout_ms, prefetch_threshold, prefetch_timeout_base, "
                   "prefetch_timeout_per_ki_token");

@@ -317,8 +317,7 @@ void RadixTree::restore_pin_tail(RadixNode* node) {
 }
 
 RadixNode* RadixTree::descend(RadixNode* node, std::span<const TokenId> tokens, int32_t at_page,
-                              std::string_view extra, int32_t& matched, bool& partial,
-                              Walk walk) {
+                              std::string_view extra, int32_t& matched, bool& partial, Walk walk) {
   const int32_t ps = options_.page_size;
   const int32_t n_pages = static_cast<int32_t>(tokens.size() / static_cast<size_t>(ps));
   RadixNode* child = find_child(node, tokens.subspan(static_cast<size_t>(at_page) * ps, ps), extra);
@@ -363,7 +362,8 @@ MatchResult RadixTree::match_prefix(std::span<const TokenId> tokens, std::string
     child->demote_pending = false;  // wanted on the device again
     touch(child, tick, now_ms);
     if (hierarchical() && options_.write_policy == WritePolicy::kWriteThroughSelective &&
-        !child->has_host_pages() && child->hit_count >= static_cast<uint64_t>(options_.write_through_threshold)) {
+        !child->has_host_pages() &&
+        child->hit_count >= static_cast<uint64_t>(options_.write_through_threshold)) {
       start_backup(child);
     }
     if (child->soft_pinned_blocks > 0) {
@@ -429,6 +429,7 @@ InsertResult RadixTree::insert(std::span<const TokenId> tokens, std::span<const 
       // The block is on the host only and the caller computed it again: adopt its pages
       // as the device copy instead of keeping two.
       const Acct before = acct(child);
+      child->demote_pending = false;
       child->device_pages.assign(pages.begin() + i, pages.begin() + i + j);
       apply(before, acct(child));
       update_sets(child);
@@ -762,12 +763,15 @@ bool RadixTree::start_backup(RadixNode* node) {
   std::vector<PageId> host;
   // Making host room removes host leaves, which can split this node (a pinned node that
   // becomes childless splits off its unpinned tail): size the pages after that settles.
+  std::vector<RadixNode*> split_heads;  // parts split off this node meanwhile
   for (int attempt = 0;; ++attempt) {
     const int32_t n = node->num_pages();
+    const RadixNode* parent_before = node->parent;
     if (!allocate_host(n, host)) {
       ++backups_skipped_total_;
       return false;
     }
+    if (node->parent != parent_before) split_heads.push_back(node->parent);
     if (n == node->num_pages()) break;
     host_pages_->free(host);
     host.clear();
@@ -781,6 +785,8 @@ bool RadixTree::start_backup(RadixNode* node) {
   update_sets(node);
   transfers_.push_back(TransferRequest{TransferRequest::Kind::kBackup, node->hashes,
                                        node->device_pages, std::move(host)});
+  // The head split off (it carries the same demote mark) needs its own copy.
+  for (RadixNode* head : split_heads) start_backup(head);
   return true;
 }
 
@@ -823,13 +829,16 @@ EvictResult RadixTree::evict(int32_t num_pages) {
       demote(leaf);
       result.evicted_pages += np;
     } else if (hierarchical() && needs_backup_to_leave(leaf)) {
+      // Marked first: a split while making host room copies the mark to both parts.
+      leaf->demote_pending = true;
       if (start_backup(leaf)) {
-        leaf->demote_pending = true;
         result.pending_pages += np;
       } else if (leaf->pin_ref > 0 || leaf->host_ref > 0 || !leaf->is_leaf()) {
+        leaf->demote_pending = false;
         skipped.insert(leaf);
         continue;
       } else {
+        leaf->demote_pending = false;
         result.evicted_pages += remove_leaf(leaf);  // write_back with a full host pool
       }
     } else {
@@ -860,8 +869,8 @@ Status RadixTree::load_back(const MatchResult& m) {
   if (device_pages_->num_free() < need) evict(need - device_pages_->num_free());
   std::vector<PageId> pages;
   if (!device_pages_->allocate(need, pages)) {
-    return make_error(ErrorCode::kOutOfPages, "no room on the device to load " +
-                                                  std::to_string(need) + " pages back");
+    return make_error(ErrorCode::kOutOfPages,
+                      "no room on the device to load " + std::to_string(need) + " pages back");
   }
   // The path after eviction made room (eviction may split its nodes; the walk up from the
   // locked deepest node to the device part still covers exactly the same blocks).
@@ -936,8 +945,9 @@ void RadixTree::complete_transfer(const TransferRequest& request, bool ok) {
     apply(before, acct(n));
     update_sets(n);
     if (n->parent != root_.get()) update_sets(n->parent);
-    if (ok) emit_stored(n, request.kind == TransferRequest::Kind::kBackup ? Medium::kHost
-                                                                          : Medium::kDevice);
+    if (ok)
+      emit_stored(n,
+                  request.kind == TransferRequest::Kind::kBackup ? Medium::kHost : Medium::kDevice);
   }
   // Deepest first, so that a demoted child lets its parent go too.
   for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) try_demote(*it);
@@ -952,8 +962,8 @@ std::vector<std::pair<BlockHash, PageId>> RadixTree::begin_storage_write(
     if (it == index_.end()) continue;
     RadixNode* n = it->second.node;
     if (!n->on_host() || std::find(nodes.begin(), nodes.end(), n) != nodes.end()) continue;
-    if (n->stored() && std::all_of(n->in_storage.begin(), n->in_storage.end(),
-                                   [](uint8_t f) { return f != 0; })) {
+    if (n->stored() &&
+        std::all_of(n->in_storage.begin(), n->in_storage.end(), [](uint8_t f) { return f != 0; })) {
       continue;
     }
     nodes.push_back(n);
@@ -1011,7 +1021,8 @@ void RadixTree::finish_storage_write(std::span<const BlockHash> hashes,
     }
     run.block_hashes.push_back(hashes[i]);
     const auto ps = static_cast<size_t>(options_.page_size);
-    run.token_ids.insert(run.token_ids.end(), n->tokens.begin() + static_cast<std::ptrdiff_t>(off * ps),
+    run.token_ids.insert(run.token_ids.end(),
+                         n->tokens.begin() + static_cast<std::ptrdiff_t>(off * ps),
                          n->tokens.begin() + static_cast<std::ptrdiff_t>((off + 1) * ps));
     run_node = n;
     run_end = off + 1;
@@ -1116,8 +1127,9 @@ std::vector<BlockHash> RadixTree::block_hashes_of(std::span<const TokenId> token
   out.reserve(n_pages);
   BlockHash parent = kRootParentHash;
   for (size_t k = 0; k < n_pages; ++k) {
-    parent = hash_block(parent, tokens.subspan(k * static_cast<size_t>(ps), static_cast<size_t>(ps)),
-                        k == 0 ? std::string_view(extra) : std::string_view());
+    parent =
+        hash_block(parent, tokens.subspan(k * static_cast<size_t>(ps), static_cast<size_t>(ps)),
+                   k == 0 ? std::string_view(extra) : std::string_view());
     out.push_back(parent);
   }
   return out;
@@ -1292,6 +1304,7 @@ FlushResult RadixTree::flush() {
       }
     }
     for (RadixNode* n : keep) {
+      if (!n->has_device_pages()) continue;  // already demoted with a child above
       n->demote_pending = true;
       if (!n->has_host_pages() && start_backup(n)) pending += n->num_pages();
       try_demote(n);

@@ -86,11 +86,11 @@ struct RadixNode {
   std::vector<PageId> device_pages;                  // per page; kInvalidPage if not on device
   std::vector<PageId> host_pages;                    // empty, or per page (hierarchical cache)
   std::vector<uint8_t> in_storage;                   // empty, or per page: 1 when in storage
-  bool loading = false;       // device_pages assigned, host->device copy in flight
-  bool host_valid = false;    // host_pages hold the KV (false while the backup copy runs)
-  bool demote_pending = false;  // leave the device once backed up and a device leaf
-  int32_t io_ref = 0;         // transfers in flight that read or write this node's pages
-  int32_t host_ref = 0;       // tool-session protections of this node's host copy (and below)
+  bool loading = false;            // device_pages assigned, host->device copy in flight
+  bool host_valid = false;         // host_pages hold the KV (false while the backup copy runs)
+  bool demote_pending = false;     // leave the device once backed up and a device leaf
+  int32_t io_ref = 0;              // transfers in flight that read or write this node's pages
+  int32_t host_ref = 0;            // tool-session protections of this node's host copy (and below)
   std::string first_page_extra;    // children of the root: extra keys of the first page
   int32_t lock_ref = 0;            // lock receipts whose path includes this node
   int32_t pin_ref = 0;             // pinned blocks in this node and all its descendants
@@ -184,8 +184,8 @@ struct EvictBlocksResult {
 struct FlushResult {
   int32_t evicted_pages = 0;       // device pages freed (or freeing once backed up)
   int32_t evicted_host_pages = 0;  // host pages freed
-  int32_t pinned_preserved = 0;  // pinned blocks kept
-  int32_t locked_skipped = 0;    // pages kept because requests hold them
+  int32_t pinned_preserved = 0;    // pinned blocks kept
+  int32_t locked_skipped = 0;      // pages kept because requests hold them
 };
 
 struct TreeStats {
@@ -206,8 +206,8 @@ struct TreeStats {
   uint64_t expired_pins_total = 0;
   // Hierarchical cache.
   int64_t host_capacity_pages = 0;
-  int64_t host_cached_pages = 0;       // pages held on the host (valid or being written)
-  int64_t host_only_pages = 0;         // of which not on the device
+  int64_t host_cached_pages = 0;  // pages held on the host (valid or being written)
+  int64_t host_only_pages = 0;    // of which not on the device
   int64_t host_evictable_pages = 0;
   int64_t host_protected_pages = 0;    // host pages of pinned or session-protected nodes
   int64_t stored_pages = 0;            // pages known written to storage

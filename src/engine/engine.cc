@@ -43,19 +43,18 @@ struct Engine::Seq {
   // Hierarchical cache: tiers tried for this request, and what they gave.
   bool load_tried = false;
   bool prefetch_tried = false;
-  LockReceipt load_receipt;    // holds a host path while it loads to the device
+  LockReceipt load_receipt;      // holds a host path while it loads to the device
   int64_t park_deadline_ms = 0;  // parked for a prefetch: stop waiting then (0: never)
-  int32_t host_tokens = 0;     // prompt tokens loaded back from the host
-  int32_t storage_tokens = 0;  // of which first read from storage
+  int32_t host_tokens = 0;       // prompt tokens loaded back from the host
+  int32_t storage_tokens = 0;    // of which first read from storage
 };
 
 Result<PrefetchPolicy> parse_prefetch_policy(std::string_view name) {
   if (name == "best_effort") return PrefetchPolicy::kBestEffort;
   if (name == "wait_complete") return PrefetchPolicy::kWaitComplete;
   if (name == "timeout") return PrefetchPolicy::kTimeout;
-  return make_error(ErrorCode::kInvalidArgument,
-                    "unknown prefetch policy '" + std::string(name) +
-                        "' (best_effort, wait_complete or timeout)");
+  return make_error(ErrorCode::kInvalidArgument, "unknown prefetch policy '" + std::string(name) +
+                                                     "' (best_effort, wait_complete or timeout)");
 }
 
 Status validate(const EngineOptions& o) {
@@ -100,8 +99,8 @@ Result<std::unique_ptr<Engine>> Engine::create(Model* model, EngineOptions optio
   if (options.hicache.enabled) {
     if (auto st = engine->init_hicache(); !st) return std::unexpected(st.error());
   }
-  engine->sessions_ = std::make_unique<ToolSessions>(*engine->tree_, *engine->clock_,
-                                                     options.tool_session_ttl_ms);
+  engine->sessions_ =
+      std::make_unique<ToolSessions>(*engine->tree_, *engine->clock_, options.tool_session_ttl_ms);
   engine->thread_ = std::thread([raw = engine.get()] { raw->run(); });
   return engine;
 }
@@ -146,8 +145,8 @@ Status Engine::init_hicache() {
   host_pool_ = std::move(*host);
   host_allocator_ = std::make_unique<PageAllocator>(shape.num_pages);
   RadixTreeOptions topts{options_.page_size, h.write_policy, h.write_through_threshold};
-  tree_ = std::make_unique<RadixTree>(topts, allocator_.get(), &events_, clock_,
-                                      host_allocator_.get());
+  tree_ =
+      std::make_unique<RadixTree>(topts, allocator_.get(), &events_, clock_, host_allocator_.get());
   transfers_ = std::make_unique<TransferEngine>(*kv_pool_, *host_pool_, h.transfer_threads);
   if (!h.storage_backend.empty()) {
     auto cfg = parse_storage_config(h.storage_backend, h.storage_extra_config);
@@ -160,8 +159,7 @@ Status Engine::init_hicache() {
     storage_worker_ = std::make_unique<StorageWorker>(storage_.get(), host_pool_.get());
   }
   STRATA_LOG_INFO("hierarchical cache: host pool {} pages ({:.2f} GB, {}), write policy {}{}",
-                  shape.num_pages,
-                  static_cast<double>(host_pool_->total_bytes()) / 1e9,
+                  shape.num_pages, static_cast<double>(host_pool_->total_bytes()) / 1e9,
                   host_layout_name(h.layout), write_policy_name(h.write_policy),
                   storage_ ? ", storage " + h.storage_backend : std::string());
   return {};
@@ -252,7 +250,8 @@ void Engine::poll_io() {
       const int32_t hits = r.leading_hits;
       std::vector<PageId> pages;
       if (hits > 0) {
-        if (host_allocator_->num_free() < hits) tree_->evict_host(hits - host_allocator_->num_free());
+        if (host_allocator_->num_free() < hits)
+          tree_->evict_host(hits - host_allocator_->num_free());
         if (!host_allocator_->allocate(hits, pages)) pages.clear();
       }
       if (pages.empty()) {
@@ -279,8 +278,8 @@ void Engine::poll_io() {
     int32_t adopted = 0;
     if (good > 0) {
       const std::span<const int32_t> tokens(
-          p.tokens.data(), static_cast<size_t>(p.first_page + static_cast<int32_t>(good)) *
-                               options_.page_size);
+          p.tokens.data(),
+          static_cast<size_t>(p.first_page + static_cast<int32_t>(good)) * options_.page_size);
       InsertResult ins = tree_->insert_host(
           tokens, p.first_page, std::span<const PageId>(r.host_pages.data(), good), p.cache_salt);
       to_free.insert(to_free.end(), ins.rejected_pages.begin(), ins.rejected_pages.end());

@@ -86,8 +86,8 @@ struct EngineCounters {
   uint64_t storage_faults = 0;         // items a backend failed (down, full, corrupt)
   uint64_t prefetch_timeouts = 0;      // requests that stopped waiting for a prefetch
   uint64_t tool_sessions_expired = 0;  // offloaded sessions released by the TTL
-  int64_t running = 0;  // gauge
-  int64_t waiting = 0;  // gauge
+  int64_t running = 0;                 // gauge
+  int64_t waiting = 0;                 // gauge
 };
 
 // What the scheduler thread exposes to commands (cache control, inspection).
@@ -191,8 +191,8 @@ class Engine {
   };
   std::unordered_map<TransferTicket, PendingTransfer> pending_transfers_;
   struct PendingStorage {
-    uint64_t seq_id = 0;              // the request that asked (prefetch), or 0
-    std::vector<int32_t> tokens;      // prefetch: tokens through the last fetched page
+    uint64_t seq_id = 0;          // the request that asked (prefetch), or 0
+    std::vector<int32_t> tokens;  // prefetch: tokens through the last fetched page
     std::string cache_salt;
     int32_t first_page = 0;
   };

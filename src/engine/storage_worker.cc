@@ -83,7 +83,8 @@ StorageTaskResult StorageWorker::execute(const StorageTask& task) {
   switch (task.kind) {
     case StorageTask::Kind::kExists: {
       const std::vector<bool> found = backend_->exists(keys);
-      while (static_cast<size_t>(r.leading_hits) < found.size() && found[static_cast<size_t>(r.leading_hits)]) {
+      while (static_cast<size_t>(r.leading_hits) < found.size() &&
+             found[static_cast<size_t>(r.leading_hits)]) {
         r.ok[static_cast<size_t>(r.leading_hits)] = 1;
         ++r.leading_hits;
       }

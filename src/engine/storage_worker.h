@@ -40,7 +40,7 @@ struct StorageTaskResult {
   StorageTask::Kind kind = StorageTask::Kind::kWrite;
   std::vector<BlockHash> hashes;
   std::vector<PageId> host_pages;
-  std::vector<uint8_t> ok;  // per item: written / read and verified
+  std::vector<uint8_t> ok;   // per item: written / read and verified
   int32_t leading_hits = 0;  // kExists: consecutive hits from the first hash
   int32_t failures = 0;      // items that failed for a backend fault or a bad value
 };
@@ -67,11 +67,11 @@ class StorageWorker {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  std::deque<StorageTask> queue_;            // GUARDED_BY(mutex_)
-  std::vector<StorageTaskResult> results_;   // GUARDED_BY(mutex_)
-  int64_t in_flight_ = 0;                    // GUARDED_BY(mutex_)
-  uint64_t next_id_ = 1;                     // GUARDED_BY(mutex_)
-  bool stopping_ = false;                    // GUARDED_BY(mutex_)
+  std::deque<StorageTask> queue_;           // GUARDED_BY(mutex_)
+  std::vector<StorageTaskResult> results_;  // GUARDED_BY(mutex_)
+  int64_t in_flight_ = 0;                   // GUARDED_BY(mutex_)
+  uint64_t next_id_ = 1;                    // GUARDED_BY(mutex_)
+  bool stopping_ = false;                   // GUARDED_BY(mutex_)
   std::thread thread_;
 };
 

@@ -112,10 +112,10 @@ Result<SessionView> ToolSessions::tool_start(const std::string& id) {
                       "--enable-hierarchical-cache");
   }
   if (s.state != SessionState::kRunnable) {
-    return make_error(ErrorCode::kFailedPrecondition,
-                      "session '" + id + "' is already " +
-                          std::string(session_state_name(s.state)) + " (epoch " +
-                          std::to_string(s.epoch) + "): tool_end first");
+    return make_error(ErrorCode::kFailedPrecondition, "session '" + id + "' is already " +
+                                                          std::string(session_state_name(s.state)) +
+                                                          " (epoch " + std::to_string(s.epoch) +
+                                                          "): tool_end first");
   }
   if (s.running > 0) {
     return make_error(ErrorCode::kFailedPrecondition,
@@ -145,14 +145,14 @@ Result<SessionView> ToolSessions::tool_end(const std::string& id, uint64_t epoch
   if (it == sessions_.end()) return std::unexpected(not_found(id));
   Session& s = it->second;
   if (s.state == SessionState::kRunnable || s.state == SessionState::kRestoring) {
-    return make_error(ErrorCode::kFailedPrecondition,
-                      "session '" + id + "' is " + std::string(session_state_name(s.state)) +
-                          ": tool_end needs a tool_start first");
+    return make_error(ErrorCode::kFailedPrecondition, "session '" + id + "' is " +
+                                                          std::string(session_state_name(s.state)) +
+                                                          ": tool_end needs a tool_start first");
   }
   if (epoch != s.epoch) {
-    return make_error(ErrorCode::kFailedPrecondition,
-                      "stale epoch " + std::to_string(epoch) + " for session '" + id +
-                          "' (current " + std::to_string(s.epoch) + ")");
+    return make_error(ErrorCode::kFailedPrecondition, "stale epoch " + std::to_string(epoch) +
+                                                          " for session '" + id + "' (current " +
+                                                          std::to_string(s.epoch) + ")");
   }
   if (!s.has_kv || tree_.node_of(s.last_hash) == nullptr) {
     release(s);
@@ -206,8 +206,8 @@ int32_t ToolSessions::tick() {
     if ((s.state == SessionState::kOffloading || s.state == SessionState::kOffloaded) &&
         now - s.changed_ms >= ttl_ms_) {
       if (s.protected_) {
-        STRATA_LOG_WARN("tool session '{}' got no tool_end for {} s: its host copy is released",
-                        id, ttl_ms_ / 1000);
+        STRATA_LOG_WARN("tool session '{}' got no tool_end for {} s: its host copy is released", id,
+                        ttl_ms_ / 1000);
         ++expired;
       }
       release(s);

@@ -36,10 +36,10 @@ std::string_view session_state_name(SessionState state);
 
 struct SessionView {
   SessionState state = SessionState::kRunnable;
-  std::string tier;      // where the session's KV is now: device | host | none
+  std::string tier;  // where the session's KV is now: device | host | none
   uint64_t epoch = 0;
-  int64_t tokens = 0;    // tokens whose KV the session has (full pages)
-  int64_t since_ms = 0;  // wall time (ms since the Unix epoch) of the last state change
+  int64_t tokens = 0;        // tokens whose KV the session has (full pages)
+  int64_t since_ms = 0;      // wall time (ms since the Unix epoch) of the last state change
   int64_t moved_tokens = 0;  // tool_start: tokens offloaded; tool_end: tokens restored
 };
 

@@ -265,46 +265,44 @@ void HttpServer::routes() {
 }
 
 void HttpServer::handle_metrics(const httplib::Request&, httplib::Response& res) {
-  const CacheGaugeValues v = engine_
-                                 .call([](EngineState& s) {
-                                   CacheGaugeValues g;
-                                   const TreeStats t = s.tree.stats();
-                                   g.pages_total = s.device_pages.num_pages();
-                                   g.pages_free = s.device_pages.num_free();
-                                   g.pages_used = s.device_pages.num_allocated();
-                                   g.pages_cached = t.cached_pages;
-                                   g.pages_pinned = t.pinned_blocks;
-                                   g.pages_protected = t.protected_pages;
-                                   g.pages_evictable = t.cached_pages - t.protected_pages;
-                                   g.running = s.counters.running;
-                                   g.waiting = s.counters.waiting;
-                                   g.evicted_pages_total = t.evicted_pages_total;
-                                   g.auto_unpinned_blocks_total = s.counters.auto_unpinned_blocks;
-                                   g.expired_pins_total = t.expired_pins_total;
-                                   if (s.host_pages != nullptr) {
-                                     g.host_pages = {{"total", s.host_pages->num_pages()},
-                                                     {"free", s.host_pages->num_free()},
-                                                     {"cached", t.host_cached_pages},
-                                                     {"host_only", t.host_only_pages},
-                                                     {"protected", t.host_protected_pages},
-                                                     {"evictable", t.host_evictable_pages}};
-                                   }
-                                   const EngineCounters& c = s.counters;
-                                   g.tier_events = {
-                                       {"demoted_pages", t.demoted_pages_total},
-                                       {"backed_up_pages", t.backed_up_pages_total},
-                                       {"loaded_pages", t.loaded_pages_total},
-                                       {"host_evicted_pages", t.host_evicted_pages_total},
-                                       {"cached_host_tokens", c.cached_host_tokens},
-                                       {"cached_storage_tokens", c.cached_storage_tokens},
-                                       {"storage_pages_written", c.storage_pages_written},
-                                       {"storage_faults", c.storage_faults},
-                                       {"prefetch_pages_read", c.prefetch_pages_read},
-                                       {"prefetch_timeouts", c.prefetch_timeouts},
-                                       {"tool_sessions_expired", c.tool_sessions_expired}};
-                                   return g;
-                                 })
-                                 .get();
+  const CacheGaugeValues v =
+      engine_
+          .call([](EngineState& s) {
+            CacheGaugeValues g;
+            const TreeStats t = s.tree.stats();
+            g.pages_total = s.device_pages.num_pages();
+            g.pages_free = s.device_pages.num_free();
+            g.pages_used = s.device_pages.num_allocated();
+            g.pages_cached = t.cached_pages;
+            g.pages_pinned = t.pinned_blocks;
+            g.pages_protected = t.protected_pages;
+            g.pages_evictable = t.cached_pages - t.protected_pages;
+            g.running = s.counters.running;
+            g.waiting = s.counters.waiting;
+            g.evicted_pages_total = t.evicted_pages_total;
+            g.auto_unpinned_blocks_total = s.counters.auto_unpinned_blocks;
+            g.expired_pins_total = t.expired_pins_total;
+            if (s.host_pages != nullptr) {
+              g.host_pages = {
+                  {"total", s.host_pages->num_pages()},  {"free", s.host_pages->num_free()},
+                  {"cached", t.host_cached_pages},       {"host_only", t.host_only_pages},
+                  {"protected", t.host_protected_pages}, {"evictable", t.host_evictable_pages}};
+            }
+            const EngineCounters& c = s.counters;
+            g.tier_events = {{"demoted_pages", t.demoted_pages_total},
+                             {"backed_up_pages", t.backed_up_pages_total},
+                             {"loaded_pages", t.loaded_pages_total},
+                             {"host_evicted_pages", t.host_evicted_pages_total},
+                             {"cached_host_tokens", c.cached_host_tokens},
+                             {"cached_storage_tokens", c.cached_storage_tokens},
+                             {"storage_pages_written", c.storage_pages_written},
+                             {"storage_faults", c.storage_faults},
+                             {"prefetch_pages_read", c.prefetch_pages_read},
+                             {"prefetch_timeouts", c.prefetch_timeouts},
+                             {"tool_sessions_expired", c.tool_sessions_expired}};
+            return g;
+          })
+          .get();
   metrics_.set_cache(v);
   res.set_content(metrics_.serialize(), "text/plain; version=0.0.4");
 }
@@ -522,8 +520,9 @@ void HttpServer::handle_completions(const httplib::Request& req, httplib::Respon
     // --auto-tool-offload: a turn that ends in a tool call parks the session on the host
     // until its next request (which restores it by itself).
     if (options_.auto_tool_offload && !session_id.empty() && ends_with_tool_call(text)) {
-      auto r = engine_.call([id = session_id](EngineState& s) { return s.sessions->tool_start(id); })
-                   .get();
+      auto r =
+          engine_.call([id = session_id](EngineState& s) { return s.sessions->tool_start(id); })
+              .get();
       if (!r) STRATA_LOG_DEBUG("auto tool offload of '{}': {}", session_id, r.error().message);
     }
     if (msg_info && msg_info->pin_through >= 0) {
@@ -822,8 +821,7 @@ void HttpServer::handle_pin(const httplib::Request& req, httplib::Response& res,
                                 "pin refused: " + std::to_string(pinned) +
                                     " blocks are pinned and this call adds " +
                                     std::to_string(fresh.size()) + "; --max-pinned-ratio allows " +
-                                    std::to_string(budget) + " of " +
-                                    std::to_string(pool_pages) +
+                                    std::to_string(budget) + " of " + std::to_string(pool_pages) +
                                     (s.host_pages != nullptr ? " host pages" : " pages"));
             }
             PinResult r = s.tree.pin(h, opts);
@@ -899,7 +897,8 @@ void HttpServer::handle_state(const httplib::Request& req, httplib::Response& re
             if (s.host_pages != nullptr) {
               j["host"] = {
                   {"capacity_pages", s.host_pages->num_pages()},
-                  {"capacity_tokens", static_cast<int64_t>(s.host_pages->num_pages()) * t.page_size},
+                  {"capacity_tokens",
+                   static_cast<int64_t>(s.host_pages->num_pages()) * t.page_size},
                   {"free_pages", s.host_pages->num_free()},
                   {"used_pages", s.host_pages->num_allocated()},
                   {"cached_pages", t.host_cached_pages},

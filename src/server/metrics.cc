@@ -86,8 +86,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                             .Register(*registry_);
   tier_events_family_ = &BuildGauge()
                              .Name("strata_tier_events_total")
-                             .Help("Hierarchical cache and tool-session events since start "
-                                   "(pages moved, storage faults, sessions expired, ...)")
+                             .Help(
+                                 "Hierarchical cache and tool-session events since start "
+                                 "(pages moved, storage faults, sessions expired, ...)")
                              .Register(*registry_);
 }
 

@@ -94,14 +94,15 @@ class HiCacheTest : public ::testing::Test {
 };
 
 TEST_F(HiCacheTest, FloodDemotesToHostAndTheNextTurnLoadsBackWithIdenticalOutput) {
-  for (WritePolicy policy : {WritePolicy::kWriteThrough, WritePolicy::kWriteBack,
-                             WritePolicy::kWriteThroughSelective}) {
+  for (WritePolicy policy :
+       {WritePolicy::kWriteThrough, WritePolicy::kWriteBack, WritePolicy::kWriteThroughSelective}) {
     SCOPED_TRACE(std::string(write_policy_name(policy)));
     auto e = start(options(policy));
     const std::vector<int32_t> vip = prompt(400, 1);
     const Outcome first = run(*e, vip);
     if (policy == WritePolicy::kWriteThroughSelective) run(*e, vip);  // a second hit
-    flood(*e, 12, 300, 100);
+    // Twice the device pool, well inside the host pool (which keeps LRU host leaves).
+    flood(*e, 8, 300, 100);
     settle(*e);
     const TreeStats st = stats(*e);
     EXPECT_GT(st.evicted_pages_total, 0u);
@@ -119,9 +120,7 @@ TEST_F(HiCacheTest, PinnedPrefixSurvivesOnTheHostAndFlushKeepsIt) {
   auto e = start(options());
   const std::vector<int32_t> vip = prompt(480, 2);
   const Outcome first = run(*e, vip);
-  auto hashes = e->call([&](EngineState& s) {
-                   return s.tree.block_hashes_of(vip, "");
-                 }).get();
+  auto hashes = e->call([&](EngineState& s) { return s.tree.block_hashes_of(vip, ""); }).get();
   const PinResult pinned = e->call([&](EngineState& s) { return s.tree.pin(hashes); }).get();
   EXPECT_EQ(pinned.pinned, static_cast<int32_t>(hashes.size()));
   // A flood that far exceeds device and host pools together.
@@ -135,8 +134,8 @@ TEST_F(HiCacheTest, PinnedPrefixSurvivesOnTheHostAndFlushKeepsIt) {
   EXPECT_GE(st.host_protected_pages, static_cast<int64_t>(hashes.size()));
   const Outcome again = run(*e, vip);
   EXPECT_EQ(again.tokens, first.tokens);
-  EXPECT_EQ(again.usage.cached_tokens, static_cast<int32_t>(hashes.size()) * 16 -
-                                           (vip.size() % 16 == 0 ? 16 : 0));
+  EXPECT_EQ(again.usage.cached_tokens,
+            static_cast<int32_t>(hashes.size()) * 16 - (vip.size() % 16 == 0 ? 16 : 0));
   EXPECT_GT(again.usage.cached_host, 0);
   expect_consistent(*e);
 }
@@ -146,8 +145,8 @@ TEST_F(HiCacheTest, FileStorageIsSharedAcrossRestartsAndChecked) {
   Outcome first;
   EngineOptions o = options();
   o.hicache.storage_backend = "file";
-  o.hicache.storage_extra_config = R"({"dir": ")" + (dir_ / "store").string() +
-                                   R"(", "prefetch_threshold": 64})";
+  o.hicache.storage_extra_config =
+      R"({"dir": ")" + (dir_ / "store").string() + R"(", "prefetch_threshold": 64})";
   o.hicache.storage_namespace = "test";
   o.hicache.prefetch_policy = PrefetchPolicy::kWaitComplete;
   {
