@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "bench/bench_cli.h"
 #include "common/log.h"
 #include "model/make_model.h"
 #include "model/model.h"
@@ -361,6 +362,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmark scenarios");
   bench->require_subcommand(1);
   add_bench_forward(*bench, exit_code);
+  add_bench_tiers(*bench, exit_code);
+  strata::bench::add_bench_scenarios(*bench, exit_code);
 }
 
 }  // namespace strata::app
