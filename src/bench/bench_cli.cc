@@ -1,0 +1,198 @@
+#include "bench/bench_cli.h"
+
+#include <memory>
+#include <string>
+
+#include "bench/depth_sweep.h"
+#include "bench/load.h"
+#include "bench/tool_calls.h"
+
+namespace strata::bench {
+
+namespace {
+
+void add_common_options(CLI::App* cmd, TargetOptions& t, RunOptions& r,
+                        const std::string& scenario) {
+  cmd->add_option("--url", t.url, "A running server, e.g. http://127.0.0.1:8000");
+  cmd->add_flag("--spawn", t.spawn,
+                "Start `strata serve` (one per phase where the scenario needs a fresh cache) "
+                "and stop it afterwards");
+  cmd->add_option("--model", t.model_dir,
+                  "Model folder: served with --spawn; its tokenizer counts the generated "
+                  "conversations (else POST /tokenize of --url)");
+  cmd->add_option("--server-arg", t.server_args,
+                  "An argument for the spawned `strata serve` (repeat; each is split at "
+                  "spaces), e.g. --server-arg=--kv-cache-tokens --server-arg=4096")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->expected(1)
+      ->allow_extra_args(false);
+  cmd->add_option("--strata-bin", t.strata_bin,
+                  "The strata executable to spawn (default: this one)");
+  cmd->add_option("--api-key", t.api_key, "The server's --admin-api-key, if it has one");
+  cmd->add_option("--start-timeout-s", t.start_timeout_s,
+                  "Seconds a spawned server may take to answer /health")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
+  r.out_dir = "out/bench/" + scenario;
+  cmd->add_option("--out", r.out_dir, "Output folder: results.json, SVG charts, summary.md, logs")
+      ->capture_default_str();
+  cmd->add_option("--seed", r.seed, "Seed of every generated conversation and pause")
+      ->capture_default_str();
+  cmd->add_flag("--quick", r.quick, "A small, fast configuration (tiny model, seconds)");
+}
+
+// With --quick, options the user did not give take the quick configuration's value.
+template <typename Options>
+void overlay_quick(
+    CLI::App* cmd, Options& o,
+    const std::vector<std::pair<std::string, std::function<void(Options&, const Options&)>>>&
+        fields) {
+  if (!o.run.quick) return;
+  Options quick = o;
+  apply_quick(quick);
+  const Options given = o;
+  o = quick;
+  for (const auto& [name, copy] : fields) {
+    if (cmd->count(name) > 0) copy(o, given);
+  }
+}
+
+void add_depth_sweep(CLI::App& bench, int& exit_code) {
+  auto o = std::make_shared<DepthSweepOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "depth-sweep",
+      "TTFT of a VIP conversation's next turn after a cache-cycling flood, by depth, with and "
+      "without pinning its blocks");
+  add_common_options(cmd, o->target, o->run, "depth-sweep");
+  cmd->add_option("--kv-events-endpoint", o->target.kv_events_endpoint,
+                  "KV events of the --url server (needed by the pinned phases), e.g. "
+                  "tcp://127.0.0.1:5557");
+  cmd->add_option("--depths", o->depths, "Conversation depths (turns warmed)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--phases", o->phases, "baseline, pinned, tier-pinned")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--flood-concurrency", o->flood_concurrency, "Simultaneous flood users")
+      ->capture_default_str();
+  cmd->add_option("--flood-factor", o->flood_factor,
+                  "Device cache capacities the flood must evict (checked by the server's "
+                  "eviction counter)")
+      ->capture_default_str();
+  cmd->add_option("--flood-max-tokens", o->flood_max_tokens, "Tokens each flood request generates")
+      ->capture_default_str();
+  cmd->add_option("--flood-request-cap", o->flood_request_cap,
+                  "Give up (check fails) after this many times the flood requests the "
+                  "capacity calls for")
+      ->capture_default_str();
+  cmd->add_option("--vip-system-tokens", o->vip_system_tokens, "The VIP's system prompt in tokens")
+      ->capture_default_str();
+  cmd->add_option("--measure-max-tokens", o->measure_max_tokens,
+                  "Tokens the measured turn generates")
+      ->capture_default_str();
+  cmd->add_option("--hicache-ratio", o->hicache_ratio,
+                  "--hicache-ratio of the spawned tier-pinned servers")
+      ->capture_default_str();
+  cmd->add_flag("--check", o->run.check,
+                "Fail unless baseline is evicted (<= 5 % cached at depth > 0) and pinned phases "
+                "keep >= 99 % of the reusable prompt (on with --quick)");
+  cmd->callback([o, cmd, &exit_code] {
+    using F = std::function<void(DepthSweepOptions&, const DepthSweepOptions&)>;
+    overlay_quick<DepthSweepOptions>(
+        cmd, *o,
+        {{"--depths", F([](auto& a, const auto& b) { a.depths = b.depths; })},
+         {"--phases", F([](auto& a, const auto& b) { a.phases = b.phases; })},
+         {"--flood-concurrency",
+          F([](auto& a, const auto& b) { a.flood_concurrency = b.flood_concurrency; })},
+         {"--flood-max-tokens",
+          F([](auto& a, const auto& b) { a.flood_max_tokens = b.flood_max_tokens; })},
+         {"--vip-system-tokens",
+          F([](auto& a, const auto& b) { a.vip_system_tokens = b.vip_system_tokens; })},
+         {"--measure-max-tokens",
+          F([](auto& a, const auto& b) { a.measure_max_tokens = b.measure_max_tokens; })}});
+    exit_code = run_depth_sweep(*o);
+  });
+}
+
+void add_tool_calls(CLI::App& bench, int& exit_code) {
+  auto o = std::make_shared<ToolCallsOptions>();
+  CLI::App* cmd =
+      bench.add_subcommand("tool-calls",
+                           "TTFT of agent turns resumed after tool pauses, with and without "
+                           "/session/tool_start and /session/tool_end, under background traffic");
+  add_common_options(cmd, o->target, o->run, "tool-calls");
+  cmd->add_option("--agents", o->agents, "Concurrent agent sessions (half use the session API)")
+      ->capture_default_str();
+  cmd->add_option("--tool-calls", o->tool_calls, "Tool pauses per agent")->capture_default_str();
+  auto pause = std::make_shared<std::vector<double>>();
+  cmd->add_option("--tool-pause-s", *pause,
+                  "MIN,MAX of the tool pauses in seconds (uniform, seeded; default 1,6)")
+      ->delimiter(',')
+      ->expected(2);
+  cmd->add_option("--agent-max-tokens", o->agent_max_tokens, "Tokens of each model turn")
+      ->capture_default_str();
+  cmd->add_option("--agent-system-tokens", o->agent_system_tokens,
+                  "The agents' system prompt in tokens")
+      ->capture_default_str();
+  cmd->add_option("--background-concurrency", o->background_concurrency,
+                  "Users of the other traffic")
+      ->capture_default_str();
+  cmd->callback([o, cmd, pause, &exit_code] {
+    using F = std::function<void(ToolCallsOptions&, const ToolCallsOptions&)>;
+    if (pause->size() == 2) {
+      o->pause_min_s = (*pause)[0];
+      o->pause_max_s = (*pause)[1];
+    }
+    overlay_quick<ToolCallsOptions>(
+        cmd, *o,
+        {{"--agents", F([](auto& a, const auto& b) { a.agents = b.agents; })},
+         {"--tool-calls", F([](auto& a, const auto& b) { a.tool_calls = b.tool_calls; })},
+         {"--tool-pause-s", F([](auto& a, const auto& b) {
+            a.pause_min_s = b.pause_min_s;
+            a.pause_max_s = b.pause_max_s;
+          })},
+         {"--agent-max-tokens",
+          F([](auto& a, const auto& b) { a.agent_max_tokens = b.agent_max_tokens; })},
+         {"--agent-system-tokens",
+          F([](auto& a, const auto& b) { a.agent_system_tokens = b.agent_system_tokens; })},
+         {"--background-concurrency",
+          F([](auto& a, const auto& b) { a.background_concurrency = b.background_concurrency; })}});
+    exit_code = run_tool_calls(*o);
+  });
+}
+
+void add_load(CLI::App& bench, int& exit_code) {
+  auto o = std::make_shared<LoadOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "load",
+      "Concurrency sweep of multi-turn chat: TTFT and inter-token latency percentiles, "
+      "throughput, cache hit rate");
+  add_common_options(cmd, o->target, o->run, "load");
+  cmd->add_option("--concurrency", o->concurrency, "Concurrent users per level")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--requests-per-level", o->requests_per_level, "Requests sent at each level")
+      ->capture_default_str();
+  cmd->add_option("--max-tokens", o->max_tokens, "Tokens generated per request")
+      ->capture_default_str();
+  cmd->callback([o, cmd, &exit_code] {
+    using F = std::function<void(LoadOptions&, const LoadOptions&)>;
+    overlay_quick<LoadOptions>(
+        cmd, *o,
+        {{"--concurrency", F([](auto& a, const auto& b) { a.concurrency = b.concurrency; })},
+         {"--requests-per-level",
+          F([](auto& a, const auto& b) { a.requests_per_level = b.requests_per_level; })},
+         {"--max-tokens", F([](auto& a, const auto& b) { a.max_tokens = b.max_tokens; })}});
+    exit_code = run_load(*o);
+  });
+}
+
+}  // namespace
+
+void add_bench_scenarios(CLI::App& bench, int& exit_code) {
+  add_depth_sweep(bench, exit_code);
+  add_tool_calls(bench, exit_code);
+  add_load(bench, exit_code);
+}
+
+}  // namespace strata::bench

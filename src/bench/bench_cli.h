@@ -1,0 +1,17 @@
+// The command line of the benchmark scenarios: `strata bench depth-sweep`, `strata bench
+// tool-calls` and `strata bench load`, with the options they share (--url or --spawn
+// --model with --server-arg, --out, --seed, --quick, --check). `bench forward` stays in
+// src/app; this module only adds its scenarios to the `bench` command.
+//
+// Threads: registration and the callbacks run on the main thread (CLI11).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace strata::bench {
+
+// Registers the scenarios under `bench`; a scenario's callback stores its exit code in
+// `exit_code` (0 passed, 1 a check failed, 2 an error).
+void add_bench_scenarios(CLI::App& bench, int& exit_code);
+
+}  // namespace strata::bench

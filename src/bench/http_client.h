@@ -1,0 +1,101 @@
+// The benchmark's HTTP client of a Strata (or any OpenAI-compatible) server: JSON calls
+// for the control endpoints and streaming chat completions over server-sent events, timed
+// the way a user sees them (TTFT from sending the request to the first content chunk).
+//
+// Threads: a ServerClient is immutable and may be shared; every call opens its own
+// connection (cpp-httplib clients are not thread-safe), as a load generator's users
+// would. SseParser is a per-stream value.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/result.h"
+
+namespace strata::bench {
+
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+
+struct CachedTiers {
+  int64_t device = 0;
+  int64_t host = 0;
+  int64_t storage = 0;
+};
+
+// A completion's `usage`.
+struct ChatUsage {
+  bool present = false;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt_tokens_details.cached_tokens
+  CachedTiers cached;         // cached_tokens_details (zeros when the server omits it)
+};
+
+ChatUsage parse_usage(const nlohmann::json& usage);
+
+struct StreamedChat {
+  double ttft_s = 0;                    // send -> first non-empty content chunk
+  double e2e_s = 0;                     // send -> end of the stream
+  std::vector<double> content_times_s;  // arrival of every content chunk, from the send
+  std::string text;                     // the concatenated content
+  std::string finish_reason;
+  ChatUsage usage;
+  // Gaps between consecutive content chunks (the inter-token latencies as a client sees
+  // them: tokens that arrive in one network read give gaps near 0).
+  std::vector<double> inter_chunk_s() const;
+};
+
+// Splits a server-sent event stream into the `data` of each event (multi-line data joined
+// with "\n"), whatever the chunking of the bytes.
+class SseParser {
+ public:
+  void feed(std::string_view bytes, const std::function<void(std::string_view data)>& on_data);
+
+ private:
+  std::string line_;  // an incomplete line
+  std::string data_;  // data lines of the current event
+  bool has_data_ = false;
+};
+
+class ServerClient {
+ public:
+  // base_url like "http://127.0.0.1:8000"; api_key (may be empty) is sent as a Bearer
+  // token; timeout_s bounds each read.
+  explicit ServerClient(std::string base_url, std::string api_key = {}, double timeout_s = 1800);
+
+  // Any status; an error only when no HTTP answer came (connection refused, timeout).
+  Result<HttpResponse> get(const std::string& path) const;
+  Result<HttpResponse> post(const std::string& path, const nlohmann::json& body) const;
+  // 2xx with a JSON body, else an error naming the path, the status and the server's message.
+  Result<nlohmann::json> get_json(const std::string& path) const;
+  Result<nlohmann::json> post_json(const std::string& path, const nlohmann::json& body) const;
+
+  // POSTs /v1/chat/completions with `body` (which must ask for stream and include_usage)
+  // and reads the stream to its end.
+  Result<StreamedChat> stream_chat(const nlohmann::ordered_json& body) const;
+  // The non-streaming form; returns the usage and the reply text.
+  Result<std::pair<ChatUsage, std::string>> chat(const nlohmann::ordered_json& body) const;
+
+  // Polls GET /health until 200, `alive` turns false, or the timeout passes.
+  Status wait_healthy(double timeout_s, const std::function<bool()>& alive) const;
+
+  const std::string& base_url() const { return base_url_; }
+
+ private:
+  std::string base_url_;
+  std::string api_key_;
+  double timeout_s_;
+};
+
+// The error message of an error body ({"error": {"message"}}), or the body itself.
+std::string error_message(const std::string& body);
+
+}  // namespace strata::bench

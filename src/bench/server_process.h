@@ -1,0 +1,71 @@
+// Starts and stops `strata serve` processes for the benchmark's --spawn mode: fresh free
+// loopback ports, the log in a file of the output folder, readiness by GET /health, and a
+// stop by SIGTERM then SIGKILL after a timeout. Spawned servers are also stopped when the
+// benchmark is interrupted (SIGINT/SIGTERM) or exits early, and die with it (they get
+// SIGTERM when the benchmark process dies).
+//
+// Threads: a ServerProcess is owned by one thread. The interrupt handler and the registry
+// of live children are process-wide and async-signal-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace strata::bench {
+
+struct SpawnOptions {
+  std::string strata_bin;               // the `strata` executable
+  std::string model_dir;                // --model
+  std::vector<std::string> extra_args;  // passed to `strata serve` after ours
+  std::filesystem::path log_path;       // stdout and stderr of the server
+  bool kv_events = false;               // publish KV events on fresh ports
+  double start_timeout_s = 300;         // until /health answers 200
+};
+
+class ServerProcess {
+ public:
+  static Result<std::unique_ptr<ServerProcess>> start(const SpawnOptions& options);
+  ~ServerProcess();  // stop()
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  const std::string& url() const { return url_; }
+  // Empty when started without kv_events.
+  const std::string& kv_events_endpoint() const { return kv_events_endpoint_; }
+  const std::vector<std::string>& argv() const { return argv_; }
+  pid_t pid() const { return pid_; }
+  bool alive();
+  // SIGTERM, then SIGKILL after `timeout_s`. Idempotent.
+  Status stop(double timeout_s = 15);
+
+ private:
+  ServerProcess() = default;
+  pid_t pid_ = -1;
+  std::string url_;
+  std::string kv_events_endpoint_;
+  std::vector<std::string> argv_;
+  std::filesystem::path log_path_;
+};
+
+// A free TCP port on 127.0.0.1 (bound to port 0 and released; another process may take
+// it before us, which start() reports as a failed start).
+Result<int> pick_free_port();
+// This executable's path (/proc/self/exe).
+std::string self_executable();
+// Stdout of `command` run by the shell (for `strata serve --help`); empty on failure.
+std::string command_output(const std::string& command);
+// The last `max_bytes` of a file (server logs in error messages).
+std::string file_tail(const std::filesystem::path& path, size_t max_bytes);
+
+// Installs SIGINT/SIGTERM handlers that stop spawned servers and record the interrupt.
+void install_interrupt_handler();
+// True after SIGINT/SIGTERM.
+bool interrupted();
+
+}  // namespace strata::bench
