@@ -565,6 +565,12 @@ Engine::Admission Engine::try_admit(Seq& seq) {
       return Admission::kParked;
     }
     STRATA_CHECK(tree_->release(hold).has_value());
+    if (tree_->io_pending()) {
+      // Backups in flight free device pages when they land (write_back, pinned blocks):
+      // wait for them rather than recompute what the host holds.
+      seq.load_tried = false;
+      return Admission::kNoRoom;
+    }
     ++counters_.loads_failed;
   }
   if (storage_worker_ && !seq.prefetch_tried && !seq.counted) {

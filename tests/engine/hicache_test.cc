@@ -108,7 +108,10 @@ TEST_F(HiCacheTest, FloodDemotesToHostAndTheNextTurnLoadsBackWithIdenticalOutput
     EXPECT_GT(st.evicted_pages_total, 0u);
     const Outcome again = run(*e, vip);
     EXPECT_EQ(again.tokens, first.tokens);
-    EXPECT_GT(again.usage.cached_host, 0) << "the next turn should come from the host";
+    EXPECT_GT(again.usage.cached_host, 0)
+        << "the next turn should come from the host: device " << again.usage.cached_device
+        << ", evicted " << st.evicted_pages_total << ", demoted " << st.demoted_pages_total
+        << ", host cached " << st.host_cached_pages;
     EXPECT_EQ(again.usage.cached_tokens,
               again.usage.cached_device + again.usage.cached_host + again.usage.cached_storage);
     settle(*e);
