@@ -1,7 +1,10 @@
 #include "bench/bench_cli.h"
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bench/depth_sweep.h"
 #include "bench/load.h"
@@ -39,6 +42,7 @@ void add_common_options(CLI::App* cmd, TargetOptions& t, RunOptions& r,
   cmd->add_option("--seed", r.seed, "Seed of every generated conversation and pause")
       ->capture_default_str();
   cmd->add_flag("--quick", r.quick, "A small, fast configuration (tiny model, seconds)");
+  cmd->footer("Exit code: 0 done (all checks passed), 1 a check failed, 2 an error.");
 }
 
 // With --quick, options the user did not give take the quick configuration's value.

@@ -47,10 +47,15 @@ nlohmann::ordered_json machine_info() {
   ::uname(&u);
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page = ::sysconf(_SC_PAGESIZE);
+  // The load when the run started: the machine may be shared, which inflates times.
+  std::ifstream loadavg("/proc/loadavg");
+  double load1 = 0, load5 = 0, load15 = 0;
+  loadavg >> load1 >> load5 >> load15;
   return nlohmann::ordered_json{{"cpu_model", cpu.empty() ? "unknown" : cpu},
                                 {"cores", std::thread::hardware_concurrency()},
                                 {"memory_bytes", static_cast<int64_t>(pages) * page},
-                                {"kernel", std::string(u.sysname) + " " + u.release}};
+                                {"kernel", std::string(u.sysname) + " " + u.release},
+                                {"load_average", {load1, load5, load15}}};
 }
 
 std::string machine_line(const nlohmann::ordered_json& m) {

@@ -16,7 +16,8 @@
 
 namespace strata::bench {
 
-// {"cpu_model", "cores", "memory_bytes", "kernel"}: cpu_model is lscpu's "Model name".
+// {"cpu_model", "cores", "memory_bytes", "kernel", "load_average"}: cpu_model is lscpu's
+// "Model name", load_average the 1, 5 and 15 minute figures of /proc/loadavg.
 nlohmann::ordered_json machine_info();
 // "AMD EPYC, 2 cores": the line the docs name the machine with.
 std::string machine_line(const nlohmann::ordered_json& machine);

@@ -30,6 +30,7 @@ struct Resumed {
   double tool_end_s = 0;    // latency of POST /session/tool_end
   json tool_start;          // the answers
   json tool_end;
+  bool restore_failed = false;  // tool_end answered 503
   double ttft_s = 0;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
@@ -44,20 +45,26 @@ std::string missing_api_message(const std::string& path, const HttpResponse& r) 
          "/session/tool_end";
 }
 
-Result<json> session_call(const ServerClient& client, const std::string& path, const json& body) {
-  auto r = client.post(path, body);
-  if (!r) return std::unexpected(r.error());
-  if (r->status == 404) return make_error(ErrorCode::kUnsupported, missing_api_message(path, *r));
-  if (r->status < 200 || r->status >= 300) {
+// The answer of a session call: JSON for 2xx; 404 means the server lacks the API (the
+// session exists: the caller made it).
+Result<json> session_answer(const std::string& path, const HttpResponse& r) {
+  if (r.status == 404) return make_error(ErrorCode::kUnsupported, missing_api_message(path, r));
+  if (r.status < 200 || r.status >= 300) {
     return make_error(ErrorCode::kFailedPrecondition, "POST " + path + " answered HTTP " +
-                                                          std::to_string(r->status) + ": " +
-                                                          error_message(r->body));
+                                                          std::to_string(r.status) + ": " +
+                                                          error_message(r.body));
   }
   try {
-    return json::parse(r->body);
+    return json::parse(r.body);
   } catch (const json::exception& e) {
     return make_error(ErrorCode::kCorrupt, "POST " + path + ": invalid JSON: " + e.what());
   }
+}
+
+Result<json> session_call(const ServerClient& client, const std::string& path, const json& body) {
+  auto r = client.post(path, body);
+  if (!r) return std::unexpected(r.error());
+  return session_answer(path, *r);
 }
 
 class ToolCalls {
@@ -152,11 +159,19 @@ void ToolCalls::agent(int32_t index, const Conversation& c) {
     if (!sleep_for(r.pause_s)) return;
     if (with_api) {
       const double t0 = monotonic_s();
-      auto e = session_call(client_, "/session/tool_end",
-                            json{{"session_id", session}, {"epoch", epoch}});
+      auto e = client_.post("/session/tool_end", json{{"session_id", session}, {"epoch", epoch}});
       if (!e) return fail(e.error().message);
       r.tool_end_s = monotonic_s() - t0;
-      r.tool_end = *e;
+      if (e->status == 503) {
+        // The server could not bring the KV back now (no room on the device) and says so;
+        // an agent then goes on with its next turn, as the answer advises.
+        r.restore_failed = true;
+        r.tool_end = json{{"status", e->status}, {"error", error_message(e->body)}};
+      } else {
+        auto answer = session_answer("/session/tool_end", *e);
+        if (!answer) return fail(answer.error().message);
+        r.tool_end = *answer;
+      }
     }
     messages.push_back(ojson{{"role", "assistant"}, {"content", reply->text}});
     messages.push_back(
@@ -184,6 +199,7 @@ json resumed_json(const Resumed& r) {
           {"tool_end_s", r.tool_end_s},
           {"tool_start", r.tool_start},
           {"tool_end", r.tool_end},
+          {"restore_failed", r.restore_failed},
           {"ttft_s", r.ttft_s},
           {"prompt_tokens", r.prompt_tokens},
           {"cached_tokens", r.cached_tokens},
@@ -198,6 +214,7 @@ struct Arm {
   Summary tool_end;
   double cached_fraction = 0;
   double host_cached_mean = 0;
+  int64_t failed_restores = 0;
 };
 
 Arm summarize_arm(const std::vector<Resumed>& all, bool with_api) {
@@ -213,6 +230,7 @@ Arm summarize_arm(const std::vector<Resumed>& all, bool with_api) {
     prompt += r.prompt_tokens;
     cached += r.cached_tokens;
     host += r.cached.host;
+    a.failed_restores += r.restore_failed ? 1 : 0;
     ++n;
   }
   a.ttft = summarize(ttft);
@@ -229,7 +247,8 @@ json arm_json(const Arm& a) {
           {"resume_s", to_json(a.resume)},
           {"tool_end_s", to_json(a.tool_end)},
           {"cached_fraction", a.cached_fraction},
-          {"host_cached_tokens_mean", a.host_cached_mean}};
+          {"host_cached_tokens_mean", a.host_cached_mean},
+          {"failed_restores", a.failed_restores}};
 }
 
 }  // namespace
@@ -394,13 +413,14 @@ int run_tool_calls(const ToolCallsOptions& o) {
       {"error", error.empty() ? json(nullptr) : json(error)},
       {"passed", error.empty()}};
   Table t;
-  t.header = {"Arm",          "Resumed turns", "TTFT p50", "TTFT p90",          "TTFT mean",
-              "tool_end p50", "Resume p50",    "Cached",   "Host-cached (mean)"};
+  t.header = {"Arm",          "Resumed turns", "TTFT p50", "TTFT p90",           "TTFT mean",
+              "tool_end p50", "Resume p50",    "Cached",   "Host-cached (mean)", "Failed restores"};
   for (const Arm& a : {without, with}) {
     t.rows.push_back({a.name, std::to_string(a.ttft.count), format_ms(a.ttft.p50),
                       format_ms(a.ttft.p90), format_ms(a.ttft.mean), format_ms(a.tool_end.p50),
                       format_ms(a.resume.p50), format_percent(a.cached_fraction),
-                      format_count(static_cast<int64_t>(a.host_cached_mean))});
+                      format_count(static_cast<int64_t>(a.host_cached_mean)),
+                      std::to_string(a.failed_restores)});
   }
   BarChart chart{.title = "Tool calls: latency of the resumed turn",
                  .y_label = "milliseconds",

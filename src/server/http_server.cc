@@ -1033,12 +1033,23 @@ void HttpServer::handle_tool_session(const httplib::Request& req, httplib::Respo
     return send_error(res, 400, "tool_start takes no 'epoch'", "invalid_argument");
   }
   const std::string sid = **id;
-  auto r = engine_
-               .call([sid, start, epoch](EngineState& s) {
-                 return start ? s.sessions->tool_start(sid)
-                              : s.sessions->tool_end(sid, static_cast<uint64_t>(*epoch));
-               })
-               .get();
+  auto call = [&] {
+    return engine_
+        .call([sid, start, epoch](EngineState& s) {
+          return start ? s.sessions->tool_start(sid)
+                       : s.sessions->tool_end(sid, static_cast<uint64_t>(*epoch));
+        })
+        .get();
+  };
+  auto r = call();
+  // A restore that found no device room now (running requests hold the pool) is retried
+  // for a while as their pages come back; the session stays OFFLOADED in between.
+  const auto retry_until = WallClock::now() + std::chrono::seconds(10);
+  while (!start && !r && r.error().code == ErrorCode::kOutOfPages &&
+         WallClock::now() < retry_until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    r = call();
+  }
   if (!r) return send_error(res, r.error());
   auto v = settle_session(sid, *r);
   if (!v) return send_error(res, v.error());
