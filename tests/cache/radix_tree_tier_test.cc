@@ -42,7 +42,6 @@ std::vector<BlockHash> hashes(const std::vector<TokenId>& tokens) {
   return hash_blocks(tokens, kPage);
 }
 
-
 // An event reduced to what these tests compare.
 struct Ev {
   bool stored = true;

@@ -24,7 +24,6 @@ inline std::vector<BlockHash> slice(const std::vector<BlockHash>& v, size_t from
                                 v.begin() + static_cast<std::ptrdiff_t>(to));
 }
 
-
 // One block as its node holds it.
 struct BlockView {
   const RadixNode* node = nullptr;

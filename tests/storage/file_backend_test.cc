@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -281,15 +282,29 @@ TEST_F(FileBackendTest, UnusableDirectoryIsAnError) {
   auto not_dir = FileBackend::open(config_, clock_);
   ASSERT_FALSE(not_dir);
   EXPECT_EQ(not_dir.error().code, ErrorCode::kIoError);
+}
 
-  if (::geteuid() != 0) {  // root writes through permissions
-    fs::create_directories(dir_ + "/ro");
-    fs::permissions(dir_ + "/ro", fs::perms::owner_read | fs::perms::owner_exec);
-    config_.dir = dir_ + "/ro";
-    auto read_only = FileBackend::open(config_, clock_);
-    ASSERT_FALSE(read_only);
-    EXPECT_EQ(read_only.error().code, ErrorCode::kIoError);
-  }
+// Root writes through permissions: the read-only checks run in a child process that
+// gives up root first (as `nobody`), so they run for every user.
+void become_unprivileged() {
+  if (::geteuid() != 0) return;
+  if (::setgid(65534) != 0 || ::setuid(65534) != 0) std::_Exit(3);
+}
+
+TEST_F(FileBackendTest, ReadOnlyDirectoryIsAnErrorAtOpen) {
+  fs::permissions(dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                            fs::perms::others_read | fs::perms::others_exec);
+  fs::create_directories(dir_ + "/ro");
+  fs::permissions(dir_ + "/ro", fs::perms::owner_read | fs::perms::owner_exec |
+                                    fs::perms::others_read | fs::perms::others_exec);
+  config_.dir = dir_ + "/ro";
+  EXPECT_EXIT(
+      {
+        become_unprivileged();
+        auto read_only = FileBackend::open(config_, clock_);
+        std::_Exit(!read_only && read_only.error().code == ErrorCode::kIoError ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST_F(FileBackendTest, DirectoryVanishingAfterOpenGivesErrorsNotCrashes) {
@@ -313,14 +328,25 @@ TEST_F(FileBackendTest, DirectoryVanishingAfterOpenGivesErrorsNotCrashes) {
 }
 
 TEST_F(FileBackendTest, ReadOnlyDirectoryGivesWriteErrors) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root writes through permissions";
   auto backend = open();
   ASSERT_TRUE(backend);
-  fs::permissions(backend->root(), fs::perms::owner_read | fs::perms::owner_exec);
+  const auto read_exec = fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                         fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec;
+  for (fs::path p = backend->root(); p.string().size() >= dir_.size(); p = p.parent_path()) {
+    fs::permissions(p, read_exec);
+  }
   const Batch batch({1});
-  const std::vector<Status> results = backend->set(batch.keys, batch.views);
-  ASSERT_FALSE(results[0]);
-  EXPECT_EQ(results[0].error().code, ErrorCode::kIoError);
+  EXPECT_EXIT(
+      {
+        become_unprivileged();
+        const std::vector<Status> results = backend->set(batch.keys, batch.views);
+        std::_Exit(!results[0] && results[0].error().code == ErrorCode::kIoError ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  fs::permissions(dir_, fs::perms::owner_all);  // let TearDown remove it
+  for (fs::path p = backend->root(); p.string().size() > dir_.size(); p = p.parent_path()) {
+    fs::permissions(p, fs::perms::owner_all);
+  }
 }
 
 TEST_F(FileBackendTest, FailedWriteRemovesItsTempFileAndBreaksNothing) {
