@@ -303,7 +303,6 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
   after.stored += lower_acct.stored;
   after.io += lower_acct.io;
   apply(before, after);
-  (void)total;
   update_sets(node);
   update_sets(upper);
   return upper;

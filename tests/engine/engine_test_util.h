@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,35 @@ inline Outcome drain(RequestStream& stream) {
   }
   ADD_FAILURE() << "request did not finish";
   return out;
+}
+
+// A deterministic prompt of `n` token ids in [3, 203).
+inline std::vector<int32_t> test_prompt(int n, int salt) {
+  std::vector<int32_t> p;
+  std::mt19937 rng(static_cast<uint32_t>(salt));
+  for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>(rng() % 200) + 3);
+  return p;
+}
+
+// Runs one greedy request to its end.
+inline Outcome run_greedy(Engine& e, std::vector<int32_t> prompt, int32_t max_tokens,
+                          std::string session = {}) {
+  RequestSpec spec;
+  spec.prompt = std::move(prompt);
+  spec.sampling.temperature = 0;
+  spec.max_tokens = max_tokens;
+  spec.session_id = std::move(session);
+  auto stream = e.submit(std::move(spec));
+  EXPECT_TRUE(stream.has_value());
+  return stream ? drain(**stream) : Outcome{};
+}
+
+// Every page of both pools accounted for, and the tree's invariants.
+inline void expect_engine_consistent(Engine& e) {
+  auto st = e.call([](EngineState& s) { return s.audit_pages(); }).get();
+  EXPECT_TRUE(st.has_value()) << st.error().message;
+  auto inv = e.call([](EngineState& s) { return s.tree.check_invariants(); }).get();
+  EXPECT_TRUE(inv.has_value()) << inv.error().message;
 }
 
 }  // namespace strata

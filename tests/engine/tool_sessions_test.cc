@@ -37,23 +37,10 @@ class ToolSessionTest : public ::testing::Test {
     return e ? std::move(*e) : nullptr;
   }
 
-  static std::vector<int32_t> prompt(int n, int salt) {
-    std::vector<int32_t> p;
-    std::mt19937 rng(static_cast<uint32_t>(salt));
-    for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>(rng() % 200) + 3);
-    return p;
-  }
-
+  static std::vector<int32_t> prompt(int n, int salt) { return test_prompt(n, salt); }
   static Outcome run(Engine& e, std::vector<int32_t> p, std::string session = {},
                      int32_t max_tokens = 8) {
-    RequestSpec spec;
-    spec.prompt = std::move(p);
-    spec.sampling.temperature = 0;
-    spec.max_tokens = max_tokens;
-    spec.session_id = std::move(session);
-    auto stream = e.submit(std::move(spec));
-    EXPECT_TRUE(stream.has_value());
-    return drain(**stream);
+    return run_greedy(e, std::move(p), max_tokens, std::move(session));
   }
 
   static Result<SessionView> tool_start(Engine& e, const std::string& id) {
@@ -77,12 +64,7 @@ class ToolSessionTest : public ::testing::Test {
     ADD_FAILURE() << "session never settled";
     return meta(e, id);
   }
-  static void expect_consistent(Engine& e) {
-    auto st = e.call([](EngineState& s) { return s.audit_pages(); }).get();
-    EXPECT_TRUE(st.has_value()) << st.error().message;
-    auto inv = e.call([](EngineState& s) { return s.tree.check_invariants(); }).get();
-    EXPECT_TRUE(inv.has_value()) << inv.error().message;
-  }
+  static void expect_consistent(Engine& e) { expect_engine_consistent(e); }
   static int64_t host_protected(Engine& e) {
     return e.call([](EngineState& s) { return s.tree.stats().host_protected_pages; }).get();
   }
