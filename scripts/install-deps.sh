@@ -11,15 +11,37 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libpcre2-dev libxxhash-dev unicode-data libabsl-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev libssl-dev
-  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev prometheus-cpp-dev
+  libboost1.81-dev libzmq3-dev cppzmq-dev libmsgpuck-dev prometheus-cpp-dev
   libhiredis-dev redis-server
   python3 python3-zmq python3-msgpack python3-xxhash
   nodejs npm
 )
 
+installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"
+}
+sudo_cmd=()
+[[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+
+# Earlier versions of this script installed libmsgpack-cxx-dev, which depends on
+# libboost-dev, Debian 12's default Boost, and so on libboost1.74-dev; libboost1.81-dev
+# (Boost.Beast, src/http) conflicts with libboost1.74-dev. Remove those that are present
+# before installing (apt also removes whatever else depends on them).
+conflicting=()
+for p in libmsgpack-cxx-dev libboost-dev libboost1.74-dev; do
+  if installed "$p"; then
+    conflicting+=("$p")
+  fi
+done
+if ((${#conflicting[@]})); then
+  echo "install-deps: removing ${conflicting[*]} (they conflict with libboost1.81-dev)"
+  "${sudo_cmd[@]}" apt-get remove -y -qq "${conflicting[@]}"
+fi
+
 missing=()
 for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+  if ! installed "$p"; then
     missing+=("$p")
   fi
 done
@@ -34,9 +56,6 @@ fi
 
 if ((${#missing[@]})); then
   echo "install-deps: installing ${missing[*]}"
-  sudo_cmd=()
-  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else

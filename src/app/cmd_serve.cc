@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <pthread.h>
+
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -21,7 +23,7 @@
 #include "model/make_model.h"
 #include "model/model.h"
 #include "model/tokenizer/tokenizer.h"
-#include "server/http_server.h"
+#include "server/api_server.h"
 #include "server/kv_event_publisher.h"
 #include "server/metrics.h"
 
@@ -32,10 +34,14 @@
 namespace strata::app {
 namespace {
 
-std::atomic<HttpServer*> g_server{nullptr};
-
-void on_signal(int) {
-  if (HttpServer* s = g_server.load()) s->stop();
+// SIGINT and SIGTERM are blocked in every thread and taken by the main thread with
+// sigwait, which then shuts the server down gracefully (no work in a signal handler).
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
 }
 
 // The endpoint of the replay socket: the PUB endpoint's port + 1 (vLLM's convention).
@@ -109,6 +115,8 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     std::string hicache_storage_prefetch_policy = "best_effort";
     int64_t tool_session_ttl_s = 3600;
     bool auto_tool_offload = false;
+    http::ServerOptions http;  // --http-* (host and port are set from the options above)
+    double shutdown_timeout_s = 30;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
@@ -188,6 +196,48 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--tool-session-ttl-s", o->tool_session_ttl_s,
                   "Release an offloaded tool session whose tool_end never came after this long")
       ->check(CLI::Range(int64_t{1}, int64_t{30} * 24 * 3600))
+      ->capture_default_str();
+  cmd->add_option("--http-threads", o->http.io_threads, "HTTP I/O threads (0: one per core)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  cmd->add_option("--http-header-timeout-s", o->http.header_timeout_s,
+                  "Close a connection whose request header is not complete after this long")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--http-body-timeout-s", o->http.body_timeout_s,
+                  "Close a connection whose request body is not complete this long after its "
+                  "header")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--http-idle-timeout-s", o->http.idle_timeout_s,
+                  "Close a keep-alive connection idle between requests for this long")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--http-write-timeout-s", o->http.write_timeout_s,
+                  "Close a connection whose client accepts no bytes for this long")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--http-max-header-bytes", o->http.max_header_bytes,
+                  "Largest request line + headers (431 beyond)")
+      ->check(CLI::Range(int64_t{1024}, int64_t{1} << 30))
+      ->capture_default_str();
+  cmd->add_option("--http-max-body-bytes", o->http.max_body_bytes,
+                  "Largest request body, whatever its content type (413 beyond)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  cmd->add_option("--http-max-connections", o->http.max_connections,
+                  "Open connections; new ones beyond are refused at once")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
+      ->capture_default_str();
+  cmd->add_option("--http-max-stream-buffer-bytes", o->http.max_stream_buffer_bytes,
+                  "Unwritten bytes a streaming response may queue for a slow reader before it "
+                  "is cut")
+      ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40))
+      ->capture_default_str();
+  cmd->add_option("--shutdown-timeout-s", o->shutdown_timeout_s,
+                  "On SIGTERM/SIGINT: how long running requests may finish before they are "
+                  "cancelled")
+      ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   cmd->add_flag("--auto-tool-offload", o->auto_tool_offload,
                 "Offload a session's KV by itself when a response ends with tool calls; its "
@@ -277,19 +327,20 @@ void add_serve_command(CLI::App& app, int& exit_code) {
 
     Metrics metrics;
     ServerOptions so;
-    so.host = o->host;
-    so.port = o->port;
+    so.http = o->http;
+    so.http.host = o->host;
+    so.http.port = o->port;
     so.admin_api_key = o->admin_api_key;
     so.auto_tool_offload = o->auto_tool_offload;
     so.model_name = o->served_model_name.empty()
                         ? std::filesystem::absolute(dir).filename().string()
                         : o->served_model_name;
     so.default_max_tokens = o->default_max_tokens;
-    HttpServer server(so, **engine, **tokenizer, chat ? &*chat : nullptr, metrics);
+    // Before any server thread starts, so that every thread inherits the mask.
+    const sigset_t signals = stop_signals();
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    ApiServer server(so, **engine, **tokenizer, chat ? &*chat : nullptr, metrics);
     if (auto st = server.bind(); !st) return fail(st.error().message);
-    g_server.store(&server);
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
     const ModelConfig& c = (*model)->config();
     STRATA_LOG_INFO("model {} ({} layers, hidden {}, vocab {}), KV pool {} pages of {} tokens",
                     so.model_name, c.num_layers, c.hidden_size, c.vocab_size,
@@ -299,10 +350,18 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                       publisher->replay_endpoint());
     }
     // The port line is read by tests and scripts: keep its format.
-    std::cout << "strata serve: listening on http://" << so.host << ":" << server.port()
+    server.start();
+    std::cout << "strata serve: listening on http://" << so.http.host << ":" << server.port()
               << std::endl;
-    server.run();
-    g_server.store(nullptr);
+    int signal_number = 0;
+    sigwait(&signals, &signal_number);
+    STRATA_LOG_INFO("{}: stopping (running requests have {} s to finish)",
+                    signal_number == SIGINT ? "SIGINT" : "SIGTERM", o->shutdown_timeout_s);
+    server.shutdown(o->shutdown_timeout_s);
+    // The engine stops next (unfinished requests end cancelled), then the publisher sends
+    // what is queued: every KV event of the run goes out before the exit.
+    engine->reset();
+    publisher.reset();
     STRATA_LOG_INFO("stopped");
     exit_code = 0;
   });

@@ -1,9 +1,11 @@
 #include "bench/http_client.h"
 
-#include <httplib.h>
-
+#include <algorithm>
 #include <chrono>
 #include <thread>
+#include <utility>
+
+#include "http/client.h"
 
 namespace strata::bench {
 
@@ -62,71 +64,50 @@ std::vector<double> StreamedChat::inter_chunk_s() const {
   return gaps;
 }
 
-void SseParser::feed(std::string_view bytes,
-                     const std::function<void(std::string_view data)>& on_data) {
-  for (char c : bytes) {
-    if (c != '\n') {
-      line_ += c;
-      continue;
-    }
-    if (!line_.empty() && line_.back() == '\r') line_.pop_back();
-    if (line_.empty()) {  // a blank line ends the event
-      if (has_data_) on_data(data_);
-      data_.clear();
-      has_data_ = false;
-    } else if (line_.rfind("data:", 0) == 0) {
-      std::string_view v(line_);
-      v.remove_prefix(5);
-      if (!v.empty() && v.front() == ' ') v.remove_prefix(1);
-      if (has_data_) data_ += '\n';
-      data_ += v;
-      has_data_ = true;
-    }  // other fields (event:, id:, comments) carry nothing the benchmark needs
-    line_.clear();
-  }
-}
-
-ServerClient::ServerClient(std::string base_url, std::string api_key, double timeout_s)
-    : base_url_(std::move(base_url)), api_key_(std::move(api_key)), timeout_s_(timeout_s) {}
-
 namespace {
 
-std::unique_ptr<httplib::Client> make_client(const std::string& base, double timeout_s) {
-  auto cli = std::make_unique<httplib::Client>(base);
-  cli->set_connection_timeout(10, 0);
-  cli->set_tcp_nodelay(true);
-  const auto t = static_cast<time_t>(timeout_s);
-  cli->set_read_timeout(t, 0);
-  cli->set_write_timeout(t, 0);
-  return cli;
-}
-
-httplib::Headers headers_for(const std::string& api_key) {
-  httplib::Headers h;
-  if (!api_key.empty()) h.emplace("Authorization", "Bearer " + api_key);
-  return h;
+http::ClientOptions client_options(double timeout_s) {
+  http::ClientOptions o;
+  o.connect_timeout_ms = 10'000;
+  const auto timeout_ms = std::max<int64_t>(1, static_cast<int64_t>(timeout_s * 1000));
+  o.read_timeout_ms = timeout_ms;
+  o.write_timeout_ms = timeout_ms;
+  return o;
 }
 
 }  // namespace
 
+ServerClient::ServerClient(std::string base_url, std::string api_key, double timeout_s)
+    : base_url_(std::move(base_url)),
+      api_key_(std::move(api_key)),
+      timeout_s_(timeout_s),
+      http_(std::make_shared<http::BlockingClient>(client_options(timeout_s))) {
+  while (!base_url_.empty() && base_url_.back() == '/') base_url_.pop_back();
+}
+
+Result<http::ClientRequest> ServerClient::make_request(const std::string& method,
+                                                       const std::string& path,
+                                                       std::string body) const {
+  http::Headers headers;
+  if (!api_key_.empty()) headers.emplace_back("Authorization", "Bearer " + api_key_);
+  if (method == "POST") headers.emplace_back("Content-Type", "application/json");
+  return http::make_request(method, base_url_ + path, std::move(body), std::move(headers));
+}
+
 Result<HttpResponse> ServerClient::get(const std::string& path) const {
-  auto cli = make_client(base_url_, timeout_s_);
-  auto res = cli->Get(path, headers_for(api_key_));
-  if (!res) {
-    return make_error(ErrorCode::kIoError,
-                      "GET " + base_url_ + path + " failed: " + httplib::to_string(res.error()));
-  }
-  return HttpResponse{res->status, res->body};
+  auto req = make_request("GET", path, {});
+  if (!req) return std::unexpected(req.error());
+  auto res = http_->request(std::move(*req));
+  if (!res) return std::unexpected(res.error());
+  return HttpResponse{res->status, std::move(res->body)};
 }
 
 Result<HttpResponse> ServerClient::post(const std::string& path, const nlohmann::json& body) const {
-  auto cli = make_client(base_url_, timeout_s_);
-  auto res = cli->Post(path, headers_for(api_key_), body.dump(), "application/json");
-  if (!res) {
-    return make_error(ErrorCode::kIoError,
-                      "POST " + base_url_ + path + " failed: " + httplib::to_string(res.error()));
-  }
-  return HttpResponse{res->status, res->body};
+  auto req = make_request("POST", path, body.dump());
+  if (!req) return std::unexpected(req.error());
+  auto res = http_->request(std::move(*req));
+  if (!res) return std::unexpected(res.error());
+  return HttpResponse{res->status, std::move(res->body)};
 }
 
 namespace {
@@ -156,37 +137,47 @@ Result<nlohmann::json> ServerClient::post_json(const std::string& path,
 }
 
 Result<StreamedChat> ServerClient::stream_chat(const nlohmann::ordered_json& body) const {
-  auto cli = make_client(base_url_, timeout_s_);
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/chat/completions";
-  req.headers = headers_for(api_key_);
-  req.set_header("Content-Type", "application/json");
-  req.set_header("Accept", "text/event-stream");
-  req.body = body.dump();
+  auto req = make_request("POST", "/v1/chat/completions", body.dump());
+  if (!req) return std::unexpected(req.error());
+  req->headers.emplace_back("Accept", "text/event-stream");
 
-  StreamedChat out;
-  int status = 0;
-  std::string error_body;
-  std::string stream_error;
-  SseParser parser;
+  // Arrival times are taken on the client's I/O thread as each event completes; the events
+  // are parsed afterwards, here, so that JSON work does not delay other streams' timings.
+  struct Arrival {
+    double t_s;
+    std::string data;
+  };
+  std::vector<Arrival> arrivals;
   const auto start = SteadyClock::now();
+  auto res = http_->stream(std::move(*req), [&](std::string_view data) {
+    arrivals.push_back(Arrival{seconds_between(start, SteadyClock::now()), std::string(data)});
+  });
+  if (!res) return std::unexpected(res.error());
+  StreamedChat out;
+  out.e2e_s = seconds_between(start, SteadyClock::now());
+  if (res->status != 200) {
+    return make_error(res->status == 404 ? ErrorCode::kNotFound : ErrorCode::kFailedPrecondition,
+                      status_error("POST /v1/chat/completions", res->status, res->body));
+  }
+
+  std::string stream_error;
   bool first = true;
-  auto on_data = [&](std::string_view data) {
-    if (data == "[DONE]") return;
+  for (const Arrival& a : arrivals) {
+    const std::string_view data = a.data;
+    if (data == "[DONE]") continue;
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(data);
     } catch (const nlohmann::json::exception&) {
       stream_error = "invalid JSON in the event stream: " + std::string(data.substr(0, 200));
-      return;
+      continue;
     }
     if (j.contains("error")) {
-      stream_error = "the stream carried an error: " + error_message(std::string(data));
-      return;
+      stream_error = "the stream carried an error: " + error_message(a.data);
+      continue;
     }
     if (j.contains("usage") && j["usage"].is_object()) out.usage = parse_usage(j["usage"]);
-    if (!j.contains("choices") || !j["choices"].is_array()) return;
+    if (!j.contains("choices") || !j["choices"].is_array()) continue;
     for (const auto& choice : j["choices"]) {
       if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
         out.finish_reason = choice["finish_reason"].get<std::string>();
@@ -197,37 +188,13 @@ Result<StreamedChat> ServerClient::stream_chat(const nlohmann::ordered_json& bod
       }
       const std::string piece = choice["delta"]["content"].get<std::string>();
       if (piece.empty()) continue;
-      const double t = seconds_between(start, SteadyClock::now());
       if (first) {
-        out.ttft_s = t;
+        out.ttft_s = a.t_s;
         first = false;
       }
-      out.content_times_s.push_back(t);
+      out.content_times_s.push_back(a.t_s);
       out.text += piece;
     }
-  };
-  req.response_handler = [&](const httplib::Response& r) {
-    status = r.status;
-    return true;
-  };
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    if (status != 200) {
-      error_body.append(data, n);
-    } else {
-      parser.feed(std::string_view(data, n), on_data);
-    }
-    return true;
-  };
-  httplib::Response res;
-  httplib::Error err = httplib::Error::Success;
-  if (!cli->send(req, res, err)) {
-    return make_error(ErrorCode::kIoError, "POST " + base_url_ + "/v1/chat/completions failed: " +
-                                               httplib::to_string(err));
-  }
-  out.e2e_s = seconds_between(start, SteadyClock::now());
-  if (status != 200) {
-    return make_error(status == 404 ? ErrorCode::kNotFound : ErrorCode::kFailedPrecondition,
-                      status_error("POST /v1/chat/completions", status, error_body + res.body));
   }
   if (!stream_error.empty()) return make_error(ErrorCode::kFailedPrecondition, stream_error);
   if (first) out.ttft_s = out.e2e_s;  // no content at all: the answer came with the end
@@ -236,14 +203,11 @@ Result<StreamedChat> ServerClient::stream_chat(const nlohmann::ordered_json& bod
 
 Result<std::pair<ChatUsage, std::string>> ServerClient::chat(
     const nlohmann::ordered_json& body) const {
-  auto cli = make_client(base_url_, timeout_s_);
-  auto res =
-      cli->Post("/v1/chat/completions", headers_for(api_key_), body.dump(), "application/json");
-  if (!res) {
-    return make_error(ErrorCode::kIoError, "POST " + base_url_ + "/v1/chat/completions failed: " +
-                                               httplib::to_string(res.error()));
-  }
-  auto j = json_of("POST /v1/chat/completions", HttpResponse{res->status, res->body});
+  auto req = make_request("POST", "/v1/chat/completions", body.dump());
+  if (!req) return std::unexpected(req.error());
+  auto res = http_->request(std::move(*req));
+  if (!res) return std::unexpected(res.error());
+  auto j = json_of("POST /v1/chat/completions", HttpResponse{res->status, std::move(res->body)});
   if (!j) return std::unexpected(j.error());
   std::string text;
   if (j->contains("choices") && (*j)["choices"].is_array() && !(*j)["choices"].empty()) {
@@ -263,10 +227,12 @@ Status ServerClient::wait_healthy(double timeout_s, const std::function<bool()>&
     if (alive && !alive()) {
       return make_error(ErrorCode::kFailedPrecondition, "the server exited while starting");
     }
-    auto cli = make_client(base_url_, 5);
-    auto res = cli->Get("/health");
+    auto req = http::make_request("GET", base_url_ + "/health");
+    if (!req) return std::unexpected(req.error());
+    req->read_timeout_ms = 5'000;
+    auto res = http_->request(std::move(*req));
     if (res && res->status == 200) return {};
-    last = res ? "HTTP " + std::to_string(res->status) : httplib::to_string(res.error());
+    last = res ? "HTTP " + std::to_string(res->status) : res.error().message;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return make_error(ErrorCode::kTimeout, base_url_ + "/health did not answer 200 within " +

@@ -2,13 +2,16 @@
 // for the control endpoints and streaming chat completions over server-sent events, timed
 // the way a user sees them (TTFT from sending the request to the first content chunk).
 //
-// Threads: a ServerClient is immutable and may be shared; every call opens its own
-// connection (cpp-httplib clients are not thread-safe), as a load generator's users
-// would. SseParser is a per-stream value.
+// Threads: a ServerClient is immutable and may be shared; its copies share one
+// http::BlockingClient (one I/O thread and a keep-alive connection pool), so the load
+// generator's user threads each block in their own call while their exchanges run
+// concurrently on that thread. Event arrival times are taken there, as each event completes;
+// the JSON of the events is parsed afterwards on the calling thread.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +19,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/result.h"
+#include "http/sse.h"
+
+namespace strata::http {
+class BlockingClient;
+struct ClientRequest;
+}  // namespace strata::http
 
 namespace strata::bench {
 
@@ -53,22 +62,13 @@ struct StreamedChat {
   std::vector<double> inter_chunk_s() const;
 };
 
-// Splits a server-sent event stream into the `data` of each event (multi-line data joined
-// with "\n"), whatever the chunking of the bytes.
-class SseParser {
- public:
-  void feed(std::string_view bytes, const std::function<void(std::string_view data)>& on_data);
-
- private:
-  std::string line_;  // an incomplete line
-  std::string data_;  // data lines of the current event
-  bool has_data_ = false;
-};
+// The server-sent-events splitter (now in the HTTP layer).
+using SseParser = http::SseParser;
 
 class ServerClient {
  public:
   // base_url like "http://127.0.0.1:8000"; api_key (may be empty) is sent as a Bearer
-  // token; timeout_s bounds each read.
+  // token; timeout_s bounds each wait for the server's bytes (and each send).
   explicit ServerClient(std::string base_url, std::string api_key = {}, double timeout_s = 1800);
 
   // Any status; an error only when no HTTP answer came (connection refused, timeout).
@@ -90,9 +90,14 @@ class ServerClient {
   const std::string& base_url() const { return base_url_; }
 
  private:
+  // A request to base_url_ + path with the API key; an error when base_url_ is malformed.
+  Result<http::ClientRequest> make_request(const std::string& method, const std::string& path,
+                                           std::string body) const;
+
   std::string base_url_;
   std::string api_key_;
   double timeout_s_;
+  std::shared_ptr<http::BlockingClient> http_;
 };
 
 // The error message of an error body ({"error": {"message"}}), or the body itself.

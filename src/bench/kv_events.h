@@ -30,6 +30,8 @@ struct KvEventBatch {
 };
 
 // Decodes one msgpack payload [timestamp, [event...], rank]; kCorrupt names what is wrong.
+// Never reads outside `payload`; bytes after the one object are an error. A rank that is
+// not an integer (vLLM sends nil without data parallelism) reads as 0.
 Result<KvEventBatch> decode_kv_event_batch(std::string_view payload);
 
 class KvEventSubscriber {

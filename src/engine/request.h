@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -61,8 +62,27 @@ class RequestStream {
     {
       std::lock_guard lock(mutex_);
       items_.push_back(std::move(item));
+      // Under the lock, so that once set_listener(nullptr) returns no call is under way.
+      if (listener_) listener_();
     }
     cv_.notify_one();
+  }
+  // A callback run (on the producer's thread, under the stream's lock: it must be quick and
+  // must not call back into this stream) after each push, for consumers that wait
+  // asynchronously instead of in wait(). Cleared with nullptr; it fires at once when items
+  // are already queued.
+  void set_listener(std::function<void()> listener) {
+    std::lock_guard lock(mutex_);
+    listener_ = std::move(listener);
+    if (listener_ && !items_.empty()) listener_();
+  }
+  // What is queued now, without waiting.
+  std::vector<StreamItem> take() {
+    std::lock_guard lock(mutex_);
+    std::vector<StreamItem> out(std::make_move_iterator(items_.begin()),
+                                std::make_move_iterator(items_.end()));
+    items_.clear();
+    return out;
   }
   // Waits up to timeout_ms for items; returns what is there (possibly nothing).
   std::vector<StreamItem> wait(int64_t timeout_ms) {
@@ -82,7 +102,8 @@ class RequestStream {
   const uint64_t id_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<StreamItem> items_;  // GUARDED_BY(mutex_)
+  std::deque<StreamItem> items_;          // GUARDED_BY(mutex_)
+  std::function<void()> listener_;        // GUARDED_BY(mutex_)
   std::atomic<bool> cancelled_{false};
 };
 

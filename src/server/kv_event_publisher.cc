@@ -1,11 +1,13 @@
 #include "server/kv_event_publisher.h"
 
-#include <msgpack.hpp>
+#include <msgpuck.h>
 #include <zmq.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <string_view>
+#include <utility>
 
 #include "common/log.h"
 
@@ -30,62 +32,85 @@ uint64_t read_be64(const void* data) {
   return v;
 }
 
-void pack_hashes(msgpack::packer<msgpack::sbuffer>& pk, const std::vector<BlockHash>& hashes) {
-  pk.pack_array(static_cast<uint32_t>(hashes.size()));
-  for (BlockHash h : hashes) pk.pack_int64(block_hash_to_wire(h));
-}
+// Appends msgpack to a string with msgpuck, choosing the same (shortest) forms as the
+// reference packers (msgpack-cxx, Python's msgpack): an integer as a positive fixint or
+// uint8..64 when >= 0 and as a negative fixint or int8..64 when < 0; a double always as
+// float64; strings as fixstr/str8/16/32; arrays as fixarray/array16/32.
+class MsgpackWriter {
+ public:
+  void array(uint32_t size) { mp_encode_array(grow(mp_sizeof_array(size)), size); }
+  void str(std::string_view s) {
+    const auto len = static_cast<uint32_t>(s.size());
+    mp_encode_str(grow(mp_sizeof_str(len)), s.data(), len);
+  }
+  // mp_encode_int takes negative values only: non-negative ones are uints on the wire.
+  void integer(int64_t v) {
+    if (v >= 0) {
+      const auto u = static_cast<uint64_t>(v);
+      mp_encode_uint(grow(mp_sizeof_uint(u)), u);
+    } else {
+      mp_encode_int(grow(mp_sizeof_int(v)), v);
+    }
+  }
+  void float64(double v) { mp_encode_double(grow(mp_sizeof_double(v)), v); }
+  void nil() { mp_encode_nil(grow(mp_sizeof_nil())); }
 
-void pack_medium(msgpack::packer<msgpack::sbuffer>& pk, Medium m) {
-  const std::string_view name = medium_wire_name(m);
-  pk.pack_str(static_cast<uint32_t>(name.size()));
-  pk.pack_str_body(name.data(), static_cast<uint32_t>(name.size()));
-}
+  std::string take() && { return std::move(out_); }
 
-void pack_tag(msgpack::packer<msgpack::sbuffer>& pk, std::string_view tag) {
-  pk.pack_str(static_cast<uint32_t>(tag.size()));
-  pk.pack_str_body(tag.data(), static_cast<uint32_t>(tag.size()));
+ private:
+  // Extends the output by `size_bytes` and returns where they start.
+  char* grow(uint32_t size_bytes) {
+    const size_t at = out_.size();
+    out_.resize(at + size_bytes);
+    return out_.data() + at;
+  }
+  std::string out_;
+};
+
+void write_hashes(MsgpackWriter& w, const std::vector<BlockHash>& hashes) {
+  w.array(static_cast<uint32_t>(hashes.size()));
+  for (BlockHash h : hashes) w.integer(block_hash_to_wire(h));
 }
 
 }  // namespace
 
 std::string encode_kv_event_batch(double timestamp_s, const std::vector<KvEvent>& events,
                                   int32_t data_parallel_rank) {
-  msgpack::sbuffer buf;
-  msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_array(3);
-  pk.pack_double(timestamp_s);
-  pk.pack_array(static_cast<uint32_t>(events.size()));
+  MsgpackWriter w;
+  w.array(3);
+  w.float64(timestamp_s);
+  w.array(static_cast<uint32_t>(events.size()));
   for (const KvEvent& ev : events) {
     if (const auto* st = std::get_if<BlockStored>(&ev)) {
-      pk.pack_array(7);
-      pack_tag(pk, "BlockStored");
-      pack_hashes(pk, st->block_hashes);
+      w.array(7);
+      w.str("BlockStored");
+      write_hashes(w, st->block_hashes);
       if (st->parent_block_hash) {
-        pk.pack_int64(block_hash_to_wire(*st->parent_block_hash));
+        w.integer(block_hash_to_wire(*st->parent_block_hash));
       } else {
-        pk.pack_nil();
+        w.nil();
       }
-      pk.pack_array(static_cast<uint32_t>(st->token_ids.size()));
-      for (TokenId t : st->token_ids) pk.pack_int32(t);
-      pk.pack_int32(st->block_size);
+      w.array(static_cast<uint32_t>(st->token_ids.size()));
+      for (TokenId t : st->token_ids) w.integer(t);
+      w.integer(st->block_size);
       if (st->lora_id) {
-        pk.pack_int32(*st->lora_id);
+        w.integer(*st->lora_id);
       } else {
-        pk.pack_nil();
+        w.nil();
       }
-      pack_medium(pk, st->medium);
+      w.str(medium_wire_name(st->medium));
     } else if (const auto* rm = std::get_if<BlockRemoved>(&ev)) {
-      pk.pack_array(3);
-      pack_tag(pk, "BlockRemoved");
-      pack_hashes(pk, rm->block_hashes);
-      pack_medium(pk, rm->medium);
+      w.array(3);
+      w.str("BlockRemoved");
+      write_hashes(w, rm->block_hashes);
+      w.str(medium_wire_name(rm->medium));
     } else {
-      pk.pack_array(1);
-      pack_tag(pk, "AllBlocksCleared");
+      w.array(1);
+      w.str("AllBlocksCleared");
     }
   }
-  pk.pack_int32(data_parallel_rank);
-  return std::string(buf.data(), buf.size());
+  w.integer(data_parallel_rank);
+  return std::move(w).take();
 }
 
 struct KvEventPublisher::Impl {

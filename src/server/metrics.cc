@@ -90,6 +90,39 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                  "Hierarchical cache and tool-session events since start "
                                  "(pages moved, storage faults, sessions expired, ...)")
                              .Register(*registry_);
+  http_open_ = &BuildGauge()
+                    .Name("strata_http_open_connections")
+                    .Help("Open HTTP connections")
+                    .Register(*registry_)
+                    .Add({});
+  http_refused_ = &BuildGauge()
+                       .Name("strata_http_connections_refused_total")
+                       .Help("Connections refused (over --http-max-connections, or shutting down)")
+                       .Register(*registry_)
+                       .Add({});
+  http_timeouts_family_ = &BuildGauge()
+                               .Name("strata_http_timeouts_total")
+                               .Help("Connections closed by a timeout, by phase (header, body, "
+                                     "idle, write)")
+                               .Register(*registry_);
+  http_disconnects_ = &BuildGauge()
+                           .Name("strata_http_client_disconnects_total")
+                           .Help("Clients that went away while their request ran (the request "
+                                 "was cancelled)")
+                           .Register(*registry_)
+                           .Add({});
+  http_slow_streams_ = &BuildGauge()
+                            .Name("strata_http_slow_streams_cancelled_total")
+                            .Help("Streams cut because the client read slower than they were "
+                                  "produced (--http-max-stream-buffer-bytes)")
+                            .Register(*registry_)
+                            .Add({});
+  http_bad_requests_ = &BuildGauge()
+                            .Name("strata_http_bad_requests_total")
+                            .Help("Malformed or oversized requests answered with 4xx/501 and "
+                                  "closed")
+                            .Register(*registry_)
+                            .Add({});
 }
 
 prometheus::Counter& Metrics::requests(const std::string& endpoint, const std::string& status) {
@@ -118,6 +151,18 @@ void Metrics::set_cache(const CacheGaugeValues& v) {
   for (const auto& [event, n] : v.tier_events) {
     tier_events_family_->Add({{"event", event}}).Set(static_cast<double>(n));
   }
+}
+
+void Metrics::set_http(const http::ServerStats& s) {
+  http_open_->Set(static_cast<double>(s.open_connections));
+  http_refused_->Set(static_cast<double>(s.connections_refused));
+  http_timeouts_family_->Add({{"phase", "header"}}).Set(static_cast<double>(s.header_timeouts));
+  http_timeouts_family_->Add({{"phase", "body"}}).Set(static_cast<double>(s.body_timeouts));
+  http_timeouts_family_->Add({{"phase", "idle"}}).Set(static_cast<double>(s.idle_timeouts));
+  http_timeouts_family_->Add({{"phase", "write"}}).Set(static_cast<double>(s.write_timeouts));
+  http_disconnects_->Set(static_cast<double>(s.client_disconnects));
+  http_slow_streams_->Set(static_cast<double>(s.slow_streams_cancelled));
+  http_bad_requests_->Set(static_cast<double>(s.bad_requests));
 }
 
 std::string Metrics::serialize() const {

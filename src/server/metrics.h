@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "http/server.h"
+
 namespace strata {
 
 struct CacheGaugeValues {
@@ -49,6 +51,8 @@ class Metrics {
   prometheus::Histogram& e2e_s() { return *e2e_s_; }
 
   void set_cache(const CacheGaugeValues& v);
+  // The HTTP layer's connections, refusals, timeouts by phase, disconnects.
+  void set_http(const http::ServerStats& s);
   // The Prometheus text exposition format.
   std::string serialize() const;
 
@@ -69,6 +73,12 @@ class Metrics {
   prometheus::Gauge* expired_pins_;
   prometheus::Family<prometheus::Gauge>* host_pages_family_;
   prometheus::Family<prometheus::Gauge>* tier_events_family_;
+  prometheus::Gauge* http_open_;
+  prometheus::Gauge* http_refused_;
+  prometheus::Family<prometheus::Gauge>* http_timeouts_family_;
+  prometheus::Gauge* http_disconnects_;
+  prometheus::Gauge* http_slow_streams_;
+  prometheus::Gauge* http_bad_requests_;
 };
 
 }  // namespace strata

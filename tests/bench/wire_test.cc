@@ -2,10 +2,11 @@
 // KV event batches (msgpack), and a subscriber fed by a real ZeroMQ publisher.
 #include <gtest/gtest.h>
 
-#include <msgpack.hpp>
+#include <msgpuck.h>
 #include <zmq.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,35 +65,70 @@ TEST(ErrorMessageTest, PrefersTheServersMessage) {
   EXPECT_EQ(error_message("plain text"), "plain text");
 }
 
+// Appends msgpack with msgpuck, in the shortest forms, as vLLM's packer writes them.
+class MsgpackWriter {
+ public:
+  MsgpackWriter& array(uint32_t size) {
+    mp_encode_array(grow(mp_sizeof_array(size)), size);
+    return *this;
+  }
+  MsgpackWriter& str(std::string_view s) {
+    const auto len = static_cast<uint32_t>(s.size());
+    mp_encode_str(grow(mp_sizeof_str(len)), s.data(), len);
+    return *this;
+  }
+  MsgpackWriter& integer(int64_t v) {  // mp_encode_int takes negative values only
+    if (v >= 0) {
+      mp_encode_uint(grow(mp_sizeof_uint(static_cast<uint64_t>(v))), static_cast<uint64_t>(v));
+    } else {
+      mp_encode_int(grow(mp_sizeof_int(v)), v);
+    }
+    return *this;
+  }
+  MsgpackWriter& integers(const std::vector<int64_t>& vs) {
+    array(static_cast<uint32_t>(vs.size()));
+    for (int64_t v : vs) integer(v);
+    return *this;
+  }
+  MsgpackWriter& float64(double v) {
+    mp_encode_double(grow(mp_sizeof_double(v)), v);
+    return *this;
+  }
+  MsgpackWriter& nil() {
+    mp_encode_nil(grow(mp_sizeof_nil()));
+    return *this;
+  }
+  MsgpackWriter& raw(std::string_view bytes) {
+    out_.append(bytes);
+    return *this;
+  }
+  const std::string& bytes() const { return out_; }
+
+ private:
+  char* grow(uint32_t size_bytes) {
+    const size_t at = out_.size();
+    out_.resize(at + size_bytes);
+    return out_.data() + at;
+  }
+  std::string out_;
+};
+
 // A batch in the wire format, packed as docs/kv-events.md describes it.
 std::string batch(const std::vector<std::pair<std::string, std::vector<int64_t>>>& events) {
-  msgpack::sbuffer buf;
-  msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_array(3);
-  pk.pack_double(1.5);
-  pk.pack_array(static_cast<uint32_t>(events.size()));
+  MsgpackWriter w;
+  w.array(3).float64(1.5).array(static_cast<uint32_t>(events.size()));
   for (const auto& [tag, hashes] : events) {
     if (tag == "AllBlocksCleared") {
-      pk.pack_array(1);
-      pk.pack(tag);
+      w.array(1).str(tag);
     } else if (tag == "BlockStored") {
-      pk.pack_array(7);
-      pk.pack(tag);
-      pk.pack(hashes);
-      pk.pack_nil();
-      pk.pack(std::vector<int32_t>(16 * hashes.size(), 7));
-      pk.pack(16);
-      pk.pack_nil();
-      pk.pack(std::string("GPU"));
+      w.array(7).str(tag).integers(hashes).nil();
+      w.integers(std::vector<int64_t>(16 * hashes.size(), 7)).integer(16).nil().str("GPU");
     } else {
-      pk.pack_array(3);
-      pk.pack(tag);
-      pk.pack(hashes);
-      pk.pack(std::string("CPU_PINNED"));
+      w.array(3).str(tag).integers(hashes).str("CPU_PINNED");
     }
   }
-  pk.pack(0);
-  return std::string(buf.data(), buf.size());
+  w.integer(0);
+  return w.bytes();
 }
 
 TEST(KvEventDecodeTest, DecodesEveryEventKind) {
@@ -110,14 +146,91 @@ TEST(KvEventDecodeTest, DecodesEveryEventKind) {
   EXPECT_EQ(b->events[2].kind, KvEventRecord::Kind::kAllCleared);
 }
 
+TEST(KvEventDecodeTest, ReadsEveryIntegerWidthAndExtraFields) {
+  const std::vector<int64_t> hashes = {0,     127,        128,       255,      256, 65535,
+                                       65536, 4294967296, INT64_MAX, -1,       -32, -33,
+                                       -129,  -32769,     INT32_MIN, INT64_MIN};
+  MsgpackWriter w;
+  w.array(3).float64(2.0).array(1);
+  // A field after medium, as a later vLLM may add, is skipped.
+  w.array(4).str("BlockRemoved").integers(hashes).str("DISK").str("extra");
+  w.integer(-2);
+  auto b = decode_kv_event_batch(w.bytes());
+  ASSERT_TRUE(b) << b.error().message;
+  ASSERT_EQ(b->events.size(), 1u);
+  EXPECT_EQ(b->events[0].block_hashes, hashes);
+  EXPECT_EQ(b->events[0].medium, "DISK");
+  EXPECT_EQ(b->data_parallel_rank, -2);
+
+  // A uint64 above INT64_MAX is the wire form's wrap of a negative hash.
+  MsgpackWriter big;
+  big.array(3).float64(2.0).array(1).array(3).str("BlockRemoved").array(1);
+  big.raw(std::string("\xcf\xff\xff\xff\xff\xff\xff\xff\xfe", 9)).str("GPU").nil();
+  auto wrapped = decode_kv_event_batch(big.bytes());
+  ASSERT_TRUE(wrapped) << wrapped.error().message;
+  EXPECT_EQ(wrapped->events[0].block_hashes, (std::vector<int64_t>{-2}));
+  EXPECT_EQ(wrapped->data_parallel_rank, 0);  // nil: vLLM without data parallelism
+}
+
 TEST(KvEventDecodeTest, RejectsMalformedPayloads) {
   EXPECT_FALSE(decode_kv_event_batch("not msgpack at all \xc1"));
   EXPECT_FALSE(decode_kv_event_batch(batch({{"BlockExploded", {1}}})));
-  msgpack::sbuffer buf;
-  msgpack::pack(buf, std::vector<int>{1, 2});
-  auto r = decode_kv_event_batch(std::string(buf.data(), buf.size()));
+  MsgpackWriter w;
+  w.array(2).integer(1).integer(2);
+  auto r = decode_kv_event_batch(w.bytes());
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, ErrorCode::kCorrupt);
+}
+
+// Every way a payload can lie about its length is an error value, never a read past the
+// buffer (run under ASan to see the difference).
+TEST(KvEventDecodeTest, NeverReadsPastTheBuffer) {
+  const std::string good = batch({{"BlockStored", {3, -1}}, {"BlockRemoved", {3}}});
+  ASSERT_TRUE(decode_kv_event_batch(good));
+  for (size_t n = 0; n < good.size(); ++n) {
+    // A copy of exactly n bytes, so that ASan sees any read beyond it.
+    const std::string prefix = good.substr(0, n);
+    auto r = decode_kv_event_batch(prefix);
+    ASSERT_FALSE(r) << n;
+    EXPECT_EQ(r.error().code, ErrorCode::kCorrupt);
+  }
+  EXPECT_FALSE(decode_kv_event_batch(good + '\x00'));  // bytes after the payload
+  // Forged counts: 2^32 - 1 items (msgpuck's own mp_check wraps its int counter on this
+  // one and accepts it), 2^31 items, a map of 2^32 - 1 pairs, a 4 GiB string.
+  for (const std::string_view forged :
+       {std::string_view("\xdd\xff\xff\xff\xff", 5), std::string_view("\xdd\x80\x00\x00\x00", 5),
+        std::string_view("\xdf\xff\xff\xff\xff", 5),
+        std::string_view("\x93\xcb\0\0\0\0\0\0\0\0\x91\xdb\xff\xff\xff\xff", 16)}) {
+    const std::string copy(forged);
+    EXPECT_FALSE(decode_kv_event_batch(copy)) << copy.size();
+  }
+  // The reserved byte 0xc1 inside an otherwise complete payload.
+  MsgpackWriter w;
+  w.array(3).float64(1.0).array(1).array(3).str("BlockRemoved").array(1).raw("\xc1");
+  w.str("GPU").integer(0);
+  EXPECT_FALSE(decode_kv_event_batch(w.bytes()));
+}
+
+TEST(KvEventDecodeTest, NamesTheWrongField) {
+  MsgpackWriter ts;
+  ts.array(3).integer(1).array(0).integer(0);
+  auto r = decode_kv_event_batch(ts.bytes());
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().message, "the timestamp is not a float");
+
+  MsgpackWriter hash;
+  hash.array(3).float64(1).array(1).array(3).str("BlockRemoved").array(1).str("x");
+  hash.str("GPU").integer(0);
+  r = decode_kv_event_batch(hash.bytes());
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().message, "a block hash is not an integer");
+
+  MsgpackWriter fields;
+  fields.array(3).float64(1).array(1).array(6).str("BlockStored").integers({1});
+  fields.nil().integers({}).integer(16).nil().integer(0);
+  r = decode_kv_event_batch(fields.bytes());
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().message, "BlockStored has 6 fields");
 }
 
 std::string be64(uint64_t v) {

@@ -2,11 +2,15 @@
 
 #include <gtest/gtest.h>
 
-#include <msgpack.hpp>
+#include <msgpuck.h>
 #include <zmq.hpp>
 
 #include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 namespace strata {
 namespace {
@@ -28,35 +32,145 @@ std::vector<KvEvent> sample_events() {
   return {st, BlockRemoved{{1}, Medium::kHost}, AllBlocksCleared{}};
 }
 
+// Reads back a payload item by item. The constructor checks with mp_check that the
+// payload is exactly one complete msgpack object (the test's payloads come from the
+// encoder, so mp_check's int counter cannot be forged), after which the unchecked
+// mp_decode_* stay inside it. A read of the wrong type fails the test and returns a
+// neutral value; later reads then fail too.
+class MsgpackReader {
+ public:
+  explicit MsgpackReader(std::string_view payload)
+      : begin_(payload.data()), cur_(begin_), end_(begin_ + payload.size()) {
+    const char* check = cur_;
+    valid_ = !payload.empty() && mp_check(&check, end_) == 0 && check == end_;
+  }
+
+  bool valid() const { return valid_; }
+  bool at_end() const { return cur_ == end_; }
+
+  uint32_t array() { return expect(MP_ARRAY, "array") ? mp_decode_array(&cur_) : 0; }
+  std::string str() {
+    if (!expect(MP_STR, "str")) return {};
+    uint32_t len = 0;
+    const char* data = mp_decode_str(&cur_, &len);
+    return std::string(data, len);
+  }
+  int64_t integer() {
+    if (valid_ && cur_ < end_ && mp_typeof(*cur_) == MP_UINT) {
+      return static_cast<int64_t>(mp_decode_uint(&cur_));
+    }
+    return expect(MP_INT, "int") ? mp_decode_int(&cur_) : 0;
+  }
+  std::vector<int64_t> integers() {
+    std::vector<int64_t> out(array());
+    for (int64_t& v : out) v = integer();
+    return out;
+  }
+  double float64() { return expect(MP_DOUBLE, "float64") ? mp_decode_double(&cur_) : 0; }
+  bool nil() {
+    if (!expect(MP_NIL, "nil")) return false;
+    mp_decode_nil(&cur_);
+    return true;
+  }
+
+ private:
+  bool expect(mp_type type, const char* name) {
+    if (valid_ && cur_ < end_ && mp_typeof(*cur_) == type) return true;
+    if (valid_) ADD_FAILURE() << "expected a msgpack " << name << " at byte " << cur_ - begin_;
+    valid_ = false;
+    return false;
+  }
+  const char* begin_;
+  const char* cur_;
+  const char* end_;
+  bool valid_ = false;
+};
+
+std::string from_hex(std::string_view hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out.push_back(static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
+  }
+  return out;
+}
+
 TEST(KvEventEncoding, MatchesVllmArrayLayout) {
   const std::string payload = encode_kv_event_batch(12.5, sample_events(), 3);
-  msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
-  const msgpack::object& batch = oh.get();
-  ASSERT_EQ(batch.type, msgpack::type::ARRAY);
-  ASSERT_EQ(batch.via.array.size, 3u);
-  EXPECT_DOUBLE_EQ(batch.via.array.ptr[0].as<double>(), 12.5);
-  EXPECT_EQ(batch.via.array.ptr[2].as<int>(), 3);
-  const msgpack::object& events = batch.via.array.ptr[1];
-  ASSERT_EQ(events.via.array.size, 3u);
+  MsgpackReader r(payload);
+  ASSERT_TRUE(r.valid());
+  ASSERT_EQ(r.array(), 3u);
+  EXPECT_DOUBLE_EQ(r.float64(), 12.5);
+  ASSERT_EQ(r.array(), 3u);  // events
 
-  const msgpack::object& stored = events.via.array.ptr[0];
-  ASSERT_EQ(stored.via.array.size, 7u);
-  EXPECT_EQ(stored.via.array.ptr[0].as<std::string>(), "BlockStored");
-  EXPECT_EQ(stored.via.array.ptr[1].as<std::vector<int64_t>>(), (std::vector<int64_t>{1, -1}));
-  EXPECT_EQ(stored.via.array.ptr[2].as<int64_t>(), 7);
-  EXPECT_EQ(stored.via.array.ptr[3].as<std::vector<int>>(), (std::vector<int>{10, 11, 12, 13}));
-  EXPECT_EQ(stored.via.array.ptr[4].as<int>(), 2);
-  EXPECT_TRUE(stored.via.array.ptr[5].is_nil());
-  EXPECT_EQ(stored.via.array.ptr[6].as<std::string>(), "GPU");
+  ASSERT_EQ(r.array(), 7u);
+  EXPECT_EQ(r.str(), "BlockStored");
+  EXPECT_EQ(r.integers(), (std::vector<int64_t>{1, -1}));
+  EXPECT_EQ(r.integer(), 7);
+  EXPECT_EQ(r.integers(), (std::vector<int64_t>{10, 11, 12, 13}));
+  EXPECT_EQ(r.integer(), 2);
+  EXPECT_TRUE(r.nil());
+  EXPECT_EQ(r.str(), "GPU");
 
-  const msgpack::object& removed = events.via.array.ptr[1];
-  ASSERT_EQ(removed.via.array.size, 3u);
-  EXPECT_EQ(removed.via.array.ptr[0].as<std::string>(), "BlockRemoved");
-  EXPECT_EQ(removed.via.array.ptr[2].as<std::string>(), "CPU_PINNED");
+  ASSERT_EQ(r.array(), 3u);
+  EXPECT_EQ(r.str(), "BlockRemoved");
+  EXPECT_EQ(r.integers(), (std::vector<int64_t>{1}));
+  EXPECT_EQ(r.str(), "CPU_PINNED");
 
-  const msgpack::object& cleared = events.via.array.ptr[2];
-  ASSERT_EQ(cleared.via.array.size, 1u);
-  EXPECT_EQ(cleared.via.array.ptr[0].as<std::string>(), "AllBlocksCleared");
+  ASSERT_EQ(r.array(), 1u);
+  EXPECT_EQ(r.str(), "AllBlocksCleared");
+
+  EXPECT_EQ(r.integer(), 3);  // data_parallel_rank
+  EXPECT_TRUE(r.at_end());
+}
+
+// The bytes must be those of the reference packers (msgpack-cxx, Python's msgpack, which
+// vLLM uses): the expected hex is Python's msgpack.packb of the same batch,
+//   [12.5, [["BlockStored", [1, -1], 7, [10, 11, 12, 13], 2, None, "GPU"],
+//           ["BlockRemoved", [1], "CPU_PINNED"], ["AllBlocksCleared"]], 3].
+TEST(KvEventEncoding, BytesMatchTheReferencePacker) {
+  EXPECT_EQ(encode_kv_event_batch(12.5, sample_events(), 3),
+            from_hex("93cb40290000000000009397ab426c6f636b53746f7265649201ff07940a0b0c0d02c0a3"
+                     "47505593ac426c6f636b52656d6f7665649101aa4350555f50494e4e454491b0416c6c42"
+                     "6c6f636b73436c656172656403"));
+}
+
+// Every integer width on both sides of each boundary, a negative parent, lora id and rank,
+// and an array16 header (20 hashes): Python's msgpack.packb of
+//   [0.1, [["BlockStored", HASHES, -33, [0, 127, 128, 65536, 2147483647], 16, -5,
+//           "DISK"]], -1].
+TEST(KvEventEncoding, IntegerWidthsMatchTheReferencePacker) {
+  const std::vector<int64_t> wire = {0,
+                                     127,
+                                     128,
+                                     255,
+                                     256,
+                                     65535,
+                                     65536,
+                                     4294967295,
+                                     4294967296,
+                                     INT64_MAX,
+                                     -1,
+                                     -32,
+                                     -33,
+                                     -128,
+                                     -129,
+                                     -32768,
+                                     -32769,
+                                     INT32_MIN,
+                                     int64_t{INT32_MIN} - 1,
+                                     INT64_MIN};
+  BlockStored st;
+  for (int64_t h : wire) st.block_hashes.push_back(block_hash_from_wire(h));
+  st.parent_block_hash = block_hash_from_wire(-33);
+  st.token_ids = {0, 127, 128, 65536, INT32_MAX};
+  st.block_size = 16;
+  st.lora_id = -5;
+  st.medium = Medium::kStorage;
+  EXPECT_EQ(encode_kv_event_batch(0.1, {st}, -1),
+            from_hex("93cb3fb999999999999a9197ab426c6f636b53746f726564dc0014007fcc80ccffcd0100cd"
+                     "ffffce00010000ceffffffffcf0000000100000000cf7fffffffffffffffffe0d0dfd080"
+                     "d1ff7fd18000d2ffff7fffd280000000d3ffffffff7fffffffd38000000000000000d0df"
+                     "95007fcc80ce00010000ce7fffffff10fba44449534bff"));
 }
 
 TEST(KvEventPublisher, PublishesInOrderAndReplays) {
@@ -105,10 +219,9 @@ TEST(KvEventPublisher, PublishesInOrderAndReplays) {
     ASSERT_TRUE(sub.recv(seq));
     EXPECT_EQ(be64(seq), base + i);
     ASSERT_TRUE(sub.recv(payload));
-    EXPECT_EQ(msgpack::unpack(static_cast<const char*>(payload.data()), payload.size())
-                  .get()
-                  .via.array.size,
-              3u);
+    MsgpackReader r(payload.to_string_view());
+    ASSERT_TRUE(r.valid());
+    EXPECT_EQ(r.array(), 3u);
   }
 
   // Replay from base+1: the ring keeps the last 3 batches (base+2 .. base+4).

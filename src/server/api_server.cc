@@ -1,0 +1,31 @@
+#include "server/api_server.h"
+
+#include "server/routes.h"
+
+namespace strata {
+
+ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tokenizer,
+                     const ChatTemplate* chat, Metrics& metrics)
+    : ctx_{.options = std::move(options),
+           .engine = engine,
+           .tokenizer = tokenizer,
+           .chat = chat,
+           .metrics = metrics,
+           .http_stats = {}},
+      http_(ctx_.options.http) {
+  ctx_.http_stats = [this] { return http_.stats(); };
+  add_openai_routes(http_, ctx_);
+  add_tokenizer_routes(http_, ctx_);
+  add_cache_routes(http_, ctx_);
+  add_session_routes(http_, ctx_);
+  add_health_routes(http_, ctx_);
+  http_.on_response([&metrics](const http::Request& req, int status) {
+    metrics.requests(req.path.size() > 64 ? "other" : req.path, std::to_string(status)).Increment();
+  });
+}
+
+Status ApiServer::bind() {
+  return http_.bind();
+}
+
+}  // namespace strata

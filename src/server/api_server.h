@@ -1,0 +1,33 @@
+// Strata's HTTP API: the async HTTP server (src/http) with every family of routes
+// (routes.h) and the request metrics. A small object: the routes live in their own files.
+#pragma once
+
+#include <memory>
+
+#include "common/result.h"
+#include "http/server.h"
+#include "server/route_context.h"
+
+namespace strata {
+
+class ApiServer {
+ public:
+  // `chat` may be null (a model without a chat template: chat endpoints answer 400).
+  ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tokenizer,
+            const ChatTemplate* chat, Metrics& metrics);
+
+  // Binds the port; fails with a clear message when it is taken or an option is invalid.
+  Status bind();
+  int port() const { return http_.port(); }
+  // Starts serving on the HTTP threads; returns at once.
+  void start() { http_.start(); }
+  // Graceful stop: see http::Server::shutdown.
+  void shutdown(double timeout_s) { http_.shutdown(timeout_s); }
+  http::ServerStats http_stats() const { return http_.stats(); }
+
+ private:
+  RouteContext ctx_;
+  http::Server http_;
+};
+
+}  // namespace strata

@@ -1,0 +1,524 @@
+// The OpenAI-compatible routes: POST /v1/chat/completions, POST /v1/completions (whole
+// answers or server-sent events) and GET /v1/models.
+//
+// A completion's life here: the body is parsed, rendered and tokenized on the HTTP worker
+// pool; the request goes to the engine; the handler then waits on its I/O strand (no
+// thread held) for the engine's results, woken by the request stream's listener. When the
+// client goes away (streaming or not) or the server's shutdown deadline passes, the wait
+// returns false and the request is cancelled: the scheduler drops it at its next step and
+// its pages go back.
+#include <chrono>
+#include <ctime>
+#include <optional>
+
+#include "common/log.h"
+#include "server/request_parsing.h"
+#include "server/routes.h"
+#include "server/text_stream.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using WallClock = std::chrono::steady_clock;
+using boost::asio::awaitable;
+
+// How long a handler sleeps between results when nothing wakes it (a safety net: every
+// result the engine pushes wakes it at once).
+constexpr std::chrono::milliseconds kPollInterval{1000};
+
+// A response that ends with a tool call in the Hermes/Qwen format the chat templates use.
+bool ends_with_tool_call(std::string_view text) {
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\r' ||
+                           text.back() == '\t')) {
+    text.remove_suffix(1);
+  }
+  return text.ends_with("</tool_call>");
+}
+
+int64_t unix_time_s() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+json usage_json(const RequestUsage& u) {
+  return json{
+      {"prompt_tokens", u.prompt_tokens},
+      {"completion_tokens", u.completion_tokens},
+      {"total_tokens", u.prompt_tokens + u.completion_tokens},
+      {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}},
+      {"cached_tokens_details",
+       {{"device", u.cached_device}, {"host", u.cached_host}, {"storage", u.cached_storage}}}};
+}
+
+json bytes_of(const std::string& s) {
+  json out = json::array();
+  for (unsigned char c : s) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+std::string finish_name(FinishReason r) {
+  return r == FinishReason::kLength ? "length" : "stop";
+}
+
+// A request, parsed, rendered and tokenized, ready for the engine.
+struct Prepared {
+  GenerationParams params;
+  RequestSpec spec;
+  std::vector<int32_t> prompt_tokens;
+  std::optional<MessagesInfo> msg_info;
+  ojson messages;
+  std::optional<ojson> tools;
+  ojson template_kwargs = ojson::object();
+  size_t session_prev = 0;
+};
+
+// The part of a chat request's rendering that may continue a session's exact tokens
+// (docs/sessions.md): returns them when the conversation extends the recorded one.
+std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Prepared& p) {
+  if (p.params.session_id.empty() || ctx.chat == nullptr) return std::nullopt;
+  std::optional<SessionRecord> rec;
+  {
+    std::lock_guard lock(ctx.sessions_mutex);
+    auto it = ctx.sessions.find(p.params.session_id);
+    if (it != ctx.sessions.end()) rec = it->second;
+  }
+  const ojson& messages = p.messages;
+  if (!rec || rec->cache_salt != p.params.cache_salt || messages.size() <= rec->num_messages + 1 ||
+      messages[rec->num_messages].value("role", "") != "assistant") {
+    return std::nullopt;
+  }
+  const ojson& echoed = messages[rec->num_messages];
+  const std::string echoed_text = echoed.contains("content") && echoed["content"].is_string()
+                                      ? echoed["content"].get<std::string>()
+                                      : "";
+  // The client must echo what was generated (the tail of it: clients often drop a
+  // reasoning block); an edited turn is rendered afresh.
+  const bool echoes =
+      rec->completion_text.size() >= echoed_text.size() &&
+      rec->completion_text.compare(rec->completion_text.size() - echoed_text.size(),
+                                   echoed_text.size(), echoed_text) == 0;
+  if (!echoes) return std::nullopt;
+  const ojson* tools = p.tools ? &*p.tools : nullptr;
+  auto cont = ctx.chat->render_continuation(messages, rec->num_messages, rec->stop_text,
+                                            ctx.render_options(tools, true, p.template_kwargs));
+  if (!cont) return std::nullopt;
+  auto more = ctx.tokenizer.encode(cont->continuation, EncodeOptions{.add_special_tokens = false});
+  if (!more) return std::nullopt;
+  std::vector<int32_t> out = rec->tokens;
+  out.insert(out.end(), more->begin(), more->end());
+  return out;
+}
+
+Result<Prepared> prepare(RouteContext& ctx, const std::string& raw, bool chat) {
+  auto body = parse_json_object(raw);
+  if (!body) return std::unexpected(body.error());
+  auto params = parse_generation_params(*body, chat);
+  if (!params) return std::unexpected(params.error());
+  Prepared p;
+  p.params = std::move(*params);
+  if (chat) {
+    if (!body->contains("messages")) {
+      return make_error(ErrorCode::kInvalidArgument, "'messages' is required");
+    }
+    auto info = validate_messages((*body)["messages"]);
+    if (!info) return std::unexpected(info.error());
+    p.msg_info = *info;
+    ojson full = ojson::parse(raw);
+    p.messages = std::move(full["messages"]);
+    if (full.contains("tools") && !full["tools"].is_null()) {
+      if (!full["tools"].is_array()) {
+        return make_error(ErrorCode::kInvalidArgument, "'tools' must be an array");
+      }
+      p.tools = std::move(full["tools"]);
+    }
+    if (full.contains("chat_template_kwargs") && !full["chat_template_kwargs"].is_null()) {
+      if (!full["chat_template_kwargs"].is_object()) {
+        return make_error(ErrorCode::kInvalidArgument, "'chat_template_kwargs' must be an object");
+      }
+      p.template_kwargs = std::move(full["chat_template_kwargs"]);
+    }
+    if (auto continued = continue_session(ctx, p)) {
+      p.spec.prompt = std::move(*continued);
+    } else {
+      auto tokens = ctx.chat_tokens(p.messages, p.tools ? &*p.tools : nullptr, true,
+                                    p.template_kwargs);
+      if (!tokens) return std::unexpected(tokens.error());
+      p.spec.prompt = std::move(*tokens);
+    }
+    p.session_prev = p.messages.size();
+  } else {
+    auto prompt = parse_completion_prompt(*body);
+    if (!prompt) return std::unexpected(prompt.error());
+    if (prompt->text) {
+      auto tokens = ctx.tokenizer.encode(*prompt->text);
+      if (!tokens) return std::unexpected(tokens.error());
+      p.spec.prompt = std::move(*tokens);
+    } else {
+      p.spec.prompt = std::move(prompt->token_ids);
+    }
+  }
+  p.spec.sampling = p.params.sampling;
+  if (!p.params.ignore_eos) {
+    for (int32_t e : ctx.tokenizer.eos_ids()) p.spec.sampling.stop_token_ids.push_back(e);
+  }
+  const int64_t context = ctx.engine.model().config().max_position_embeddings;
+  p.spec.max_tokens = static_cast<int32_t>(p.params.max_tokens.value_or(
+      ctx.options.default_max_tokens > 0 ? ctx.options.default_max_tokens : context));
+  p.spec.cache_salt = p.params.cache_salt;
+  p.spec.session_id = p.params.session_id;
+  p.prompt_tokens = p.spec.prompt;
+  return p;
+}
+
+// After a chat turn: remember the session's exact tokens, offload a session whose turn
+// ended in a tool call (--auto-tool-offload), and apply a message's cache_control pin.
+// Blocking (engine calls, rendering): runs on the worker pool.
+void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
+                  const std::vector<int32_t>& generated, const std::string& text,
+                  bool stop_string) {
+  const std::string& session_id = p.params.session_id;
+  if (!session_id.empty()) {
+    std::lock_guard lock(ctx.sessions_mutex);
+    // The turn ends with the stop token the model sampled or, when it was cut off by
+    // max_tokens, with the end-of-turn token the template closes every turn with.
+    std::optional<int32_t> stop =
+        fin.stop_token >= 0 ? std::optional<int32_t>(fin.stop_token) : std::nullopt;
+    if (!stop && fin.finish == FinishReason::kLength) {
+      if (const auto& eos = ctx.tokenizer.special_token_strings().eos_token; eos) {
+        stop = ctx.tokenizer.token_to_id(*eos);
+      }
+    }
+    // A stop string cut the text inside the generated tokens: no exact record then.
+    if (!stop_string && (fin.finish == FinishReason::kStop || fin.finish == FinishReason::kLength) &&
+        stop) {
+      SessionRecord rec;
+      rec.num_messages = p.session_prev;
+      rec.tokens = p.prompt_tokens;
+      rec.tokens.insert(rec.tokens.end(), generated.begin(), generated.end());
+      rec.tokens.push_back(*stop);
+      rec.stop_text = std::string(ctx.tokenizer.id_to_token(*stop).value_or(""));
+      rec.completion_text = text;
+      rec.cache_salt = p.params.cache_salt;
+      ctx.sessions[session_id] = std::move(rec);
+    } else {
+      ctx.sessions.erase(session_id);
+    }
+  }
+  // --auto-tool-offload: a turn that ends in a tool call parks the session on the host
+  // until its next request (which restores it by itself).
+  if (ctx.options.auto_tool_offload && !session_id.empty() && ends_with_tool_call(text)) {
+    auto r =
+        ctx.engine.call([id = session_id](EngineState& s) { return s.sessions->tool_start(id); })
+            .get();
+    if (!r) STRATA_LOG_DEBUG("auto tool offload of '{}': {}", session_id, r.error().message);
+  }
+  if (p.msg_info && p.msg_info->pin_through >= 0) {
+    ojson upto = ojson::array();
+    for (int32_t k = 0; k <= p.msg_info->pin_through; ++k) {
+      upto.push_back(p.messages[static_cast<size_t>(k)]);
+    }
+    auto tokens = ctx.chat_tokens(upto, p.tools ? &*p.tools : nullptr, false, p.template_kwargs);
+    if (!tokens) return;
+    const int32_t ps = ctx.engine.options().page_size;
+    auto hashes = hash_blocks(*tokens, ps, p.params.cache_salt);
+    const int64_t ttl_ms = p.msg_info->pin_ttl_s * 1000;
+    ctx.engine
+        .call([hashes, ttl_ms](EngineState& s) {
+          s.tree.pin(hashes, PinOptions{.ttl_ms = ttl_ms});
+          return 0;
+        })
+        .get();
+  }
+}
+
+// Holds an engine request for its handler: routes its results to the handler's waker, and
+// on every way out (answered, client gone, abandoned, exception) detaches and cancels
+// what has not finished, so that its pages go back at the scheduler's next step.
+class RequestGuard {
+ public:
+  RequestGuard(std::shared_ptr<RequestStream> stream, std::function<void()> waker)
+      : stream_(std::move(stream)) {
+    stream_->set_listener(std::move(waker));
+  }
+  ~RequestGuard() {
+    stream_->set_listener(nullptr);
+    if (!finished_) stream_->cancel();
+  }
+  RequestGuard(const RequestGuard&) = delete;
+  RequestGuard& operator=(const RequestGuard&) = delete;
+  RequestStream& stream() { return *stream_; }
+  void finished() { finished_ = true; }
+
+ private:
+  std::shared_ptr<RequestStream> stream_;
+  bool finished_ = false;
+};
+
+// Per-token timing for the latency histograms.
+class TokenTimer {
+ public:
+  TokenTimer(Metrics& m, WallClock::time_point start) : m_(m), start_(start), last_(start) {}
+  void token() {
+    const auto now = WallClock::now();
+    if (first_) {
+      m_.ttft_s().Observe(std::chrono::duration<double>(now - start_).count());
+      first_ = false;
+    } else {
+      m_.inter_token_s().Observe(std::chrono::duration<double>(now - last_).count());
+    }
+    last_ = now;
+  }
+  void finish(const RequestUsage& u) {
+    m_.e2e_s().Observe(std::chrono::duration<double>(WallClock::now() - start_).count());
+    m_.prompt_tokens().Increment(u.prompt_tokens);
+    m_.generation_tokens().Increment(u.completion_tokens);
+    m_.cache_hit_tokens().Increment(u.cached_tokens);
+  }
+
+ private:
+  Metrics& m_;
+  WallClock::time_point start_, last_;
+  bool first_ = true;
+};
+
+struct Ids {
+  std::string id;
+  int64_t created;
+  std::string model;
+  bool chat;
+};
+
+// A token's logprob entry: its text and the top alternatives (chat: a list of objects;
+// completions: an object text -> logprob).
+std::pair<std::string, json> logprob_entry(const RouteContext& ctx, const GeneratedToken& t,
+                                           bool chat) {
+  const std::string piece = ctx.tokenizer.decode(std::vector<int32_t>{t.token}).value_or("");
+  json top = chat ? json::array() : json::object();
+  for (const auto& alt : t.top_logprobs) {
+    const std::string s = ctx.tokenizer.decode(std::vector<int32_t>{alt.token}).value_or("");
+    if (chat) {
+      top.push_back(json{{"token", s}, {"logprob", alt.logprob}, {"bytes", bytes_of(s)}});
+    } else {
+      top[s] = alt.logprob;
+    }
+  }
+  return {piece, top};
+}
+
+awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepared& p,
+                             RequestGuard& req, const Ids& ids, WallClock::time_point t_start) {
+  const bool chat = ids.chat;
+  const bool want_logprobs = p.params.sampling.logprobs;
+  TextStream text(ctx.tokenizer, p.params.stop);
+  TokenTimer timer(ctx.metrics, t_start);
+  std::string out;
+  std::vector<int32_t> generated;
+  json content_logprobs = json::array();
+  json c_tokens = json::array(), c_lps = json::array(), c_top = json::array(),
+       c_off = json::array();
+  std::optional<StreamItem> fin;
+  while (!fin) {
+    for (StreamItem& item : req.stream().take()) {
+      for (const GeneratedToken& t : item.tokens) {
+        timer.token();
+        if (text.stopped()) continue;
+        generated.push_back(t.token);
+        const size_t offset = out.size();
+        out += text.push(t.token);
+        if (want_logprobs && !text.stopped()) {
+          auto [piece, top] = logprob_entry(ctx, t, chat);
+          if (chat) {
+            content_logprobs.push_back(json{{"token", piece},
+                                            {"logprob", t.logprob},
+                                            {"bytes", bytes_of(piece)},
+                                            {"top_logprobs", top}});
+          } else {
+            c_tokens.push_back(piece);
+            c_lps.push_back(t.logprob);
+            c_top.push_back(top);
+            c_off.push_back(offset);
+          }
+        }
+        if (text.stopped()) req.stream().cancel();  // a stop string: no need to go on
+      }
+      if (item.finish) fin = std::move(item);
+    }
+    if (!fin && !co_await ex.wait(kPollInterval)) co_return;  // client gone: cancelled
+  }
+  req.finished();
+  if (fin->finish == FinishReason::kError) {
+    co_await ex.respond(error_response(500, "generation failed: " + fin->error, "internal"));
+    co_return;
+  }
+  out += text.finish();
+  const std::string reason = text.stopped() ? "stop" : finish_name(*fin->finish);
+  timer.finish(fin->usage);
+  co_await ex.offload(
+      [&] { after_finish(ctx, p, *fin, generated, out, text.stopped()); });
+  json choice;
+  if (chat) {
+    choice = json{{"index", 0},
+                  {"message", {{"role", "assistant"}, {"content", out}}},
+                  {"logprobs", want_logprobs ? json{{"content", content_logprobs}} : json(nullptr)},
+                  {"finish_reason", reason}};
+  } else {
+    choice = json{{"index", 0},
+                  {"text", out},
+                  {"logprobs", want_logprobs ? json{{"tokens", c_tokens},
+                                                    {"token_logprobs", c_lps},
+                                                    {"top_logprobs", c_top},
+                                                    {"text_offset", c_off}}
+                                             : json(nullptr)},
+                  {"finish_reason", reason}};
+  }
+  http::Response answer =
+      json_response(200, json{{"id", ids.id},
+                              {"object", chat ? "chat.completion" : "text_completion"},
+                              {"created", ids.created},
+                              {"model", ids.model},
+                              {"choices", json::array({choice})},
+                              {"usage", usage_json(fin->usage)}});
+  co_await ex.respond(std::move(answer));
+}
+
+json chunk(const Ids& ids, json delta_or_text, const json& finish, const json& logprobs) {
+  json choice = ids.chat ? json{{"index", 0},
+                                {"delta", std::move(delta_or_text)},
+                                {"logprobs", logprobs},
+                                {"finish_reason", finish}}
+                         : json{{"index", 0},
+                                {"text", std::move(delta_or_text)},
+                                {"logprobs", logprobs},
+                                {"finish_reason", finish}};
+  return json{{"id", ids.id},
+              {"object", ids.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", ids.created},
+              {"model", ids.model},
+              {"choices", json::array({choice})}};
+}
+
+std::string sse(const json& j) {
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+// Server-sent events, one chunk per piece of text.
+awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Prepared& p,
+                                RequestGuard& req, const Ids& ids, WallClock::time_point t_start) {
+  const bool chat = ids.chat;
+  const bool want_logprobs = p.params.sampling.logprobs;
+  http::Headers headers{{"Cache-Control", "no-cache"}};
+  if (!co_await ex.begin_stream(200, "text/event-stream", std::move(headers))) co_return;
+  TextStream text(ctx.tokenizer, p.params.stop);
+  TokenTimer timer(ctx.metrics, t_start);
+  std::vector<int32_t> generated;
+  std::string all_text;
+  std::optional<StreamItem> fin;
+  const json role{{"role", "assistant"}, {"content", ""}};
+  if (chat && !ex.send(sse(chunk(ids, role, nullptr, nullptr)))) co_return;
+  while (!fin) {
+    std::string out;
+    for (StreamItem& item : req.stream().take()) {
+      for (const GeneratedToken& t : item.tokens) {
+        timer.token();
+        if (text.stopped()) continue;
+        generated.push_back(t.token);
+        const std::string piece = text.push(t.token);
+        all_text += piece;
+        json lp = nullptr;
+        if (want_logprobs && !text.stopped()) {
+          auto [tok_text, top] = logprob_entry(ctx, t, chat);
+          lp = chat ? json{{"content", json::array({json{{"token", tok_text},
+                                                         {"logprob", t.logprob},
+                                                         {"bytes", bytes_of(tok_text)},
+                                                         {"top_logprobs", top}}})}}
+                    : json{{"tokens", {tok_text}},
+                           {"token_logprobs", {t.logprob}},
+                           {"top_logprobs", {top}}};
+        }
+        if (!piece.empty() || !lp.is_null()) {
+          out += sse(chunk(ids, chat ? json{{"content", piece}} : json(piece), nullptr, lp));
+        }
+        if (text.stopped()) req.stream().cancel();
+      }
+      if (item.finish) fin = std::move(item);
+    }
+    if (fin) {
+      req.finished();
+      if (*fin->finish == FinishReason::kError) {
+        out += sse(json{{"error",
+                         {{"message", "generation failed: " + fin->error},
+                          {"type", "server_error"},
+                          {"code", "internal"}}}});
+      } else {
+        const std::string tail = text.finish();
+        all_text += tail;
+        const std::string reason = text.stopped() ? "stop" : finish_name(*fin->finish);
+        out += sse(chunk(ids, chat ? json{{"content", tail}} : json(tail), reason, nullptr));
+        if (p.params.include_usage) {
+          json u = chunk(ids, chat ? json::object() : json(""), nullptr, nullptr);
+          u["choices"] = json::array();
+          u["usage"] = usage_json(fin->usage);
+          out += sse(u);
+        }
+        timer.finish(fin->usage);
+        co_await ex.offload(
+            [&] { after_finish(ctx, p, *fin, generated, all_text, text.stopped()); });
+      }
+      out += "data: [DONE]\n\n";
+    }
+    if (!out.empty() && !ex.send(std::move(out))) co_return;  // gone, or reading too slowly
+    if (fin) break;
+    if (!co_await ex.wait(kPollInterval)) co_return;
+  }
+  co_await ex.end_stream();
+}
+
+awaitable<void> completions(RouteContext& ctx, http::Exchange& ex, bool chat) {
+  const auto t_start = WallClock::now();
+  auto prepared = co_await ex.offload([&] { return prepare(ctx, ex.request().body, chat); });
+  if (!prepared) {
+    co_await ex.respond(error_response(prepared.error()));
+    co_return;
+  }
+  const Prepared& p = *prepared;
+  auto submitted = ctx.engine.submit(RequestSpec(p.spec));
+  if (!submitted) {
+    co_await ex.respond(error_response(submitted.error()));
+    co_return;
+  }
+  RequestGuard req(*submitted, ex.waker());
+  const Ids ids{.id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string((*submitted)->id()),
+                .created = unix_time_s(),
+                .model = ctx.options.model_name,
+                .chat = chat};
+  if (p.params.stream) {
+    co_await streamed_answer(ctx, ex, p, req, ids, t_start);
+  } else {
+    co_await whole_answer(ctx, ex, p, req, ids, t_start);
+  }
+}
+
+}  // namespace
+
+void add_openai_routes(http::Server& server, RouteContext& ctx) {
+  server.route("POST", "/v1/chat/completions",
+               [&ctx](http::Exchange& ex) { return completions(ctx, ex, true); });
+  server.route("POST", "/v1/completions",
+               [&ctx](http::Exchange& ex) { return completions(ctx, ex, false); });
+  server.route("GET", "/v1/models", blocking([&ctx](const http::Request&) {
+                 return json_response(
+                     200, json{{"object", "list"},
+                               {"data", json::array({json{{"id", ctx.options.model_name},
+                                                          {"object", "model"},
+                                                          {"created", unix_time_s()},
+                                                          {"owned_by", "strata"},
+                                                          {"max_model_len", ctx.engine.model()
+                                                                                .config()
+                                                                                .max_position_embeddings}}})}});
+               }));
+}
+
+}  // namespace strata

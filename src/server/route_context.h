@@ -1,0 +1,85 @@
+// What every family of routes shares: the engine, the text front end, metrics, the
+// conversation records, and the helpers that turn results into HTTP answers. Route files
+// (openai_routes.cc, tokenizer_routes.cc, cache_routes.cc, session_routes.cc,
+// health_routes.cc) add their handlers to the HTTP server through routes.h.
+//
+// Threads: handlers run on the HTTP server's I/O threads and, through Exchange::offload,
+// on its worker pool. The engine is reached only through submit() and call(); the
+// conversation records are guarded by their mutex; everything else here is read-only
+// after start-up.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/result.h"
+#include "engine/engine.h"
+#include "http/exchange.h"
+#include "http/message.h"
+#include "http/server.h"
+#include "model/jinja/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
+#include "server/metrics.h"
+
+namespace strata {
+
+struct ServerOptions {
+  http::ServerOptions http;        // bind address, threads, timeouts, size limits
+  std::string admin_api_key;       // guards /cache/*, /session/*, /flush_cache when set
+  bool auto_tool_offload = false;  // offload a session whose turn ends in a tool call
+  std::string model_name = "strata";
+  int64_t default_max_tokens = 0;  // 0: up to the context length
+};
+
+// What the server remembers of a conversation sent with a session_id, to keep its exact
+// tokens (see docs/sessions.md).
+struct SessionRecord {
+  size_t num_messages = 0;      // messages that produced `tokens`' prompt
+  std::vector<int32_t> tokens;  // prompt + generated + the stop token
+  std::string stop_text;        // the stop token's text
+  std::string completion_text;  // the generated text (no stop token)
+  std::string cache_salt;
+};
+
+struct RouteContext {
+  ServerOptions options;
+  Engine& engine;
+  const Tokenizer& tokenizer;
+  const ChatTemplate* chat;  // null: the model has no chat template
+  Metrics& metrics;
+  std::function<http::ServerStats()> http_stats;  // the HTTP layer's counters
+
+  std::mutex sessions_mutex;
+  std::unordered_map<std::string, SessionRecord> sessions;  // GUARDED_BY(sessions_mutex)
+
+  // Renders and tokenizes messages (with tools, add_generation_prompt) into ids.
+  Result<std::vector<int32_t>> chat_tokens(const nlohmann::ordered_json& messages,
+                                           const nlohmann::ordered_json* tools,
+                                           bool add_generation_prompt,
+                                           const nlohmann::ordered_json& template_kwargs) const;
+  ChatRenderOptions render_options(const nlohmann::ordered_json* tools, bool add_generation_prompt,
+                                   const nlohmann::ordered_json& template_kwargs) const;
+};
+
+// The HTTP status of an error code (4xx for the client's errors, 5xx for the server's).
+int http_status(ErrorCode code);
+
+http::Response json_response(int status, const nlohmann::json& body);
+http::Response error_response(int status, const std::string& message, const std::string& code);
+http::Response error_response(const Error& e);
+
+// A blocking handler: runs on the HTTP worker pool (it may wait on the engine) and
+// returns the whole answer.
+using BlockingHandler = std::function<http::Response(const http::Request&)>;
+http::Handler blocking(BlockingHandler handler);
+
+// Guards a handler with the admin key when one is set: 401 without it.
+http::Handler admin_only(const RouteContext& ctx, http::Handler handler);
+bool authorized(const RouteContext& ctx, const http::Request& request);
+
+}  // namespace strata

@@ -1,0 +1,22 @@
+// The families of routes, one file each. Each adds its handlers to the HTTP server; every
+// handler's behaviour is documented in the README and checked by tests/server/*.mjs.
+#pragma once
+
+#include "http/server.h"
+#include "server/route_context.h"
+
+namespace strata {
+
+// /v1/chat/completions, /v1/completions, /v1/models (openai_routes.cc).
+void add_openai_routes(http::Server& server, RouteContext& ctx);
+// /tokenize, /detokenize (tokenizer_routes.cc).
+void add_tokenizer_routes(http::Server& server, RouteContext& ctx);
+// /cache/{pin,unpin,evict,flush,state}, /hicache/{pin,unpin}_blocks, /flush_cache
+// (cache_routes.cc), behind the admin key.
+void add_cache_routes(http::Server& server, RouteContext& ctx);
+// /session/{tool_start,tool_end,kv_meta} (session_routes.cc), behind the admin key.
+void add_session_routes(http::Server& server, RouteContext& ctx);
+// /health, /metrics (health_routes.cc).
+void add_health_routes(http::Server& server, RouteContext& ctx);
+
+}  // namespace strata
