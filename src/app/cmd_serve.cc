@@ -99,6 +99,8 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     int32_t max_running_requests = 32;
     int32_t chunked_prefill_size = 2048;
     double max_pinned_ratio = 0.8;
+    int64_t max_client_pin_ttl_s = 300;
+    double max_client_pinned_ratio = 0.2;
     std::string kv_events_endpoint;
     std::string kv_events_replay_endpoint;
     std::string admin_api_key;
@@ -155,6 +157,15 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--max-pinned-ratio", o->max_pinned_ratio, "Pinned pages / pool pages, in [0, 1]")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--max-client-pin-ttl-s", o->max_client_pin_ttl_s,
+                  "TTL cap of the soft pins a message's cache_control makes without the admin key")
+      ->check(CLI::Range(int64_t{1}, int64_t{365} * 24 * 3600))
+      ->capture_default_str();
+  cmd->add_option("--max-client-pinned-ratio", o->max_client_pinned_ratio,
+                  "Pinned pages that pins made without the admin key may hold / pool pages, in "
+                  "[0, 1]")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   cmd->add_option("--kv-events-endpoint", o->kv_events_endpoint,
@@ -302,6 +313,8 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     eo.max_running_requests = o->max_running_requests;
     eo.chunked_prefill_size = std::max(o->chunked_prefill_size, o->page_size);
     eo.max_pinned_ratio = o->max_pinned_ratio;
+    eo.max_client_pin_ttl_ms = o->max_client_pin_ttl_s * 1000;
+    eo.max_client_pinned_ratio = o->max_client_pinned_ratio;
     eo.hicache.enabled = o->enable_hierarchical_cache;
     eo.hicache.ratio = o->hicache_ratio;
     eo.hicache.size_gb = o->hicache_size;

@@ -702,6 +702,12 @@ std::vector<BlockHash> RadixTree::release_pins_for(int64_t pages) {
   return released;
 }
 
+int64_t RadixTree::soft_pinned_blocks_at_most(int32_t priority) const {
+  int64_t n = 0;
+  for (const auto& [hash, rec] : soft_pins_) n += rec.priority <= priority ? 1 : 0;
+  return n;
+}
+
 uint32_t RadixTree::pin_count(BlockHash hash) const {
   const auto it = index_.find(hash);
   if (it == index_.end()) return 0;

@@ -343,6 +343,8 @@ class RadixTree {
   // Lookup by block hash.
   bool contains(BlockHash hash) const { return index_.contains(hash); }
   uint32_t pin_count(BlockHash hash) const;
+  // Blocks with a soft pin whose priority is at most `priority` (a scan of the soft pins).
+  int64_t soft_pinned_blocks_at_most(int32_t priority) const;
 
   TreeStats stats() const;
   std::vector<NodeSnapshot> snapshot() const;

@@ -71,6 +71,10 @@ Status validate(const EngineOptions& o) {
   if (!(o.max_pinned_ratio >= 0.0 && o.max_pinned_ratio <= 1.0)) {
     return bad("--max-pinned-ratio must be in [0, 1]");
   }
+  if (!(o.max_client_pinned_ratio >= 0.0 && o.max_client_pinned_ratio <= 1.0)) {
+    return bad("--max-client-pinned-ratio must be in [0, 1]");
+  }
+  if (o.max_client_pin_ttl_ms < 1000) return bad("--max-client-pin-ttl-s must be >= 1");
   const HierarchicalCacheOptions& h = o.hicache;
   if (h.enabled) {
     if (h.size_gb <= 0 && !(h.ratio > 1.0 && h.ratio <= 1000.0)) {

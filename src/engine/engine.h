@@ -61,6 +61,10 @@ struct EngineOptions {
   int32_t max_running_requests = 32;     // requests in the running batch, >= 1
   int32_t chunked_prefill_size = 2'048;  // prefill tokens per step, >= page_size
   double max_pinned_ratio = 0.8;         // pinned pages / pool pages, in [0, 1]
+  // Pins a client makes without the admin key (a message's cache_control): always soft,
+  // their TTL capped, inside a budget of their own (engine/pin_policy.h).
+  int64_t max_client_pin_ttl_ms = 300'000;  // --max-client-pin-ttl-s, >= 1 s
+  double max_client_pinned_ratio = 0.2;     // client-pinned pages / pool pages, in [0, 1]
   HierarchicalCacheOptions hicache;
   int64_t tool_session_ttl_ms = 3'600'000;  // --tool-session-ttl-s
 };

@@ -102,8 +102,8 @@ struct ClientRequest {
   uint16_t port = 80;
   std::string target = "/";
   Headers headers;  // sent as given; Host and User-Agent are added unless present;
-                    // Content-Length is always set from the body (not for GET/HEAD with
-                    // an empty body)
+                    // Content-Length is set from the body (left out for an empty body
+                    // except with POST, PUT and OPTIONS)
   std::string body;
   int64_t read_timeout_ms = 0;  // > 0: overrides ClientOptions::read_timeout_ms for this call
 };

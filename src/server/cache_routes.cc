@@ -2,8 +2,7 @@
 // block hash or by content), evict blocks, flush, and the cache's state; and the seed's
 // paths (/hicache/pin_blocks, /hicache/unpin_blocks, /flush_cache). Each runs on the HTTP
 // worker pool and reaches the tree only through Engine::call on the scheduler thread.
-#include <unordered_set>
-
+#include "engine/pin_policy.h"
 #include "server/request_parsing.h"
 #include "server/routes.h"
 
@@ -61,35 +60,19 @@ http::Response pin_blocks(RouteContext& ctx, const http::Request& req, bool pin,
   }
   auto ttl = get_int(*body, "ttl_s", 0, 365LL * 24 * 3600);
   if (!ttl) return error_response(ttl.error());
-  auto priority = get_int(*body, "priority", -100, 100);
+  auto priority = get_int(*body, "priority", kMinPinPriority, kMaxPinPriority);
   if (!priority) return error_response(priority.error());
   const PinOptions opts{.ttl_ms = ttl->value_or(0) * 1000,
                         .priority = static_cast<int32_t>(priority->value_or(0))};
-  auto result =
-      ctx.engine
-          .call([h = *hashes, opts](EngineState& s) -> Result<PinResult> {
-            // --max-pinned-ratio: count the blocks this call would newly pin.
-            std::unordered_set<BlockHash> fresh;
-            for (BlockHash x : h) {
-              if (s.tree.contains(x) && s.tree.pin_count(x) == 0) fresh.insert(x);
-            }
-            const int64_t budget = s.pin_budget_pages;
-            const int32_t pool_pages =
-                s.host_pages != nullptr ? s.host_pages->num_pages() : s.device_pages.num_pages();
-            const int64_t pinned = s.tree.stats().pinned_blocks;
-            if (pinned + static_cast<int64_t>(fresh.size()) > budget) {
-              return make_error(ErrorCode::kResourceExhausted,
-                                "pin refused: " + std::to_string(pinned) +
-                                    " blocks are pinned and this call adds " +
-                                    std::to_string(fresh.size()) + "; --max-pinned-ratio allows " +
-                                    std::to_string(budget) + " of " + std::to_string(pool_pages) +
-                                    (s.host_pages != nullptr ? " host pages" : " pages"));
-            }
-            PinResult r = s.tree.pin(h, opts);
-            s.tree.back_up(h);  // a pinned block gets its host (and storage) copy now
-            return r;
-          })
-          .get();
+  // The cache-control API is behind the admin key: an admin's pin.
+  auto result = ctx.engine
+                    .call([h = *hashes, opts](EngineState& s) {
+                      return apply_pin(s, h, opts, PinAuthority::kAdmin);
+                    })
+                    .get();
+  if (!result && result.error().code != ErrorCode::kResourceExhausted) {
+    return error_response(result.error());
+  }
   if (!result) return error_response(400, result.error().message, "pin_budget_exceeded");
   return json_response(200, json{{"pinned_count", result->pinned}, {"unknown_count", result->unknown}});
 }

@@ -49,6 +49,12 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                 .Help("Time from request arrival to its end")
                 .Register(*registry_)
                 .Add({}, latency_buckets());
+  refused_pins_ = &BuildCounter()
+                      .Name("strata_cache_control_pins_refused_total")
+                      .Help("Pins asked for by a message's cache_control that the pin policy "
+                            "refused (over --max-pinned-ratio or --max-client-pinned-ratio)")
+                      .Register(*registry_)
+                      .Add({});
   pages_family_ = &BuildGauge()
                        .Name("strata_kv_pages")
                        .Help(

@@ -49,6 +49,8 @@ class Metrics {
   prometheus::Histogram& ttft_s() { return *ttft_s_; }
   prometheus::Histogram& inter_token_s() { return *inter_token_s_; }
   prometheus::Histogram& e2e_s() { return *e2e_s_; }
+  // Pins a message's cache_control asked for that the pin policy refused (over budget).
+  prometheus::Counter& refused_pins() { return *refused_pins_; }
 
   void set_cache(const CacheGaugeValues& v);
   // The HTTP layer's connections, refusals, timeouts by phase, disconnects.
@@ -65,6 +67,7 @@ class Metrics {
   prometheus::Histogram* ttft_s_;
   prometheus::Histogram* inter_token_s_;
   prometheus::Histogram* e2e_s_;
+  prometheus::Counter* refused_pins_;
   prometheus::Family<prometheus::Gauge>* pages_family_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "common/log.h"
+#include "engine/pin_policy.h"
 #include "server/request_parsing.h"
 #include "server/routes.h"
 #include "server/text_stream.h"
@@ -73,6 +74,7 @@ struct Prepared {
   std::optional<ojson> tools;
   ojson template_kwargs = ojson::object();
   size_t session_prev = 0;
+  PinAuthority pin_authority = PinAuthority::kClient;  // for a message's cache_control
 };
 
 // The part of a chat request's rendering that may continue a session's exact tokens
@@ -112,13 +114,17 @@ std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Pr
   return out;
 }
 
-Result<Prepared> prepare(RouteContext& ctx, const std::string& raw, bool chat) {
+Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat) {
+  const std::string& raw = req.body;
   auto body = parse_json_object(raw);
   if (!body) return std::unexpected(body.error());
   auto params = parse_generation_params(*body, chat);
   if (!params) return std::unexpected(params.error());
   Prepared p;
   p.params = std::move(*params);
+  // Pins a message asks for are an admin's with the admin key (or on a server without
+  // one), else a client's: soft, capped and budgeted (engine/pin_policy.h).
+  p.pin_authority = authorized(ctx, req) ? PinAuthority::kAdmin : PinAuthority::kClient;
   if (chat) {
     if (!body->contains("messages")) {
       return make_error(ErrorCode::kInvalidArgument, "'messages' is required");
@@ -225,12 +231,15 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
     const int32_t ps = ctx.engine.options().page_size;
     auto hashes = hash_blocks(*tokens, ps, p.params.cache_salt);
     const int64_t ttl_ms = p.msg_info->pin_ttl_s * 1000;
-    ctx.engine
-        .call([hashes, ttl_ms](EngineState& s) {
-          s.tree.pin(hashes, PinOptions{.ttl_ms = ttl_ms});
-          return 0;
-        })
-        .get();
+    auto pinned = ctx.engine
+                      .call([hashes, ttl_ms, who = p.pin_authority](EngineState& s) {
+                        return apply_pin(s, hashes, PinOptions{.ttl_ms = ttl_ms}, who);
+                      })
+                      .get();
+    if (!pinned) {
+      ctx.metrics.refused_pins().Increment();
+      STRATA_LOG_DEBUG("cache_control pin refused: {}", pinned.error().message);
+    }
   }
 }
 
@@ -478,7 +487,7 @@ awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Pre
 
 awaitable<void> completions(RouteContext& ctx, http::Exchange& ex, bool chat) {
   const auto t_start = WallClock::now();
-  auto prepared = co_await ex.offload([&] { return prepare(ctx, ex.request().body, chat); });
+  auto prepared = co_await ex.offload([&] { return prepare(ctx, ex.request(), chat); });
   if (!prepared) {
     co_await ex.respond(error_response(prepared.error()));
     co_return;
