@@ -10,7 +10,7 @@ packages=(
   build-essential cmake pkg-config git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libpcre2-dev libxxhash-dev unicode-data libabsl-dev
-  nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libcpp-httplib-dev libssl-dev
+  nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
   libboost1.81-dev libzmq3-dev cppzmq-dev libmsgpuck-dev prometheus-cpp-dev
   libhiredis-dev redis-server
   python3 python3-zmq python3-msgpack python3-xxhash

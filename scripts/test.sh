@@ -5,7 +5,7 @@
 #   STRATA_SKIP_SANITIZERS=1   only the release build's tests
 # The ThreadSanitizer stage builds and runs the test programs of the threaded modules
 # (engine scheduler + transfer threads + tool sessions, host pool and transfers, storage
-# worker and backends).
+# worker and backends, the HTTP server and client).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -32,9 +32,9 @@ if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   echo "== ThreadSanitizer build (threaded modules)"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
         -DSTRATA_BUILD_BENCH=OFF >/dev/null
-  cmake --build build-tsan -j "$jobs" --target engine_tests memory_tests storage_tests
+  cmake --build build-tsan -j "$jobs" --target engine_tests memory_tests storage_tests http_tests
   echo "== ThreadSanitizer tests"
-  for t in engine_tests memory_tests storage_tests; do
+  for t in engine_tests memory_tests storage_tests http_tests; do
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "build-tsan/tests/$t" --gtest_brief=1
   done
 fi

@@ -106,6 +106,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     std::string admin_api_key;
     std::string served_model_name;
     int64_t default_max_tokens = 0;
+    int64_t max_prompt_tokens = 0;  // 0: the model's context length
     std::string log_level = "info";
     bool enable_hierarchical_cache = false;
     double hicache_ratio = 2.0;
@@ -179,6 +180,10 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--default-max-tokens", o->default_max_tokens,
                   "max_tokens when a request gives none (0: up to the context)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  cmd->add_option("--max-prompt-tokens", o->max_prompt_tokens,
+                  "Longest prompt in tokens; a longer one is refused with 400 before it is fully "
+                  "tokenized (0: the model's context length)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--log-level", o->log_level, "trace | debug | info | warn | error")
       ->capture_default_str();
   cmd->add_flag("--enable-hierarchical-cache", o->enable_hierarchical_cache,
@@ -349,6 +354,12 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                         ? std::filesystem::absolute(dir).filename().string()
                         : o->served_model_name;
     so.default_max_tokens = o->default_max_tokens;
+    const int64_t context = (*model)->config().max_position_embeddings;
+    if (o->max_prompt_tokens > context) {
+      return fail("--max-prompt-tokens " + std::to_string(o->max_prompt_tokens) +
+                  " is beyond the model's context length (" + std::to_string(context) + ")");
+    }
+    so.max_prompt_tokens = o->max_prompt_tokens > 0 ? o->max_prompt_tokens : context;
     // Before any server thread starts, so that every thread inherits the mask.
     const sigset_t signals = stop_signals();
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);

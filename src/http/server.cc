@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <chrono>
 #include <mutex>
@@ -275,6 +276,7 @@ net::awaitable<void> Connection::run() {
       }
       auto [ec, n] = co_await stream_.async_read_some(buffer_.prepare(8192), kNoThrow);
       if (ec) {
+        STRATA_LOG_DEBUG("connection {}: {} waiting for a request", remote_, ec.message());
         if (ec == beast::error::timeout) {
           (first ? s_.counters.header_timeouts : s_.counters.idle_timeouts).fetch_add(1);
         }
@@ -331,7 +333,13 @@ net::awaitable<void> Connection::run() {
     request_.remote = remote_;
 
     co_await serve_request();
-    if (gone_ || write_failed_ || close_after_ || !keep_alive_ || abandoned_by_server_) break;
+    if (gone_ || write_failed_ || close_after_ || !keep_alive_ || abandoned_by_server_) {
+      STRATA_LOG_DEBUG("connection {} closes after {} {}: gone {} write_failed {} close {} "
+                       "keep_alive {} abandoned {}",
+                       remote_, request_.method, request_.path, gone_, write_failed_,
+                       close_after_, keep_alive_, abandoned_by_server_);
+      break;
+    }
     first = false;
   }
   co_await lingering_close();
@@ -397,6 +405,8 @@ net::awaitable<void> Connection::serve_request() {
 }
 
 net::awaitable<void> Connection::answer_framing_error(const beast::error_code& ec, Phase phase) {
+  STRATA_LOG_DEBUG("connection {}: {} reading a request's {}", remote_, ec.message(),
+                   phase == Phase::kHeader ? "header" : "body");
   if (ec == beast::error::timeout) {
     (phase == Phase::kHeader ? s_.counters.header_timeouts : s_.counters.body_timeouts)
         .fetch_add(1);
@@ -607,9 +617,20 @@ void Connection::on_watch(uint64_t generation, const beast::error_code& ec) {
   if (generation != watch_generation_ || !watching_) return;
   if (ec == net::error::operation_aborted) return;
   if (ec) return client_gone();
+  // A wake-up is not proof: the reactor may report readiness that a read then finds gone
+  // (edge-triggered epoll after the body was read). Peek without blocking: 0 bytes is the
+  // peer's FIN, EAGAIN a spurious wake-up, an error a reset.
+  char probe = 0;
+  const ssize_t peeked =
+      ::recv(stream_.socket().native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (peeked == 0) return client_gone();
+  if (peeked < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return start_watch();
+    return client_gone();
+  }
   beast::error_code aec;
-  const size_t available = stream_.socket().available(aec);
-  if (aec || available == 0) return client_gone();  // readable, nothing to read: closed
+  const size_t available = std::max<size_t>(1, stream_.socket().available(aec));
+  if (aec) return client_gone();
   // The client sent more (a pipelined request): keep it for after this one, up to a bound.
   if (static_cast<int64_t>(buffer_.size()) > s_.options.max_header_bytes + (64 << 10)) {
     watching_ = false;  // the next read will deal with it

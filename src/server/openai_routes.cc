@@ -77,6 +77,23 @@ struct Prepared {
   PinAuthority pin_authority = PinAuthority::kClient;  // for a message's cache_control
 };
 
+// --max-prompt-tokens, the model's context length when unset.
+size_t prompt_limit(const RouteContext& ctx) {
+  const int64_t limit = ctx.options.max_prompt_tokens > 0
+                            ? ctx.options.max_prompt_tokens
+                            : ctx.engine.model().config().max_position_embeddings;
+  return static_cast<size_t>(limit);
+}
+
+// The refusal of a prompt longer than the limit.
+std::unexpected<Error> prompt_too_long(const RouteContext& ctx) {
+  return make_error(ErrorCode::kInvalidArgument,
+                    "the prompt is longer than " + std::to_string(prompt_limit(ctx)) +
+                        " tokens, the server's limit (--max-prompt-tokens; the model's context is " +
+                        std::to_string(ctx.engine.model().config().max_position_embeddings) +
+                        " tokens)");
+}
+
 // The part of a chat request's rendering that may continue a session's exact tokens
 // (docs/sessions.md): returns them when the conversation extends the recorded one.
 std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Prepared& p) {
@@ -107,11 +124,44 @@ std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Pr
   auto cont = ctx.chat->render_continuation(messages, rec->num_messages, rec->stop_text,
                                             ctx.render_options(tools, true, p.template_kwargs));
   if (!cont) return std::nullopt;
-  auto more = ctx.tokenizer.encode(cont->continuation, EncodeOptions{.add_special_tokens = false});
+  // Too long alone means too long in all: prepare() then refuses the rendered prompt.
+  auto more = ctx.tokenizer.encode(
+      cont->continuation,
+      EncodeOptions{.add_special_tokens = false, .max_tokens = prompt_limit(ctx)});
   if (!more) return std::nullopt;
   std::vector<int32_t> out = rec->tokens;
   out.insert(out.end(), more->begin(), more->end());
   return out;
+}
+
+// Token ids of a prompt's text, refused as soon as they are known to exceed
+// --max-prompt-tokens: the tokenizer stops there (a piece's ids are bounded below by its
+// bytes over the longest token's, Tokenizer::encode), so an oversized prompt costs about
+// what the limit's worth of text costs, whatever its size. Stopping early is exact where
+// a bound on bytes alone is not: normalizers, added tokens and unknown pieces make the
+// bytes per token vary.
+Result<std::vector<int32_t>> encode_prompt(const RouteContext& ctx, std::string_view text,
+                                           bool add_special_tokens) {
+  auto ids = ctx.tokenizer.encode(
+      text, EncodeOptions{.add_special_tokens = add_special_tokens,
+                          .max_tokens = prompt_limit(ctx)});
+  if (!ids && ids.error().code == ErrorCode::kResourceExhausted) return prompt_too_long(ctx);
+  return ids;
+}
+
+// A chat request's prompt: its messages rendered by the chat template (which writes the
+// special tokens itself), then encoded within the prompt limit.
+Result<std::vector<int32_t>> chat_prompt(const RouteContext& ctx, const Prepared& p) {
+  if (ctx.chat == nullptr) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "this model has no chat template: use /v1/completions");
+  }
+  auto text = ctx.chat->render(
+      p.messages, ctx.render_options(p.tools ? &*p.tools : nullptr, true, p.template_kwargs));
+  if (!text) {
+    return make_error(ErrorCode::kInvalidArgument, "chat template: " + text.error().message);
+  }
+  return encode_prompt(ctx, *text, /*add_special_tokens=*/false);
 }
 
 Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat) {
@@ -149,8 +199,7 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat)
     if (auto continued = continue_session(ctx, p)) {
       p.spec.prompt = std::move(*continued);
     } else {
-      auto tokens = ctx.chat_tokens(p.messages, p.tools ? &*p.tools : nullptr, true,
-                                    p.template_kwargs);
+      auto tokens = chat_prompt(ctx, p);
       if (!tokens) return std::unexpected(tokens.error());
       p.spec.prompt = std::move(*tokens);
     }
@@ -159,13 +208,15 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat)
     auto prompt = parse_completion_prompt(*body);
     if (!prompt) return std::unexpected(prompt.error());
     if (prompt->text) {
-      auto tokens = ctx.tokenizer.encode(*prompt->text);
+      auto tokens = encode_prompt(ctx, *prompt->text, /*add_special_tokens=*/true);
       if (!tokens) return std::unexpected(tokens.error());
       p.spec.prompt = std::move(*tokens);
     } else {
       p.spec.prompt = std::move(prompt->token_ids);
     }
   }
+  // Token-id prompts and continued sessions were not encoded within the limit.
+  if (p.spec.prompt.size() > prompt_limit(ctx)) return prompt_too_long(ctx);
   p.spec.sampling = p.params.sampling;
   if (!p.params.ignore_eos) {
     for (int32_t e : ctx.tokenizer.eos_ids()) p.spec.sampling.stop_token_ids.push_back(e);

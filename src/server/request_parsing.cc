@@ -211,14 +211,15 @@ Result<CompletionPrompt> parse_completion_prompt(const nlohmann::json& body) {
   if (it == body.end() || it->is_null()) return bad("'prompt' is required");
   CompletionPrompt out;
   if (it->is_string()) {
-    if (it->get<std::string>().empty()) return bad("'prompt' must not be empty");
-    out.text = it->get<std::string>();
+    const auto& text = it->get_ref<const std::string&>();
+    if (text.empty()) return bad("'prompt' must not be empty");
+    out.text = text;
     return out;
   }
   if (it->is_array()) {
     if (it->empty()) return bad("'prompt' must not be empty");
     if (it->size() == 1 && (*it)[0].is_string()) {
-      out.text = (*it)[0].get<std::string>();
+      out.text = (*it)[0].get_ref<const std::string&>();
       if (out.text->empty()) return bad("'prompt' must not be empty");
       return out;
     }

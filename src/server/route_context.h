@@ -34,6 +34,10 @@ struct ServerOptions {
   bool auto_tool_offload = false;  // offload a session whose turn ends in a tool call
   std::string model_name = "strata";
   int64_t default_max_tokens = 0;  // 0: up to the context length
+  // Longest prompt in tokens, in [0, the model's context length], 0: the context length.
+  // A longer one is refused with 400 before the engine, its encoding stopped as soon as it
+  // is known to be too long.
+  int64_t max_prompt_tokens = 0;
 };
 
 // What the server remembers of a conversation sent with a session_id, to keep its exact

@@ -7,10 +7,15 @@
 // converted from GPT-2's byte alphabet to raw bytes at load, so pieces are encoded as raw
 // bytes without building the alphabet string. Otherwise units are code points.
 //
+// Cost: a piece of n units takes O(n log n) time at worst (O(n) buckets moves in the usual
+// case, see MergeQueue in bpe_model.cc) and about 24 bytes per unit of scratch, which a
+// thread keeps only for short pieces: a long piece's scratch is freed after it.
+//
 // Thread-safe: encode() is const; its per-piece result cache is internally synchronized.
 #pragma once
 
 #include <array>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -60,9 +65,23 @@ class BpeModel {
   // it may shadow a vocabulary entry with the same string. Call before encoding.
   void add_token(std::string_view content, TokenId id);
 
-  // Encodes the pieces of one section, appending ids to `out`; fuse_unk applies across the
-  // section, as in the reference.
-  void encode(std::span<const std::string_view> pieces, std::vector<TokenId>& out) const;
+  // The longest piece encode_word takes: BPE indexes units and bytes with 32-bit integers.
+  static constexpr size_t kMaxPieceBytes = INT32_MAX;
+
+  // Encodes one piece of a section, appending its ids to `out`. Precondition:
+  // piece.size() <= kMaxPieceBytes.
+  void encode_word(std::string_view piece, std::vector<TokenId>& out) const;
+  // fuse_unk across a section, as in the reference: call once the section's pieces are
+  // encoded, with `section_start` the size of `out` before its first piece.
+  void fuse_unknowns(std::vector<TokenId>& out, size_t section_start) const;
+
+  // A lower bound of the number of ids encode_word appends for `piece`: every token covers
+  // at most max_token_bytes() bytes of it. 0 when no such bound holds (a model whose
+  // unknown pieces may vanish or fuse).
+  size_t min_ids(std::string_view piece) const {
+    return max_token_bytes_ == 0 ? 0 : (piece.size() + max_token_bytes_ - 1) / max_token_bytes_;
+  }
+  size_t max_token_bytes() const { return max_token_bytes_; }
 
   // Empties the per-piece result cache (benchmarks measure cold encoding with it).
   void clear_cache() const;
@@ -84,6 +103,10 @@ class BpeModel {
   // Appends the id of token `key` (model key space), or its byte fallback / unk.
   void emit_token(std::string_view key, std::vector<TokenId>& out) const;
   int32_t unit_symbol(std::string_view piece, size_t pos, size_t& next) const;
+  // max_token_bytes_ for a model whose merge results are all tokens (`results_known`),
+  // whose longest merge result has `longest_result` bytes and one of whose merge results
+  // is the unk token (`unk_is_result`); 0 when no bound holds.
+  size_t token_bound(bool results_known, size_t longest_result, bool unk_is_result) const;
 
   bool byte_level_ = false;
   bool ignore_merges_ = false;
@@ -100,8 +123,11 @@ class BpeModel {
   // Junctions of all merges: (last unit of the left side, first unit of the right side),
   // units being bytes or code points. Symbols only grow at such junctions, so no merge
   // ever joins units that are not such a pair: long pieces are cut there and encoded chunk
-  // by chunk with the same result (see encode).
+  // by chunk with the same result (see encode_word). Byte-level units use the bitmap.
   std::unordered_set<uint64_t> joinable_;
+  std::vector<bool> joinable_bytes_;  // [left byte * 256 + right byte], byte-level only
+  // Longest token a piece's unit or symbol can become, in bytes; 0: min_ids() has no bound.
+  size_t max_token_bytes_ = 0;
   std::unique_ptr<Cache> cache_;
 };
 

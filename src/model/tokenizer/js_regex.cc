@@ -3,6 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <utility>
@@ -306,6 +307,7 @@ struct MatchScratch {
   uint32_t pairs = 0;
   pcre2_jit_stack* jit_stack = nullptr;
   pcre2_match_context* context = nullptr;
+  uint64_t match_limit = 0;  // the limit set on `context` (0: PCRE2's default)
 
   MatchScratch() {
     jit_stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
@@ -321,6 +323,21 @@ struct MatchScratch {
   }
   MatchScratch(const MatchScratch&) = delete;
   MatchScratch& operator=(const MatchScratch&) = delete;
+
+  // PCRE2's match limit (default 10 million) counts backtracking steps; one match of the
+  // pre-tokenizer patterns may take a few per byte of the subject (\s*[\r\n]+ backs over
+  // a run of spaces), so a fixed limit refuses long runs that JavaScript matches. The
+  // limit grows with the subject: linear work is allowed, runaway backtracking is not.
+  void limit_for(size_t subject_bytes) {
+    constexpr uint64_t kDefaultLimit = 10'000'000;
+    constexpr uint64_t kStepsPerByte = 16;
+    const uint64_t limit = std::min<uint64_t>(
+        UINT32_MAX, std::max<uint64_t>(kDefaultLimit, kStepsPerByte * uint64_t{subject_bytes}));
+    if (context != nullptr && limit != match_limit) {
+      pcre2_set_match_limit(context, static_cast<uint32_t>(limit));
+      match_limit = limit;
+    }
+  }
 
   pcre2_match_data* data_for(uint32_t needed_pairs) {
     if (data == nullptr || pairs < needed_pairs) {
@@ -383,6 +400,7 @@ Result<bool> JsRegex::match(std::string_view text, size_t start, bool anchored,
   MatchScratch& s = scratch();
   pcre2_match_data* data = s.data_for(code_->capture_count + 1);
   if (data == nullptr) return make_error(ErrorCode::kInternal, "pcre2 match data allocation");
+  s.limit_for(text.size() - start);
   const uint32_t options = PCRE2_NO_UTF_CHECK | (anchored ? PCRE2_ANCHORED : 0u);
   const int rc = pcre2_match(code_->code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(),
                              start, options, data, s.context);
@@ -405,6 +423,15 @@ Result<bool> JsRegex::match(std::string_view text, size_t start, bool anchored,
 }
 
 Status JsRegex::find_all(std::string_view text, std::vector<TextSpan>& matches) const {
+  auto done = for_each_match(text, [&matches](TextSpan m) {
+    matches.push_back(m);
+    return true;
+  });
+  if (!done) return std::unexpected(done.error());
+  return {};
+}
+
+Result<bool> JsRegex::for_each_match(std::string_view text, const SpanSink& sink) const {
   std::vector<TextSpan> groups;
   size_t pos = 0;
   while (pos <= text.size()) {
@@ -412,20 +439,29 @@ Status JsRegex::find_all(std::string_view text, std::vector<TextSpan>& matches) 
     if (!found) return std::unexpected(found.error());
     if (!*found) break;
     const TextSpan m = groups[0];
-    matches.push_back(m);
+    if (!sink(m)) return false;
     pos = m.end == m.begin ? advance(text, m.end) : m.end;
   }
+  return true;
+}
+
+Status JsRegex::split(std::string_view text, std::vector<std::string_view>& pieces) const {
+  auto done = for_each_split(text, [&pieces](std::string_view piece) {
+    pieces.push_back(piece);
+    return true;
+  });
+  if (!done) return std::unexpected(done.error());
   return {};
 }
 
 // RegExp.prototype[Symbol.split] (ECMA-262 22.2.6.14) with a sticky match at each q.
-Status JsRegex::split(std::string_view text, std::vector<std::string_view>& pieces) const {
+Result<bool> JsRegex::for_each_split(std::string_view text, const PieceSink& sink) const {
   std::vector<TextSpan> groups;
   const size_t size = text.size();
   if (size == 0) {
     // An empty input yields [] when the regex matches it and [""] otherwise; both are
     // empty after dropping empty pieces.
-    return {};
+    return true;
   }
   size_t p = 0;
   size_t q = 0;
@@ -441,17 +477,17 @@ Status JsRegex::split(std::string_view text, std::vector<std::string_view>& piec
       q = advance(text, q);
       continue;
     }
-    if (q > p) pieces.push_back(text.substr(p, q - p));
+    if (q > p && !sink(text.substr(p, q - p))) return false;
     for (size_t g = 1; g < groups.size(); ++g) {
       if (groups[g].begin != std::string_view::npos && groups[g].end > groups[g].begin) {
-        pieces.push_back(text.substr(groups[g].begin, groups[g].size()));
+        if (!sink(text.substr(groups[g].begin, groups[g].size()))) return false;
       }
     }
     p = e;
     q = p;
   }
-  if (size > p) pieces.push_back(text.substr(p));
-  return {};
+  if (size > p) return sink(text.substr(p));
+  return true;
 }
 
 Status JsRegex::replace_all(std::string_view text, std::string_view content,

@@ -7,11 +7,16 @@
 // (end of input only). \d, \w and \b stay ASCII as in JS (PCRE2_UCP is off on purpose;
 // \p{...} classes are Unicode-aware without it).
 //
+// Work and memory are linear in the subject for the tokenizer's patterns: the streaming
+// forms (for_each_match, split) hold one match at a time, and PCRE2's match limit grows
+// with the subject so that a long run (10 MB of spaces) is not refused by a fixed limit.
+//
 // Thread-safe: a compiled JsRegex is immutable; matching uses per-thread scratch space.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,6 +35,10 @@ struct TextSpan {
 
 class JsRegex {
  public:
+  // Receives one match (or one piece) at a time; returns false to stop the scan.
+  using SpanSink = std::function<bool(TextSpan)>;
+  using PieceSink = std::function<bool(std::string_view)>;
+
   // Compiles `js_pattern` (JavaScript syntax, "gu" flags). Errors name the pattern and the
   // offset PCRE2 reports.
   static Result<JsRegex> compile(std::string_view js_pattern);
@@ -44,11 +53,16 @@ class JsRegex {
   // the search resumes one code point later. Empty matches are included. `text` must be
   // valid UTF-8.
   Status find_all(std::string_view text, std::vector<TextSpan>& matches) const;
+  // The same matches handed to `sink` in order, without collecting them. Returns false
+  // when the sink stopped the scan.
+  Result<bool> for_each_match(std::string_view text, const SpanSink& sink) const;
 
   // String.prototype.split(regex): the pieces between matches and, after each piece, the
   // capture groups of the match (unset groups omitted); empty pieces are dropped, as the
   // reference's `.filter((x) => x)` does.
   Status split(std::string_view text, std::vector<std::string_view>& pieces) const;
+  // The same pieces handed to `sink` in order. Returns false when the sink stopped.
+  Result<bool> for_each_split(std::string_view text, const PieceSink& sink) const;
 
   // String.prototype.replaceAll(regex, content) where `content` is literal (callers
   // reject '$' patterns).

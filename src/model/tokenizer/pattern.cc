@@ -37,29 +37,47 @@ Result<Pattern> Pattern::from_json(const nlohmann::json& pattern, bool invert) {
 }
 
 Status Pattern::find_all(std::string_view text, std::vector<TextSpan>& matches) const {
-  if (regex_) return regex_->find_all(text, matches);
+  auto done = for_each_match(text, [&matches](TextSpan m) {
+    matches.push_back(m);
+    return true;
+  });
+  if (!done) return std::unexpected(done.error());
+  return {};
+}
+
+Result<bool> Pattern::for_each_match(std::string_view text, const JsRegex::SpanSink& sink) const {
+  if (regex_) return regex_->for_each_match(text, sink);
   size_t pos = 0;
   while (true) {
     const size_t hit = text.find(literal_, pos);
     if (hit == std::string_view::npos) break;
-    matches.push_back(TextSpan{hit, hit + literal_.size()});
+    if (!sink(TextSpan{hit, hit + literal_.size()})) return false;
     pos = hit + literal_.size();
   }
-  return {};
+  return true;
 }
 
 Status Pattern::split(std::string_view text, std::vector<std::string_view>& pieces) const {
-  if (regex_) return regex_->split(text, pieces);
+  auto done = for_each_split(text, [&pieces](std::string_view piece) {
+    pieces.push_back(piece);
+    return true;
+  });
+  if (!done) return std::unexpected(done.error());
+  return {};
+}
+
+Result<bool> Pattern::for_each_split(std::string_view text, const JsRegex::PieceSink& sink) const {
+  if (regex_) return regex_->for_each_split(text, sink);
   size_t prev = 0;
   while (true) {
     const size_t hit = text.find(literal_, prev);
     if (hit == std::string_view::npos) break;
-    if (hit > prev) pieces.push_back(text.substr(prev, hit - prev));
-    if (capture_literal_) pieces.push_back(text.substr(hit, literal_.size()));
+    if (hit > prev && !sink(text.substr(prev, hit - prev))) return false;
+    if (capture_literal_ && !sink(text.substr(hit, literal_.size()))) return false;
     prev = hit + literal_.size();
   }
-  if (prev < text.size()) pieces.push_back(text.substr(prev));
-  return {};
+  if (prev < text.size()) return sink(text.substr(prev));
+  return true;
 }
 
 Status Pattern::replace_all(std::string_view text, std::string_view content,

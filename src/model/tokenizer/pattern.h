@@ -26,8 +26,12 @@ class Pattern {
 
   // All matches (non-overlapping, left to right; empty regex matches included).
   Status find_all(std::string_view text, std::vector<TextSpan>& matches) const;
+  // The same matches handed to `sink` one at a time; false when the sink stopped.
+  Result<bool> for_each_match(std::string_view text, const JsRegex::SpanSink& sink) const;
   // String.prototype.split(pattern) with empty pieces dropped.
   Status split(std::string_view text, std::vector<std::string_view>& pieces) const;
+  // The same pieces handed to `sink` one at a time; false when the sink stopped.
+  Result<bool> for_each_split(std::string_view text, const JsRegex::PieceSink& sink) const;
   // String.prototype.replaceAll(pattern, content), content taken literally.
   Status replace_all(std::string_view text, std::string_view content, std::string& out) const;
 

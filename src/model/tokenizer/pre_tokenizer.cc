@@ -151,52 +151,68 @@ Status PreTokenizer::add_steps(const nlohmann::json& config, std::vector<Step>& 
   return {};
 }
 
-Status PreTokenizer::apply(const Step& step, std::string_view piece, int section_index,
-                           std::vector<std::string_view>& out, PieceList& storage) const {
-  thread_local std::vector<TextSpan> matches;
-  switch (step.kind) {
-    case Kind::kSplitMatch: {
-      matches.clear();
-      if (auto st = step.pattern->find_all(piece, matches); !st) return st;
-      for (const TextSpan& m : matches) {
-        if (m.end > m.begin) out.push_back(piece.substr(m.begin, m.size()));
-      }
-      return {};
+Result<bool> PreTokenizer::apply(size_t step_index, std::string_view piece, int section_index,
+                                 const PieceSink& sink) const {
+  if (step_index == steps_.size()) return sink(piece);
+  const Step& step = steps_[step_index];
+  // The next step (or the sink) for one piece of this step.
+  const auto next = [this, step_index, section_index, &sink](std::string_view sub) -> Result<bool> {
+    return apply(step_index + 1, sub, section_index, sink);
+  };
+  // A failure inside a sink is kept here and reported after the scan stops. The lambdas
+  // handed to the scans capture two references, so their std::function holds them without
+  // allocating (one piece must not cost an allocation).
+  std::optional<Error> failed;
+  const auto forward = [&next, &failed](std::string_view sub) {
+    auto r = next(sub);
+    if (!r) {
+      failed = r.error();
+      return false;
     }
+    return *r;
+  };
+  auto finish = [&failed](Result<bool> scanned) -> Result<bool> {
+    if (failed) return std::unexpected(*failed);
+    return scanned;
+  };
+  switch (step.kind) {
+    case Kind::kSplitMatch:
+      return finish(step.pattern->for_each_match(piece, [&piece, &forward](TextSpan m) {
+        return m.end <= m.begin || forward(piece.substr(m.begin, m.size()));
+      }));
     case Kind::kSplitRemoved:
-      return step.pattern->split(piece, out);
+      return finish(step.pattern->for_each_split(piece, forward));
     case Kind::kSplitIsolated: {
       // regexSplit in the reference: the gaps and the (non-empty) matches, in order.
-      matches.clear();
-      if (auto st = step.pattern->find_all(piece, matches); !st) return st;
-      size_t prev = 0;
-      for (const TextSpan& m : matches) {
-        if (prev < m.begin) out.push_back(piece.substr(prev, m.begin - prev));
-        if (m.end > m.begin) out.push_back(piece.substr(m.begin, m.size()));
-        prev = m.end;
-      }
-      if (prev < piece.size()) out.push_back(piece.substr(prev));
-      return {};
+      struct Cursor {
+        std::string_view text;
+        size_t prev = 0;  // end of the last match
+      } cursor{piece};
+      auto scanned = step.pattern->for_each_match(piece, [&cursor, &forward](TextSpan m) {
+        if (cursor.prev < m.begin && !forward(cursor.text.substr(cursor.prev, m.begin - cursor.prev))) {
+          return false;
+        }
+        if (m.end > m.begin && !forward(cursor.text.substr(m.begin, m.size()))) return false;
+        cursor.prev = m.end;
+        return true;
+      });
+      if (!scanned || !*scanned || failed) return finish(scanned);
+      if (cursor.prev < piece.size()) return next(piece.substr(cursor.prev));
+      return true;
     }
     case Kind::kByteLevel: {
       std::string_view text = piece;
+      std::string prefixed;
       if (step.add_prefix_space && !text.starts_with(' ')) {
-        std::string prefixed;
         prefixed.reserve(piece.size() + 1);
         prefixed.push_back(' ');
         prefixed.append(piece);
-        text = storage.own(std::move(prefixed));
+        text = prefixed;
       }
-      if (!step.pattern) {
-        out.push_back(text);
-        return {};
-      }
-      matches.clear();
-      if (auto st = step.pattern->find_all(text, matches); !st) return st;
-      for (const TextSpan& m : matches) {
-        if (m.end > m.begin) out.push_back(text.substr(m.begin, m.size()));
-      }
-      return {};
+      if (!step.pattern) return next(text);
+      return finish(step.pattern->for_each_match(text, [&text, &forward](TextSpan m) {
+        return m.end <= m.begin || forward(text.substr(m.begin, m.size()));
+      }));
     }
     case Kind::kMetaspace: {
       std::string text = replace_all_literal(piece, " ", step.str_rep);
@@ -206,30 +222,15 @@ Status PreTokenizer::apply(const Step& step, std::string_view piece, int section
           scheme_allows) {
         text.insert(0, step.str_rep);
       }
-      out.push_back(storage.own(std::move(text)));
-      return {};
+      return next(text);
     }
   }
-  return {};
+  return true;
 }
 
-Status PreTokenizer::pre_tokenize(std::string_view text, int section_index, PieceList& out) const {
-  if (steps_.empty()) {
-    out.pieces.push_back(text);
-    return {};
-  }
-  thread_local std::vector<std::string_view> current;
-  thread_local std::vector<std::string_view> next;
-  current.assign(1, text);
-  for (const Step& step : steps_) {
-    next.clear();
-    for (const std::string_view piece : current) {
-      if (auto st = apply(step, piece, section_index, next, out); !st) return st;
-    }
-    current.swap(next);
-  }
-  out.pieces.insert(out.pieces.end(), current.begin(), current.end());
-  return {};
+Result<bool> PreTokenizer::pre_tokenize(std::string_view text, int section_index,
+                                        const PieceSink& sink) const {
+  return apply(0, text, section_index, sink);
 }
 
 }  // namespace strata

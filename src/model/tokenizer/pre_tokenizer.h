@@ -4,12 +4,15 @@
 // otherwise isolated), ByteLevel (optional GPT-2 regex and prefix space), Metaspace,
 // Digits, Whitespace, WhitespaceSplit, Punctuation and Sequence.
 //
+// Pieces are streamed (depth first through the steps) rather than collected: a 10 MB
+// section of digits is 10 million pieces, and lists of them cost hundreds of megabytes.
+//
 // A ByteLevel step does not rewrite pieces into GPT-2's byte alphabet: it marks the
 // pre-tokenizer byte-level, and the BPE model then works on raw bytes with a vocabulary
 // converted from the alphabet at load. That is why ByteLevel must be the last step.
 #pragma once
 
-#include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -22,23 +25,13 @@
 
 namespace strata {
 
-// Pieces of one text section. Views point into the section text or into `storage`.
-struct PieceList {
-  std::vector<std::string_view> pieces;
-  std::deque<std::string> storage;
-
-  void clear() {
-    pieces.clear();
-    storage.clear();
-  }
-  std::string_view own(std::string text) {
-    storage.push_back(std::move(text));
-    return storage.back();
-  }
-};
-
 class PreTokenizer {
  public:
+  // Receives the pieces of a section in order; returns false to stop pre-tokenizing. A
+  // piece's view is valid only during the call (Metaspace and a ByteLevel prefix make
+  // pieces that live in a scratch string).
+  using PieceSink = std::function<bool(std::string_view piece)>;
+
   // Builds from the "pre_tokenizer" value; null keeps each section as one piece.
   static Result<PreTokenizer> from_json(const nlohmann::json& config);
 
@@ -50,9 +43,12 @@ class PreTokenizer {
   // True when the pieces are byte-level (GPT-2 alphabet) for the model.
   bool byte_level() const { return byte_level_; }
 
-  // Appends the pieces of `text` (valid UTF-8, non-empty) to `out`. `section_index` is the
-  // index of the section among the added-token split (Metaspace's prepend_scheme "first").
-  Status pre_tokenize(std::string_view text, int section_index, PieceList& out) const;
+  // Hands the pieces of `text` (valid UTF-8, non-empty) to `sink`, one at a time: each
+  // step's pieces go through the next step as they are found, so memory does not grow
+  // with the number of pieces. `section_index` is the index of the section among the
+  // added-token split (Metaspace's prepend_scheme "first"). Returns false when the sink
+  // stopped.
+  Result<bool> pre_tokenize(std::string_view text, int section_index, const PieceSink& sink) const;
 
  private:
   enum class Kind { kSplitMatch, kSplitRemoved, kSplitIsolated, kByteLevel, kMetaspace };
@@ -67,8 +63,10 @@ class PreTokenizer {
   };
 
   static Status add_steps(const nlohmann::json& config, std::vector<Step>& steps);
-  Status apply(const Step& step, std::string_view piece, int section_index,
-               std::vector<std::string_view>& out, PieceList& storage) const;
+  // Applies steps_[step] and the steps after it to `piece`, handing the final pieces to
+  // `sink`; false when the sink stopped.
+  Result<bool> apply(size_t step, std::string_view piece, int section_index,
+                     const PieceSink& sink) const;
 
   std::vector<Step> steps_;
   bool byte_level_ = false;

@@ -481,8 +481,13 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(
   return t;
 }
 
-Status Tokenizer::encode_text(std::string_view text, std::vector<TokenId>& out) const {
+Status Tokenizer::encode_text(std::string_view text, size_t max_tokens,
+                              std::vector<TokenId>& out) const {
   const Impl& impl = *impl_;
+  auto too_many = [max_tokens] {
+    return make_error(ErrorCode::kResourceExhausted,
+                      "the text has more than " + std::to_string(max_tokens) + " tokens");
+  };
   std::vector<AddedTokenSplitter::Section> sections;
   impl.splitter->split(text, sections);
   // lstrip / rstrip: trim JS whitespace next to the token (the neighbour may be a token).
@@ -494,10 +499,10 @@ Status Tokenizer::encode_text(std::string_view text, std::vector<TokenId>& out) 
       sections[i + 1].text = js::trim_start(sections[i + 1].text);
     }
   }
-  PieceList pieces;
   std::string collapsed;
   std::string normalized;
   for (size_t i = 0; i < sections.size(); ++i) {
+    if (max_tokens > 0 && out.size() > max_tokens) return too_many();
     std::string_view x = sections[i].text;
     if (x.empty()) continue;
     if (sections[i].token >= 0) {
@@ -531,10 +536,37 @@ Status Tokenizer::encode_text(std::string_view text, std::vector<TokenId>& out) 
       x = normalized;
     }
     if (x.empty()) continue;
-    pieces.clear();
-    if (auto st = impl.pre_tokenizer.pre_tokenize(x, static_cast<int>(i), pieces); !st) return st;
-    impl.model->encode(pieces.pieces, out);
+    const size_t section_start = out.size();
+    const BpeModel& model = *impl.model;
+    // Each piece goes to BPE as the pre-tokenizer finds it; with a limit, a piece whose
+    // ids certainly overflow it stops the encoding before BPE runs on it.
+    struct Sink {
+      const BpeModel& model;
+      std::vector<TokenId>& out;
+      size_t max_tokens;
+      size_t oversized_piece = 0;  // bytes of a piece BPE cannot index, 0: none
+    } sink{model, out, max_tokens};
+    auto finished = impl.pre_tokenizer.pre_tokenize(x, static_cast<int>(i), [&sink](std::string_view piece) {
+      if (piece.size() > BpeModel::kMaxPieceBytes) {
+        sink.oversized_piece = piece.size();
+        return false;
+      }
+      if (sink.max_tokens > 0 && sink.out.size() + sink.model.min_ids(piece) > sink.max_tokens) {
+        return false;
+      }
+      sink.model.encode_word(piece, sink.out);
+      return true;
+    });
+    if (!finished) return std::unexpected(finished.error());
+    if (sink.oversized_piece > 0) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "a word of " + std::to_string(sink.oversized_piece) +
+                            " bytes is longer than the tokenizer supports");
+    }
+    if (!*finished) return too_many();
+    model.fuse_unknowns(out, section_start);
   }
+  if (max_tokens > 0 && out.size() > max_tokens) return too_many();
   return {};
 }
 
@@ -569,7 +601,9 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, EncodeOpti
     text = sanitized;
   }
   std::vector<TokenId> ids;
-  ids.reserve(text.size() / 3 + 4);
+  size_t expected_ids = text.size() / 3 + 4;
+  if (options.max_tokens > 0) expected_ids = std::min(expected_ids, options.max_tokens + 8);
+  ids.reserve(expected_ids);
   if (impl_->llama_non_legacy) {
     // The reference's LlamaTokenizer._encode_text with legacy == false.
     if (!text.empty()) {
@@ -582,15 +616,22 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, EncodeOpti
         prev = hit + kMetaspaceChar.size();
       }
       prefixed.append(text.substr(prev));
-      if (auto st = encode_text(prefixed, ids); !st) return std::unexpected(st.error());
+      if (auto st = encode_text(prefixed, options.max_tokens, ids); !st) {
+        return std::unexpected(st.error());
+      }
       if (ids.size() > 1 && ids[0] == impl_->metaspace_id && is_special(ids[1])) {
         ids.erase(ids.begin());
       }
     }
-  } else if (auto st = encode_text(text, ids); !st) {
+  } else if (auto st = encode_text(text, options.max_tokens, ids); !st) {
     return std::unexpected(st.error());
   }
   post_process(ids, options.add_special_tokens);
+  if (options.max_tokens > 0 && ids.size() > options.max_tokens) {
+    return make_error(ErrorCode::kResourceExhausted, "the text has more than " +
+                                                         std::to_string(options.max_tokens) +
+                                                         " tokens");
+  }
   return ids;
 }
 

@@ -8,6 +8,11 @@
 // split out of the raw text; each remaining section is normalized, pre-tokenized and BPE
 // encoded; the post-processor adds BOS/EOS when add_special_tokens is on.
 //
+// Memory: a call holds at most a few copies of its text (sanitized, normalized) and its
+// ids; pieces stream from the pre-tokenizer to BPE one at a time, and BPE's scratch for a
+// long word is freed after it, so nothing grows with the input after the call returns
+// (the bounded result cache aside). Time is linear in the text for the supported models.
+//
 // Thread-safe: after load every method is const and may be called concurrently.
 #pragma once
 
@@ -32,6 +37,11 @@ struct EncodeOptions {
   // has no TemplateProcessing, tokenizer_config.json's add_bos_token / add_eos_token
   // decide instead (see docs/tokenizer.md).
   bool add_special_tokens = true;
+  // When > 0: fail with kResourceExhausted as soon as the ids are known to number more than
+  // this (special tokens included), without encoding the rest of the text. A piece's ids
+  // are bounded below by its bytes / the longest token's, so even one long word is refused
+  // before BPE runs on it (BpeModel::min_ids).
+  size_t max_tokens = 0;
 };
 
 struct DecodeOptions {
@@ -114,7 +124,9 @@ class Tokenizer {
   struct Impl;
   Tokenizer();
 
-  Status encode_text(std::string_view text, std::vector<TokenId>& out) const;
+  // Appends the ids of `text` to `out`; with max_tokens > 0 it stops and fails with
+  // kResourceExhausted once they are known to exceed it.
+  Status encode_text(std::string_view text, size_t max_tokens, std::vector<TokenId>& out) const;
   void post_process(std::vector<TokenId>& ids, bool add_special_tokens) const;
 
   std::unique_ptr<Impl> impl_;
