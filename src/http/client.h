@@ -41,7 +41,7 @@
 //     OPTIONS, TRACE): a POST whose bytes all left may have reached the server, so it is
 //     not sent twice; the caller sees the error and decides.
 // idle_timeout_ms defaults below the keep-alive timeouts of common servers (5 s in
-// cpp-httplib and uvicorn) so that the client, not the server, ends idle connections.
+// common HTTP servers and uvicorn) so that the client, not the server, ends idle connections.
 //
 // Threads and lifetime: a Client may be used from any number of coroutines, on any
 // threads (its pool takes a short lock). Destroying the Client closes its idle

@@ -538,7 +538,13 @@ awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Pre
 
 awaitable<void> completions(RouteContext& ctx, http::Exchange& ex, bool chat) {
   const auto t_start = WallClock::now();
-  auto prepared = co_await ex.offload([&] { return prepare(ctx, ex.request(), chat); });
+  auto prepared = co_await ex.offload([&] {
+    auto p = prepare(ctx, ex.request(), chat);
+    // A refused prompt's parse, render and tokens are gone now; an accepted one's body and
+    // DOMs too (what it keeps is its messages and tokens, freed when it finishes).
+    release_memory_after(ex.request().body.size());
+    return p;
+  });
   if (!prepared) {
     co_await ex.respond(error_response(prepared.error()));
     co_return;

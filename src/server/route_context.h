@@ -11,6 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+#include <cstddef>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -81,6 +86,21 @@ http::Response error_response(const Error& e);
 // returns the whole answer.
 using BlockingHandler = std::function<http::Response(const http::Request&)>;
 http::Handler blocking(BlockingHandler handler);
+
+// After a request of at least kLargeRequestBytes, on a worker thread: returns the pages
+// the allocator holds free to the system (glibc's malloc_trim, a few milliseconds). The
+// causes of growth are fixed where memory is taken (the tokenizer streams its pieces and
+// frees a long word's scratch; blocks of 4 MiB and more are mapped and unmapped, see
+// `strata serve`); this is the complement for the smaller blocks that parsing, rendering
+// and tokenizing a large body leave scattered in the worker threads' arenas.
+inline constexpr size_t kLargeRequestBytes = size_t{1} << 20;
+inline void release_memory_after(size_t request_bytes) {
+#ifdef __GLIBC__
+  if (request_bytes >= kLargeRequestBytes) malloc_trim(0);
+#else
+  (void)request_bytes;
+#endif
+}
 
 // Guards a handler with the admin key when one is set: 401 without it.
 http::Handler admin_only(const RouteContext& ctx, http::Handler handler);

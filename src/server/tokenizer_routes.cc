@@ -94,8 +94,11 @@ http::Response detokenize(const RouteContext& ctx, const http::Request& req) {
 }  // namespace
 
 void add_tokenizer_routes(http::Server& server, RouteContext& ctx) {
-  server.route("POST", "/tokenize",
-               blocking([&ctx](const http::Request& req) { return tokenize(ctx, req); }));
+  server.route("POST", "/tokenize", blocking([&ctx](const http::Request& req) {
+                 http::Response answer = tokenize(ctx, req);
+                 release_memory_after(req.body.size());
+                 return answer;
+               }));
   server.route("POST", "/detokenize",
                blocking([&ctx](const http::Request& req) { return detokenize(ctx, req); }));
 }

@@ -4,75 +4,110 @@
 #include "bench/traffic.h"
 
 #include <gtest/gtest.h>
-#include <httplib.h>
 
+#include <chrono>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
+
+#include "http/server.h"
 
 namespace strata::bench {
 namespace {
 
 constexpr int kChunks = 5;
 
+std::string sse_event(const nlohmann::json& j) {
+  return "data: " + j.dump() + "\n\n";
+}
+
+// The events of a streamed completion: the role, kChunks content chunks (sent 2 ms apart),
+// the finish reason, the usage, and [DONE].
+std::vector<std::string> stream_events(const nlohmann::json& usage) {
+  std::vector<std::string> out;
+  out.push_back(sse_event({{"choices", {{{"delta", {{"role", "assistant"}, {"content", ""}}}}}}}));
+  for (int i = 0; i < kChunks; ++i) {
+    out.push_back(sse_event({{"choices", {{{"delta", {{"content", "t" + std::to_string(i)}}}}}}}));
+  }
+  out.push_back(sse_event(
+      {{"choices", {{{"delta", nlohmann::json::object()}, {"finish_reason", "length"}}}}}));
+  out.push_back(sse_event({{"choices", nlohmann::json::array()}, {"usage", usage}}));
+  out.push_back("data: [DONE]\n\n");
+  return out;
+}
+
 class FakeServer {
  public:
-  FakeServer() {
-    svr_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      const auto body = nlohmann::json::parse(req.body);
-      const int64_t messages = static_cast<int64_t>(body["messages"].size());
-      {
-        std::lock_guard lock(mutex_);
-        ++requests_;
-        message_counts_.push_back(messages);
-      }
-      const nlohmann::json usage{{"prompt_tokens", 100 * messages},
-                                 {"completion_tokens", body["max_tokens"]},
-                                 {"prompt_tokens_details", {{"cached_tokens", 90 * messages}}},
-                                 {"cached_tokens_details", {{"device", 90 * messages}}}};
-      if (!body.value("stream", false)) {
-        res.set_content(
-            nlohmann::json{{"choices", {{{"message", {{"content", "hi"}}}}}}, {"usage", usage}}
-                .dump(),
-            "application/json");
-        return;
-      }
-      res.set_chunked_content_provider("text/event-stream", [usage](size_t,
-                                                                    httplib::DataSink& sink) {
-        auto sse = [&](const nlohmann::json& j) {
-          const std::string s = "data: " + j.dump() + "\n\n";
-          sink.write(s.data(), s.size());
-        };
-        sse({{"choices", {{{"delta", {{"role", "assistant"}, {"content", ""}}}}}}});
-        for (int i = 0; i < kChunks; ++i) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(2));
-          sse({{"choices", {{{"delta", {{"content", "t" + std::to_string(i)}}}}}}});
-        }
-        sse({{"choices", {{{"delta", nlohmann::json::object()}, {"finish_reason", "length"}}}}});
-        sse({{"choices", nlohmann::json::array()}, {"usage", usage}});
-        const std::string done = "data: [DONE]\n\n";
-        sink.write(done.data(), done.size());
-        sink.done();
-        return true;
-      });
-    });
-    port_ = svr_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { svr_.listen_after_bind(); });
+  FakeServer() : server_(options()) {
+    server_.route("POST", "/v1/chat/completions",
+                  [this](http::Exchange& ex) -> boost::asio::awaitable<void> {
+                    const Answer answer = answer_for(ex.request().body);
+                    if (!answer.stream) {
+                      http::Response r{.body = answer.body};
+                      co_await ex.respond(std::move(r));
+                      co_return;
+                    }
+                    if (!co_await ex.begin_stream(200, "text/event-stream")) co_return;
+                    const std::chrono::milliseconds gap(2);
+                    for (size_t i = 0; i < answer.events.size(); ++i) {
+                      // A gap before every content chunk (events 1..kChunks).
+                      if (i >= 1 && i <= static_cast<size_t>(kChunks)) co_await ex.sleep(gap);
+                      if (!ex.send(answer.events[i])) co_return;
+                    }
+                    co_await ex.end_stream();
+                  });
+    const Status bound = server_.bind();
+    EXPECT_TRUE(bound.has_value()) << bound.error().message;
+    server_.start();
   }
-  ~FakeServer() {
-    svr_.stop();
-    thread_.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  ~FakeServer() { server_.shutdown(0); }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(server_.port()); }
   int64_t requests() {
     std::lock_guard lock(mutex_);
     return requests_;
   }
 
  private:
-  httplib::Server svr_;
-  int port_ = 0;
-  std::thread thread_;
+  struct Answer {
+    bool stream = false;
+    std::string body;                 // when not streaming
+    std::vector<std::string> events;  // when streaming
+  };
+
+  static http::ServerOptions options() {
+    http::ServerOptions o;
+    o.port = 0;
+    o.io_threads = 2;
+    o.worker_threads = 2;
+    return o;
+  }
+
+  Answer answer_for(const std::string& request_body) {
+    const auto body = nlohmann::json::parse(request_body);
+    const int64_t messages = static_cast<int64_t>(body["messages"].size());
+    {
+      std::lock_guard lock(mutex_);
+      ++requests_;
+      message_counts_.push_back(messages);
+    }
+    const nlohmann::json usage{{"prompt_tokens", 100 * messages},
+                               {"completion_tokens", body["max_tokens"]},
+                               {"prompt_tokens_details", {{"cached_tokens", 90 * messages}}},
+                               {"cached_tokens_details", {{"device", 90 * messages}}}};
+    Answer a;
+    a.stream = body.value("stream", false);
+    if (a.stream) {
+      a.events = stream_events(usage);
+    } else {
+      a.body = nlohmann::json{{"choices", {{{"message", {{"content", "hi"}}}}}}, {"usage", usage}}
+                   .dump();
+    }
+    return a;
+  }
+
+  http::Server server_;
   std::mutex mutex_;
   int64_t requests_ = 0;
   std::vector<int64_t> message_counts_;

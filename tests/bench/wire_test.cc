@@ -1,5 +1,6 @@
-// The benchmark's readers of what servers send: server-sent events, usage objects and
-// KV event batches (msgpack), and a subscriber fed by a real ZeroMQ publisher.
+// The benchmark's readers of what servers send: usage objects, error bodies and KV event
+// batches (msgpack), and a subscriber fed by a real ZeroMQ publisher. (The server-sent-events
+// splitter is tested in tests/http/sse_test.cc.)
 #include <gtest/gtest.h>
 
 #include <msgpuck.h>
@@ -17,31 +18,6 @@
 
 namespace strata::bench {
 namespace {
-
-std::vector<std::string> parse_all(const std::string& stream, size_t chunk) {
-  SseParser p;
-  std::vector<std::string> out;
-  for (size_t i = 0; i < stream.size(); i += chunk) {
-    p.feed(std::string_view(stream).substr(i, chunk),
-           [&](std::string_view d) { out.emplace_back(d); });
-  }
-  return out;
-}
-
-TEST(SseParserTest, SameEventsWhateverTheChunking) {
-  const std::string stream =
-      ": a comment\n"
-      "data: {\"a\":1}\n\n"
-      "event: message\r\ndata: {\"b\":2}\r\n\r\n"
-      "data: line one\ndata: line two\n\n"
-      "data:[DONE]\n\n";
-  const std::vector<std::string> want = {"{\"a\":1}", "{\"b\":2}", "line one\nline two", "[DONE]"};
-  for (size_t chunk : {1, 2, 3, 7, 1000}) EXPECT_EQ(parse_all(stream, chunk), want) << chunk;
-}
-
-TEST(SseParserTest, AnUnfinishedEventIsNotDelivered) {
-  EXPECT_TRUE(parse_all("data: {\"a\":1}\n", 4).empty());
-}
 
 TEST(UsageTest, ReadsCachedTokensPerTier) {
   const auto u = parse_usage(nlohmann::json::parse(R"({
