@@ -77,8 +77,11 @@ const KEY = 'secret';
 const ADMIN = `Bearer ${KEY}`;
 const CLIENT_PIN_TTL_S = 2;
 const MAX_BODY = 256 * 1024;           // bodies the fuzzer sends stay below this
-const HTTP_TIMEOUT_MS = 30000;         // a request without an answer this long is a hang
-const RAW_DEADLINE_MS = 5000;          // header + body timeouts (1 s each) and a margin
+// An ASan+UBSan Debug build (scripts/test.sh sets STRATA_SANITIZER_BUILD=1) is many times
+// slower and keeps freed memory in quarantine: fewer requests, wider margins, no RSS bounds.
+const SANITIZED = process.env.STRATA_SANITIZER_BUILD === '1';
+const HTTP_TIMEOUT_MS = SANITIZED ? 60000 : 20000;  // no answer this long: a hang (tool_end may retry 10 s)
+const RAW_DEADLINE_MS = SANITIZED ? 10000 : 5000;   // header + body timeouts (1 s each) and a margin
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const now = () => performance.now();
 
@@ -392,7 +395,8 @@ function generate(rng, world, i) {
         const sid = world.sessionId(rng, valid || endpoint === 'vanish');
         body.session_id = sid;
         const s = typeof sid === 'string' ? world.sessions.get(sid) : null;
-        if (s && s.lastReply !== null && rng.chance(0.7)) {  // continue the conversation
+        // Continue the conversation (while it stays well inside the 4,096-token pool).
+        if (s && s.lastReply !== null && ser(s.messages).length < 6000 && rng.chance(0.7)) {
           body.messages = [...s.messages, { role: 'assistant', content: s.lastReply }, message(rng, 'user')];
         }
       }
@@ -886,8 +890,10 @@ async function runRaw(port, c) {
     const heads = c.heads ?? 0;
     const want = (c.expect?.length ?? 1) + (c.after ? 1 : 0) + (c.heads ?? 0);
     const t0 = now();
-    await conn.until(() => conn.closed || conn.responses(heads).bad || conn.responses(heads).responses.length >= want, RAW_DEADLINE_MS);
-    if (!conn.closed && conn.responses(heads).responses.length >= want && !c.closes) {
+    // Final answers only: an Expect: 100-continue request also gets a "100 Continue".
+    const finals = () => conn.responses(heads).responses.filter((r) => r.status >= 200).length;
+    await conn.until(() => conn.closed || conn.responses(heads).bad || finals() >= want, RAW_DEADLINE_MS);
+    if (!conn.closed && finals() >= want && !c.closes) {
       await conn.until(() => conn.closed, 50);
     }
     if (c.closes && !conn.closed) await conn.until(() => conn.closed, Math.max(0, t0 + 2000 - now()));
@@ -1039,7 +1045,9 @@ async function runServer(cfg, budget) {
       }
       const after = rssKb(server.pid);
       const grew = (after - before) / 1024;
-      if (slow) {
+      if (SANITIZED) {
+        console.log(`[${name}] regression (2) SKIPPED: no memory bound in a sanitizer build (RSS grew ${grew.toFixed(0)} MB)`);
+      } else if (slow) {
         console.log(`[${name}] regression (2) SKIPPED: tokenizing a 2 MB word took ${slow} (the tokenizer fix has not landed?)`);
       } else {
         check(!failed && grew <= 60, `(2) /tokenize of a 2 MB word twice: ${failed ?? `RSS grew ${grew.toFixed(0)} MB (bound 60 MB)`}`);
@@ -1188,7 +1196,7 @@ async function runServer(cfg, budget) {
       if (!idle(s)) violation(name, `not idle at the end: ${line(s)}`);
       const rssEnd = rssKb(server.pid);
       const bound = 2 * rssWarm + 200 * 1024;
-      if (rssEnd > bound) violation(name, `RSS ${(rssEnd / 1024).toFixed(0)} MB at the end, over 2 × ${(rssWarm / 1024).toFixed(0)} MB + 200 MB`);
+      if (rssEnd > bound && !SANITIZED) violation(name, `RSS ${(rssEnd / 1024).toFixed(0)} MB at the end, over 2 × ${(rssWarm / 1024).toFixed(0)} MB + 200 MB`);
       const faults = server.stderr().split('\n').filter((l) => /handler fault|\berror\b.*\b(fault|exception|terminate)|AddressSanitizer|runtime error|terminate called|Assertion/i.test(l));
       for (const l of faults.slice(0, 5)) violation(name, `server log: ${l.slice(0, 300)}`);
       console.log(`[${name}] end: ${line(s)}; RSS ${(rssWarm / 1024).toFixed(0)} MB after warm-up, ${(rssEnd / 1024).toFixed(0)} MB at the end; ` +
@@ -1273,7 +1281,8 @@ console.log(`fuzz_server: ${OPT.quick ? 'quick' : `${OPT.seconds} s`} run, seed 
 for (const run of RUNS) {
   let budget;
   if (OPT.quick) {
-    budget = { http: OPT.requests ?? run.http, raw: OPT.raw ?? run.raw };
+    const scale = SANITIZED ? 0.3 : 1;
+    budget = { http: OPT.requests ?? Math.round(run.http * scale), raw: OPT.raw ?? Math.round(run.raw * scale) };
   } else {
     const share = OPT.seconds * 1000 / RUNS.length;
     budget = { httpMs: share * 0.7, rawMs: share * 0.2, http: OPT.requests ?? undefined, raw: OPT.raw ?? undefined };
