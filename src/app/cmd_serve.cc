@@ -7,9 +7,9 @@
 #include <malloc.h>
 #endif
 
+#include <pthread.h>
 #include <algorithm>
 #include <atomic>
-#include <pthread.h>
 
 #include <csignal>
 #include <cstdio>

@@ -9,9 +9,9 @@ namespace strata {
 Result<PinResult> apply_pin(EngineState& s, std::span<const BlockHash> hashes, PinOptions options,
                             PinAuthority authority) {
   if (options.priority < kMinPinPriority || options.priority > kMaxPinPriority) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "'priority' must be in [" + std::to_string(kMinPinPriority) + ", " +
-                          std::to_string(kMaxPinPriority) + "]");
+    return make_error(ErrorCode::kInvalidArgument, "'priority' must be in [" +
+                                                       std::to_string(kMinPinPriority) + ", " +
+                                                       std::to_string(kMaxPinPriority) + "]");
   }
   const bool client = authority == PinAuthority::kClient;
   if (client) {
@@ -37,8 +37,8 @@ Result<PinResult> apply_pin(EngineState& s, std::span<const BlockHash> hashes, P
                           " of " + pool);
   }
   if (client) {
-    const auto budget = static_cast<int64_t>(s.options.max_client_pinned_ratio *
-                                             static_cast<double>(pool_pages));
+    const auto budget =
+        static_cast<int64_t>(s.options.max_client_pinned_ratio * static_cast<double>(pool_pages));
     const int64_t by_clients = s.tree.soft_pinned_blocks_at_most(kClientPinPriority);
     if (by_clients + added > budget) {
       return make_error(ErrorCode::kResourceExhausted,

@@ -102,8 +102,8 @@ class RequestStream {
   const uint64_t id_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<StreamItem> items_;          // GUARDED_BY(mutex_)
-  std::function<void()> listener_;        // GUARDED_BY(mutex_)
+  std::deque<StreamItem> items_;    // GUARDED_BY(mutex_)
+  std::function<void()> listener_;  // GUARDED_BY(mutex_)
   std::atomic<bool> cancelled_{false};
 };
 

@@ -69,7 +69,11 @@ class Exchange {
     using R = std::invoke_result_t<F&>;
     if constexpr (std::is_void_v<R>) {
       co_await boost::asio::co_spawn(
-          worker_executor(), [&fn]() -> boost::asio::awaitable<void> { fn(); co_return; },
+          worker_executor(),
+          [&fn]() -> boost::asio::awaitable<void> {
+            fn();
+            co_return;
+          },
           boost::asio::use_awaitable);
     } else {
       // co_spawn hands back a default-constructed value with an exception: wrap R.

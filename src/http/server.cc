@@ -20,8 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -64,7 +64,8 @@ bool only_chunked(std::string_view value) {
     const size_t comma = value.find(',');
     std::string_view token = value.substr(0, comma);
     value = comma == std::string_view::npos ? std::string_view() : value.substr(comma + 1);
-    while (!token.empty() && (token.front() == ' ' || token.front() == '\t')) token.remove_prefix(1);
+    while (!token.empty() && (token.front() == ' ' || token.front() == '\t'))
+      token.remove_prefix(1);
     while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) token.remove_suffix(1);
     if (token.empty()) continue;
     if (!iequals(token, "chunked")) return false;
@@ -137,7 +138,7 @@ struct Server::Impl {
   std::mutex shutdown_mutex;
   std::mutex connections_mutex;
   std::unordered_map<uint64_t, std::weak_ptr<Connection>> connections;  // GUARDED_BY(above)
-  uint64_t next_connection_id = 1;  // accept loop only
+  uint64_t next_connection_id = 1;                                      // accept loop only
 
   net::io_context ioc;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
@@ -151,10 +152,7 @@ struct Server::Impl {
 class Connection : public Exchange, public std::enable_shared_from_this<Connection> {
  public:
   Connection(Server::Impl& server, tcp::socket socket, uint64_t id)
-      : s_(server),
-        id_(id),
-        stream_(std::move(socket)),
-        wake_timer_(stream_.get_executor()) {
+      : s_(server), id_(id), stream_(std::move(socket)), wake_timer_(stream_.get_executor()) {
     beast::error_code ec;
     const auto ep = stream_.socket().remote_endpoint(ec);
     if (!ec) remote_ = ep.address().to_string() + ":" + std::to_string(ep.port());
@@ -195,8 +193,7 @@ class Connection : public Exchange, public std::enable_shared_from_this<Connecti
   // Exchange.
   const Request& request() const override { return request_; }
   net::awaitable<void> respond(Response response) override;
-  net::awaitable<bool> begin_stream(int status, std::string content_type,
-                                    Headers headers) override;
+  net::awaitable<bool> begin_stream(int status, std::string content_type, Headers headers) override;
   bool send(std::string bytes) override;
   net::awaitable<bool> end_stream() override;
   std::function<void()> waker() override;
@@ -264,7 +261,8 @@ net::awaitable<void> Connection::run() {
   for (;;) {
     if (s_.stopping.load() || abandoned_by_server_) break;
     bhttp::request_parser<bhttp::string_body> parser;
-    parser.header_limit(static_cast<std::uint32_t>(std::min<int64_t>(o.max_header_bytes, UINT32_MAX)));
+    parser.header_limit(
+        static_cast<std::uint32_t>(std::min<int64_t>(o.max_header_bytes, UINT32_MAX)));
     parser.body_limit(static_cast<std::uint64_t>(o.max_body_bytes));
 
     // Between requests (or before the first): wait for a first byte.
@@ -292,8 +290,8 @@ net::awaitable<void> Connection::run() {
       co_await answer_framing_error(ec, Phase::kHeader);
       break;
     }
-    if (const auto te = parser.get()[bhttp::field::transfer_encoding]; !te.empty() &&
-                                                                      !only_chunked(te)) {
+    if (const auto te = parser.get()[bhttp::field::transfer_encoding];
+        !te.empty() && !only_chunked(te)) {
       s_.counters.bad_requests.fetch_add(1);
       co_await write_response(error_response(501,
                                              "unsupported Transfer-Encoding '" + std::string(te) +
@@ -334,10 +332,11 @@ net::awaitable<void> Connection::run() {
 
     co_await serve_request();
     if (gone_ || write_failed_ || close_after_ || !keep_alive_ || abandoned_by_server_) {
-      STRATA_LOG_DEBUG("connection {} closes after {} {}: gone {} write_failed {} close {} "
-                       "keep_alive {} abandoned {}",
-                       remote_, request_.method, request_.path, gone_, write_failed_,
-                       close_after_, keep_alive_, abandoned_by_server_);
+      STRATA_LOG_DEBUG(
+          "connection {} closes after {} {}: gone {} write_failed {} close {} "
+          "keep_alive {} abandoned {}",
+          remote_, request_.method, request_.path, gone_, write_failed_, close_after_, keep_alive_,
+          abandoned_by_server_);
       break;
     }
     first = false;
@@ -364,9 +363,9 @@ net::awaitable<void> Connection::serve_request() {
   }
   if (handler == nullptr) {
     if (route != s_.routes.end()) {
-      Response r = error_response(
-          405, "method " + request_.method + " is not allowed on " + request_.path,
-          "method_not_allowed");
+      Response r =
+          error_response(405, "method " + request_.method + " is not allowed on " + request_.path,
+                         "method_not_allowed");
       std::string allow;
       for (const auto& e : route->second) allow += (allow.empty() ? "" : ", ") + e.method;
       r.headers.emplace_back("Allow", allow);
@@ -600,10 +599,10 @@ void Connection::start_watch() {
   const uint64_t generation = ++watch_generation_;
   stream_.socket().async_wait(
       tcp::socket::wait_read,
-      net::bind_cancellation_slot(watch_cancel_.slot(),
-                                  [self = shared_from_this(), generation](const beast::error_code& ec) {
-                                    self->on_watch(generation, ec);
-                                  }));
+      net::bind_cancellation_slot(watch_cancel_.slot(), [self = shared_from_this(),
+                                                         generation](const beast::error_code& ec) {
+        self->on_watch(generation, ec);
+      }));
 }
 
 void Connection::stop_watch() {
@@ -666,7 +665,8 @@ void Server::Impl::refuse(tcp::socket& socket) {
   counters.connections_refused.fetch_add(1);
   const int fd = socket.native_handle();
   const std::string& text = refused_response();
-  [[maybe_unused]] const ssize_t n = ::send(fd, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  [[maybe_unused]] const ssize_t n =
+      ::send(fd, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   beast::error_code ec;
   socket.shutdown(tcp::socket::shutdown_both, ec);
   socket.close(ec);
@@ -732,7 +732,8 @@ Status validate(const ServerOptions& o) {
   }
   if (o.max_body_bytes < 0) return bad("--http-max-body-bytes must be >= 0");
   if (o.max_connections < 1) return bad("--http-max-connections must be >= 1");
-  if (o.max_stream_buffer_bytes < 4096) return bad("--http-max-stream-buffer-bytes must be >= 4096");
+  if (o.max_stream_buffer_bytes < 4096)
+    return bad("--http-max-stream-buffer-bytes must be >= 4096");
   return {};
 }
 
@@ -759,14 +760,16 @@ Status Server::bind() {
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 &&
-      static_cast<int64_t>(rl.rlim_cur) < s.options.max_connections + 64) {
-    STRATA_LOG_WARN("--http-max-connections {} is above the open-file limit {}: accept will fail "
-                    "before the cap",
-                    s.options.max_connections, rl.rlim_cur);
+                   static_cast<int64_t>(rl.rlim_cur) < s.options.max_connections + 64) {
+    STRATA_LOG_WARN(
+        "--http-max-connections {} is above the open-file limit {}: accept will fail "
+        "before the cap",
+        s.options.max_connections, rl.rlim_cur);
   }
   beast::error_code ec;
   const auto address = net::ip::make_address(s.options.host, ec);
-  if (ec) return make_error(ErrorCode::kInvalidArgument, "'" + s.options.host + "' is not an IP address");
+  if (ec)
+    return make_error(ErrorCode::kInvalidArgument, "'" + s.options.host + "' is not an IP address");
   const tcp::endpoint ep(address, static_cast<unsigned short>(s.options.port));
   s.acceptor.open(ep.protocol(), ec);
   if (!ec) s.acceptor.set_option(net::socket_base::reuse_address(true), ec);

@@ -27,16 +27,16 @@
 namespace strata::http {
 
 struct ServerOptions {
-  std::string host = "127.0.0.1";  // bind address
-  int port = 8000;                 // 0: any free port (see Server::port())
-  int io_threads = 0;              // I/O threads; 0: one per core
-  int worker_threads = 0;          // blocking work (offload); 0: max(4, 2 x cores)
-  double header_timeout_s = 10;    // a request's whole header, from its first byte (the first
-                                   // request of a connection: from the accept), > 0
-  double body_timeout_s = 60;      // the body, after the header, > 0
-  double idle_timeout_s = 60;      // a keep-alive connection between requests, > 0
-  double write_timeout_s = 60;     // one write making no progress, > 0
-  int64_t max_header_bytes = 16 * 1024;                // request line + headers, >= 1024
+  std::string host = "127.0.0.1";        // bind address
+  int port = 8000;                       // 0: any free port (see Server::port())
+  int io_threads = 0;                    // I/O threads; 0: one per core
+  int worker_threads = 0;                // blocking work (offload); 0: max(4, 2 x cores)
+  double header_timeout_s = 10;          // a request's whole header, from its first byte (the first
+                                         // request of a connection: from the accept), > 0
+  double body_timeout_s = 60;            // the body, after the header, > 0
+  double idle_timeout_s = 60;            // a keep-alive connection between requests, > 0
+  double write_timeout_s = 60;           // one write making no progress, > 0
+  int64_t max_header_bytes = 16 * 1024;  // request line + headers, >= 1024
   int64_t max_body_bytes = int64_t{32} << 20;          // >= 0
   int64_t max_connections = 4096;                      // open connections, >= 1
   int64_t max_stream_buffer_bytes = int64_t{4} << 20;  // queued, unwritten stream bytes, >= 4096

@@ -37,7 +37,7 @@ Result<std::vector<BlockHash>> hashes_from_body(const RouteContext& ctx, const j
   auto add_gen = get_bool(body, "add_generation_prompt");
   if (!add_gen) return std::unexpected(add_gen.error());
   auto ids = ctx.chat_tokens(full["messages"], tools, add_gen->value_or(false),
-                         full.value("chat_template_kwargs", ojson::object()));
+                             full.value("chat_template_kwargs", ojson::object()));
   if (!ids) return std::unexpected(ids.error());
   return hash_blocks(*ids, ps, salt->value_or(""));
 }
@@ -53,10 +53,9 @@ http::Response pin_blocks(RouteContext& ctx, const http::Request& req, bool pin,
   if (!pin) {
     const UnpinResult r =
         ctx.engine.call([h = *hashes](EngineState& s) { return s.tree.unpin(h); }).get();
-    return json_response(200,
-                     json{{"unpinned_count", r.unpinned},
-                          {"unknown_count", r.unknown},
-                          {"not_pinned_count", r.not_pinned}});
+    return json_response(200, json{{"unpinned_count", r.unpinned},
+                                   {"unknown_count", r.unknown},
+                                   {"not_pinned_count", r.not_pinned}});
   }
   auto ttl = get_int(*body, "ttl_s", 0, 365LL * 24 * 3600);
   if (!ttl) return error_response(ttl.error());
@@ -74,7 +73,8 @@ http::Response pin_blocks(RouteContext& ctx, const http::Request& req, bool pin,
     return error_response(result.error());
   }
   if (!result) return error_response(400, result.error().message, "pin_budget_exceeded");
-  return json_response(200, json{{"pinned_count", result->pinned}, {"unknown_count", result->unknown}});
+  return json_response(200,
+                       json{{"pinned_count", result->pinned}, {"unknown_count", result->unknown}});
 }
 
 http::Response evict(RouteContext& ctx, const http::Request& req) {
@@ -91,12 +91,11 @@ http::Response evict(RouteContext& ctx, const http::Request& req) {
                                     return s.tree.evict_blocks(h, d);
                                   })
                                   .get();
-  return json_response(200,
-            json{{"evicted_blocks", r.evicted_blocks},
-                 {"skipped_locked", r.skipped_locked},
-                 {"skipped_pinned", r.skipped_pinned},
-                 {"skipped_has_children", r.skipped_has_children},
-                 {"unknown", r.unknown}});
+  return json_response(200, json{{"evicted_blocks", r.evicted_blocks},
+                                 {"skipped_locked", r.skipped_locked},
+                                 {"skipped_pinned", r.skipped_pinned},
+                                 {"skipped_has_children", r.skipped_has_children},
+                                 {"unknown", r.unknown}});
 }
 
 http::Response flush(RouteContext& ctx, const http::Request& req) {
@@ -105,11 +104,11 @@ http::Response flush(RouteContext& ctx, const http::Request& req) {
     if (!body) return error_response(body.error());
   }
   const FlushResult r = ctx.engine.call([](EngineState& s) { return s.tree.flush(); }).get();
-  return json_response(200,
-            json{{"evicted",
-                  {{"device", r.evicted_pages}, {"host", r.evicted_host_pages}, {"storage", 0}}},
-                 {"pinned_preserved", r.pinned_preserved},
-                 {"locked_skipped", r.locked_skipped}});
+  return json_response(
+      200, json{{"evicted",
+                 {{"device", r.evicted_pages}, {"host", r.evicted_host_pages}, {"storage", 0}}},
+                {"pinned_preserved", r.pinned_preserved},
+                {"locked_skipped", r.locked_skipped}});
 }
 
 http::Response state(RouteContext& ctx, const http::Request& req) {
@@ -228,7 +227,8 @@ void add_cache_routes(http::Server& server, RouteContext& ctx) {
                  std::function<http::Response(const http::Request&)> fn) {
     server.route(method, path, admin_only(ctx, blocking(std::move(fn))));
   };
-  add("POST", "/cache/pin", [&ctx](const http::Request& r) { return pin_blocks(ctx, r, true, false); });
+  add("POST", "/cache/pin",
+      [&ctx](const http::Request& r) { return pin_blocks(ctx, r, true, false); });
   add("POST", "/cache/unpin",
       [&ctx](const http::Request& r) { return pin_blocks(ctx, r, false, false); });
   add("POST", "/hicache/pin_blocks",

@@ -50,11 +50,12 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                 .Register(*registry_)
                 .Add({}, latency_buckets());
   refused_pins_ = &BuildCounter()
-                      .Name("strata_cache_control_pins_refused_total")
-                      .Help("Pins asked for by a message's cache_control that the pin policy "
-                            "refused (over --max-pinned-ratio or --max-client-pinned-ratio)")
-                      .Register(*registry_)
-                      .Add({});
+                       .Name("strata_cache_control_pins_refused_total")
+                       .Help(
+                           "Pins asked for by a message's cache_control that the pin policy "
+                           "refused (over --max-pinned-ratio or --max-client-pinned-ratio)")
+                       .Register(*registry_)
+                       .Add({});
   pages_family_ = &BuildGauge()
                        .Name("strata_kv_pages")
                        .Help(
@@ -108,25 +109,29 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        .Add({});
   http_timeouts_family_ = &BuildGauge()
                                .Name("strata_http_timeouts_total")
-                               .Help("Connections closed by a timeout, by phase (header, body, "
-                                     "idle, write)")
+                               .Help(
+                                   "Connections closed by a timeout, by phase (header, body, "
+                                   "idle, write)")
                                .Register(*registry_);
   http_disconnects_ = &BuildGauge()
                            .Name("strata_http_client_disconnects_total")
-                           .Help("Clients that went away while their request ran (the request "
-                                 "was cancelled)")
+                           .Help(
+                               "Clients that went away while their request ran (the request "
+                               "was cancelled)")
                            .Register(*registry_)
                            .Add({});
   http_slow_streams_ = &BuildGauge()
                             .Name("strata_http_slow_streams_cancelled_total")
-                            .Help("Streams cut because the client read slower than they were "
-                                  "produced (--http-max-stream-buffer-bytes)")
+                            .Help(
+                                "Streams cut because the client read slower than they were "
+                                "produced (--http-max-stream-buffer-bytes)")
                             .Register(*registry_)
                             .Add({});
   http_bad_requests_ = &BuildGauge()
                             .Name("strata_http_bad_requests_total")
-                            .Help("Malformed or oversized requests answered with 4xx/501 and "
-                                  "closed")
+                            .Help(
+                                "Malformed or oversized requests answered with 4xx/501 and "
+                                "closed")
                             .Register(*registry_)
                             .Add({});
 }

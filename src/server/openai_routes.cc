@@ -87,11 +87,11 @@ size_t prompt_limit(const RouteContext& ctx) {
 
 // The refusal of a prompt longer than the limit.
 std::unexpected<Error> prompt_too_long(const RouteContext& ctx) {
-  return make_error(ErrorCode::kInvalidArgument,
-                    "the prompt is longer than " + std::to_string(prompt_limit(ctx)) +
-                        " tokens, the server's limit (--max-prompt-tokens; the model's context is " +
-                        std::to_string(ctx.engine.model().config().max_position_embeddings) +
-                        " tokens)");
+  return make_error(
+      ErrorCode::kInvalidArgument,
+      "the prompt is longer than " + std::to_string(prompt_limit(ctx)) +
+          " tokens, the server's limit (--max-prompt-tokens; the model's context is " +
+          std::to_string(ctx.engine.model().config().max_position_embeddings) + " tokens)");
 }
 
 // The part of a chat request's rendering that may continue a session's exact tokens
@@ -115,10 +115,9 @@ std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Pr
                                       : "";
   // The client must echo what was generated (the tail of it: clients often drop a
   // reasoning block); an edited turn is rendered afresh.
-  const bool echoes =
-      rec->completion_text.size() >= echoed_text.size() &&
-      rec->completion_text.compare(rec->completion_text.size() - echoed_text.size(),
-                                   echoed_text.size(), echoed_text) == 0;
+  const bool echoes = rec->completion_text.size() >= echoed_text.size() &&
+                      rec->completion_text.compare(rec->completion_text.size() - echoed_text.size(),
+                                                   echoed_text.size(), echoed_text) == 0;
   if (!echoes) return std::nullopt;
   const ojson* tools = p.tools ? &*p.tools : nullptr;
   auto cont = ctx.chat->render_continuation(messages, rec->num_messages, rec->stop_text,
@@ -142,9 +141,8 @@ std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Pr
 // bytes per token vary.
 Result<std::vector<int32_t>> encode_prompt(const RouteContext& ctx, std::string_view text,
                                            bool add_special_tokens) {
-  auto ids = ctx.tokenizer.encode(
-      text, EncodeOptions{.add_special_tokens = add_special_tokens,
-                          .max_tokens = prompt_limit(ctx)});
+  auto ids = ctx.tokenizer.encode(text, EncodeOptions{.add_special_tokens = add_special_tokens,
+                                                      .max_tokens = prompt_limit(ctx)});
   if (!ids && ids.error().code == ErrorCode::kResourceExhausted) return prompt_too_long(ctx);
   return ids;
 }
@@ -249,8 +247,8 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
       }
     }
     // A stop string cut the text inside the generated tokens: no exact record then.
-    if (!stop_string && (fin.finish == FinishReason::kStop || fin.finish == FinishReason::kLength) &&
-        stop) {
+    if (!stop_string &&
+        (fin.finish == FinishReason::kStop || fin.finish == FinishReason::kLength) && stop) {
       SessionRecord rec;
       rec.num_messages = p.session_prev;
       rec.tokens = p.prompt_tokens;
@@ -416,8 +414,7 @@ awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepar
   out += text.finish();
   const std::string reason = text.stopped() ? "stop" : finish_name(*fin->finish);
   timer.finish(fin->usage);
-  co_await ex.offload(
-      [&] { after_finish(ctx, p, *fin, generated, out, text.stopped()); });
+  co_await ex.offload([&] { after_finish(ctx, p, *fin, generated, out, text.stopped()); });
   json choice;
   if (chat) {
     choice = json{{"index", 0},
@@ -556,10 +553,11 @@ awaitable<void> completions(RouteContext& ctx, http::Exchange& ex, bool chat) {
     co_return;
   }
   RequestGuard req(*submitted, ex.waker());
-  const Ids ids{.id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string((*submitted)->id()),
-                .created = unix_time_s(),
-                .model = ctx.options.model_name,
-                .chat = chat};
+  const Ids ids{
+      .id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string((*submitted)->id()),
+      .created = unix_time_s(),
+      .model = ctx.options.model_name,
+      .chat = chat};
   if (p.params.stream) {
     co_await streamed_answer(ctx, ex, p, req, ids, t_start);
   } else {
@@ -574,17 +572,19 @@ void add_openai_routes(http::Server& server, RouteContext& ctx) {
                [&ctx](http::Exchange& ex) { return completions(ctx, ex, true); });
   server.route("POST", "/v1/completions",
                [&ctx](http::Exchange& ex) { return completions(ctx, ex, false); });
-  server.route("GET", "/v1/models", blocking([&ctx](const http::Request&) {
-                 return json_response(
-                     200, json{{"object", "list"},
-                               {"data", json::array({json{{"id", ctx.options.model_name},
-                                                          {"object", "model"},
-                                                          {"created", unix_time_s()},
-                                                          {"owned_by", "strata"},
-                                                          {"max_model_len", ctx.engine.model()
-                                                                                .config()
-                                                                                .max_position_embeddings}}})}});
-               }));
+  server.route(
+      "GET", "/v1/models", blocking([&ctx](const http::Request&) {
+        return json_response(
+            200,
+            json{{"object", "list"},
+                 {"data",
+                  json::array({json{
+                      {"id", ctx.options.model_name},
+                      {"object", "model"},
+                      {"created", unix_time_s()},
+                      {"owned_by", "strata"},
+                      {"max_model_len", ctx.engine.model().config().max_position_embeddings}}})}});
+      }));
 }
 
 }  // namespace strata

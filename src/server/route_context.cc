@@ -93,8 +93,7 @@ Result<std::vector<int32_t>> RouteContext::chat_tokens(const ojson& messages, co
     return make_error(ErrorCode::kInvalidArgument,
                       "this model has no chat template: use /v1/completions");
   }
-  auto text =
-      chat->render(messages, render_options(tools, add_generation_prompt, template_kwargs));
+  auto text = chat->render(messages, render_options(tools, add_generation_prompt, template_kwargs));
   if (!text) {
     return make_error(ErrorCode::kInvalidArgument, "chat template: " + text.error().message);
   }

@@ -62,7 +62,8 @@ Result<ToolCall> parse_tool_call(const std::string& raw, bool start) {
   auto id = get_string(*body, "session_id");
   if (!id) return std::unexpected(id.error());
   if (!id->has_value() || (*id)->empty() || (*id)->size() > 256) {
-    return make_error(ErrorCode::kInvalidArgument, "'session_id' (1 to 256 characters) is required");
+    return make_error(ErrorCode::kInvalidArgument,
+                      "'session_id' (1 to 256 characters) is required");
   }
   ToolCall call{.session_id = **id};
   if (!start) {
@@ -129,8 +130,9 @@ http::Response kv_meta_route(RouteContext& ctx, const http::Request& req) {
 void add_session_routes(http::Server& server, RouteContext& ctx) {
   server.route("POST", "/session/tool_start",
                admin_only(ctx, [&ctx](http::Exchange& ex) { return tool_session(ctx, ex, true); }));
-  server.route("POST", "/session/tool_end",
-               admin_only(ctx, [&ctx](http::Exchange& ex) { return tool_session(ctx, ex, false); }));
+  server.route("POST", "/session/tool_end", admin_only(ctx, [&ctx](http::Exchange& ex) {
+                 return tool_session(ctx, ex, false);
+               }));
   server.route("GET", "/session/kv_meta",
                admin_only(ctx, blocking([&ctx](const http::Request& req) {
                             return kv_meta_route(ctx, req);

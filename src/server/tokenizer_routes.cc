@@ -61,14 +61,15 @@ http::Response tokenize(const RouteContext& ctx, const http::Request& req) {
       return error_response(400, "'prompt' (a string) or 'messages' is required",
                             "invalid_argument");
     }
-    if (!prompt->is_string()) return error_response(400, "'prompt' must be a string", "invalid_argument");
+    if (!prompt->is_string())
+      return error_response(400, "'prompt' must be a string", "invalid_argument");
     tokens = ctx.tokenizer.encode(prompt->get_ref<const std::string&>(),
                                   EncodeOptions{.add_special_tokens = add_special->value_or(true)});
   }
   if (!tokens) return error_response(tokens.error());
-  return http::Response{.status = 200,
-                        .body = tokens_body(*tokens,
-                                            ctx.engine.model().config().max_position_embeddings)};
+  return http::Response{
+      .status = 200,
+      .body = tokens_body(*tokens, ctx.engine.model().config().max_position_embeddings)};
 }
 
 http::Response detokenize(const RouteContext& ctx, const http::Request& req) {

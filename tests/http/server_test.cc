@@ -28,8 +28,9 @@ class RawClient {
  public:
   explicit RawClient(int port, double timeout_s = 5) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    timeval tv{.tv_sec = static_cast<time_t>(timeout_s),
-               .tv_usec = static_cast<suseconds_t>((timeout_s - static_cast<int>(timeout_s)) * 1e6)};
+    timeval tv{
+        .tv_sec = static_cast<time_t>(timeout_s),
+        .tv_usec = static_cast<suseconds_t>((timeout_s - static_cast<int>(timeout_s)) * 1e6)};
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -43,7 +44,8 @@ class RawClient {
 
   bool connected() const { return connected_; }
   bool send(std::string_view bytes) {
-    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
   }
   // Everything until the peer closes or the receive timeout passes.
   std::string read_all() {
@@ -148,7 +150,8 @@ class ServerTest : public ::testing::Test {
     });
     server_->route("GET", "/offload", [](Exchange& ex) -> awaitable<void> {
       const auto here = std::this_thread::get_id();
-      const bool elsewhere = co_await ex.offload([here] { return std::this_thread::get_id() != here; });
+      const bool elsewhere =
+          co_await ex.offload([here] { return std::this_thread::get_id() != here; });
       Response r{.body = elsewhere ? "true" : "false"};
       co_await ex.respond(std::move(r));
     });
@@ -249,8 +252,9 @@ TEST_F(ServerTest, ChunkedBodiesAndExpectContinueWork) {
   EXPECT_EQ(answer.substr(answer.size() - 11), "hello world");
 
   RawClient d(port_);
-  d.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n"
-         "Connection: close\r\n\r\n");
+  d.send(
+      "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n"
+      "Connection: close\r\n\r\n");
   EXPECT_EQ(status_of(d.read_until("\r\n\r\n")), 100);
   d.send("ping");
   const std::string rest = d.read_all();
