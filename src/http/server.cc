@@ -360,6 +360,12 @@ net::awaitable<void> Connection::serve_request() {
     for (const auto& r : route->second) {
       if (r.method == request_.method) handler = &r.handler;
     }
+    // HEAD runs the GET handler; write_response sends its header without the body.
+    if (handler == nullptr && request_.method == "HEAD") {
+      for (const auto& r : route->second) {
+        if (r.method == "GET") handler = &r.handler;
+      }
+    }
   }
   if (handler == nullptr) {
     if (route != s_.routes.end()) {
@@ -443,6 +449,9 @@ net::awaitable<void> Connection::write_response(Response response, bool close) {
   res.keep_alive(!close && keep_alive_ && !close_after_ && !s_.stopping.load());
   res.body() = std::move(response.body);
   res.prepare_payload();
+  if (request_.method == "HEAD") {
+    res.body().clear();  // the header says what a GET would get; no body follows (RFC 9110 §9.3.2)
+  }
   stream_.expires_after(seconds(s_.options.write_timeout_s));
   auto [ec, n] = co_await bhttp::async_write(stream_, res, kNoThrow);
   stream_.expires_never();
