@@ -7,9 +7,11 @@
 // converted from GPT-2's byte alphabet to raw bytes at load, so pieces are encoded as raw
 // bytes without building the alphabet string. Otherwise units are code points.
 //
-// Cost: a piece of n units takes O(n log n) time at worst (O(n) buckets moves in the usual
-// case, see MergeQueue in bpe_model.cc) and about 24 bytes per unit of scratch, which a
-// thread keeps only for short pieces: a long piece's scratch is freed after it.
+// Cost: linear in a piece's length. Each merge candidate moves through at most 64 buckets
+// of the queue (MergeQueue in bpe_model.cc); only a merge list that uses a token before a
+// merge that makes it sends a few candidates through a log-time heap. Scratch: 16 bytes
+// a unit and 8 a pending candidate (about 40 bytes a unit at the peak), kept by a thread
+// for short pieces only: a long piece's scratch is freed after it.
 //
 // Thread-safe: encode() is const; its per-piece result cache is internally synchronized.
 #pragma once
@@ -20,7 +22,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -75,13 +76,12 @@ class BpeModel {
   // encoded, with `section_start` the size of `out` before its first piece.
   void fuse_unknowns(std::vector<TokenId>& out, size_t section_start) const;
 
-  // A lower bound of the number of ids encode_word appends for `piece`: every token covers
-  // at most max_token_bytes() bytes of it. 0 when no such bound holds (a model whose
-  // unknown pieces may vanish or fuse).
+  // A lower bound of the number of ids encode_word appends for `piece`: no id covers more
+  // than max_token_bytes_ of its bytes. 0 when no such bound holds (a model whose unknown
+  // pieces may vanish or fuse).
   size_t min_ids(std::string_view piece) const {
     return max_token_bytes_ == 0 ? 0 : (piece.size() + max_token_bytes_ - 1) / max_token_bytes_;
   }
-  size_t max_token_bytes() const { return max_token_bytes_; }
 
   // Empties the per-piece result cache (benchmarks measure cold encoding with it).
   void clear_cache() const;
@@ -126,7 +126,7 @@ class BpeModel {
   // by chunk with the same result (see encode_word). Byte-level units use the bitmap.
   std::unordered_set<uint64_t> joinable_;
   std::vector<bool> joinable_bytes_;  // [left byte * 256 + right byte], byte-level only
-  // Longest token a piece's unit or symbol can become, in bytes; 0: min_ids() has no bound.
+  // Most bytes of a piece that one id covers (see token_bound); 0: min_ids() has no bound.
   size_t max_token_bytes_ = 0;
   std::unique_ptr<Cache> cache_;
 };

@@ -189,7 +189,8 @@ Result<bool> PreTokenizer::apply(size_t step_index, std::string_view piece, int 
         size_t prev = 0;  // end of the last match
       } cursor{piece};
       auto scanned = step.pattern->for_each_match(piece, [&cursor, &forward](TextSpan m) {
-        if (cursor.prev < m.begin && !forward(cursor.text.substr(cursor.prev, m.begin - cursor.prev))) {
+        if (cursor.prev < m.begin &&
+            !forward(cursor.text.substr(cursor.prev, m.begin - cursor.prev))) {
           return false;
         }
         if (m.end > m.begin && !forward(cursor.text.substr(m.begin, m.size()))) return false;

@@ -546,17 +546,19 @@ Status Tokenizer::encode_text(std::string_view text, size_t max_tokens,
       size_t max_tokens;
       size_t oversized_piece = 0;  // bytes of a piece BPE cannot index, 0: none
     } sink{model, out, max_tokens};
-    auto finished = impl.pre_tokenizer.pre_tokenize(x, static_cast<int>(i), [&sink](std::string_view piece) {
-      if (piece.size() > BpeModel::kMaxPieceBytes) {
-        sink.oversized_piece = piece.size();
-        return false;
-      }
-      if (sink.max_tokens > 0 && sink.out.size() + sink.model.min_ids(piece) > sink.max_tokens) {
-        return false;
-      }
-      sink.model.encode_word(piece, sink.out);
-      return true;
-    });
+    auto finished =
+        impl.pre_tokenizer.pre_tokenize(x, static_cast<int>(i), [&sink](std::string_view piece) {
+          if (piece.size() > BpeModel::kMaxPieceBytes) {
+            sink.oversized_piece = piece.size();
+            return false;
+          }
+          if (sink.max_tokens > 0 &&
+              sink.out.size() + sink.model.min_ids(piece) > sink.max_tokens) {
+            return false;
+          }
+          sink.model.encode_word(piece, sink.out);
+          return true;
+        });
     if (!finished) return std::unexpected(finished.error());
     if (sink.oversized_piece > 0) {
       return make_error(ErrorCode::kInvalidArgument,
@@ -628,9 +630,8 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, EncodeOpti
   }
   post_process(ids, options.add_special_tokens);
   if (options.max_tokens > 0 && ids.size() > options.max_tokens) {
-    return make_error(ErrorCode::kResourceExhausted, "the text has more than " +
-                                                         std::to_string(options.max_tokens) +
-                                                         " tokens");
+    return make_error(ErrorCode::kResourceExhausted,
+                      "the text has more than " + std::to_string(options.max_tokens) + " tokens");
   }
   return ids;
 }
