@@ -244,9 +244,11 @@ TEST_F(ServerTest, FramingErrorsAreAnsweredAndTheConnectionClosed) {
 TEST_F(ServerTest, AHeadAnswerHasNoBodySoTheConnectionStaysInStep) {
   start();
   RawClient c(port_);
-  c.send("HEAD /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  c.send(
+      "HEAD /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\nConnection: "
+      "close\r\n\r\n");
   const std::string all = c.read_all();
-  EXPECT_EQ(count(all, "HTTP/1.1 200"), 2) << all;  // HEAD runs the GET route
+  EXPECT_EQ(count(all, "HTTP/1.1 200"), 2) << all;          // HEAD runs the GET route
   EXPECT_EQ(count(all, R"({"hello":"world"})"), 1) << all;  // only the GET's body
 }
 
