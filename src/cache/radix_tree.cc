@@ -788,7 +788,7 @@ bool RadixTree::start_backup(RadixNode* node) {
   ++node->io_ref;
   apply(before, acct(node));
   update_sets(node);
-  transfers_.push_back(TransferRequest{TransferRequest::Kind::kBackup, node->hashes,
+  transfers_.push_back(TransferRequest{TransferDirection::kDeviceToHost, node->hashes,
                                        node->device_pages, std::move(host)});
   // The head split off (it carries the same demote mark) needs its own copy.
   for (RadixNode* head : split_heads) start_backup(head);
@@ -889,7 +889,7 @@ Status RadixTree::load_back(const MatchResult& m) {
   }
   STRATA_CHECK_MSG(covered == need, "load_back: the host path changed size");
   std::reverse(path.begin(), path.end());
-  TransferRequest req{TransferRequest::Kind::kLoad, {}, {}, {}};
+  TransferRequest req{TransferDirection::kHostToDevice, {}, {}, {}};
   size_t at = 0;
   for (RadixNode* n : path) {
     const Acct before = acct(n);
@@ -928,7 +928,7 @@ void RadixTree::complete_transfer(const TransferRequest& request, bool ok) {
     const Acct before = acct(n);
     STRATA_CHECK(n->io_ref > 0);
     --n->io_ref;
-    if (request.kind == TransferRequest::Kind::kBackup) {
+    if (request.direction == TransferDirection::kDeviceToHost) {
       if (ok) {
         n->host_valid = true;
         backed_up_pages_total_ += static_cast<uint64_t>(n->num_pages());
@@ -952,7 +952,7 @@ void RadixTree::complete_transfer(const TransferRequest& request, bool ok) {
     if (n->parent != root_.get()) update_sets(n->parent);
     if (ok)
       emit_stored(n,
-                  request.kind == TransferRequest::Kind::kBackup ? Medium::kHost : Medium::kDevice);
+                  request.direction == TransferDirection::kDeviceToHost ? Medium::kHost : Medium::kDevice);
   }
   // Deepest first, so that a demoted child lets its parent go too.
   for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) try_demote(*it);

@@ -54,6 +54,7 @@
 #include "common/result.h"
 #include "memory/page_allocator.h"
 #include "memory/page_id.h"
+#include "memory/transfer_direction.h"
 
 namespace strata {
 
@@ -129,8 +130,7 @@ struct MatchResult {
 // A copy the tree asks for. The engine runs it off the scheduler thread and then calls
 // complete_transfer() with it. hashes[i] names the block of device_pages[i]/host_pages[i].
 struct TransferRequest {
-  enum class Kind : uint8_t { kBackup, kLoad };  // device->host, host->device
-  Kind kind = Kind::kBackup;
+  TransferDirection direction = TransferDirection::kDeviceToHost;  // a backup, or a load-back
   std::vector<BlockHash> hashes;
   std::vector<PageId> device_pages;
   std::vector<PageId> host_pages;

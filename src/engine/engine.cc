@@ -177,12 +177,11 @@ void Engine::submit_transfers(uint64_t load_for_seq) {
   if (!transfers_) return;
   for (TransferRequest& req : tree_->take_transfers()) {
     TransferJob job;
-    job.kind = req.kind == TransferRequest::Kind::kBackup ? TransferJob::kDeviceToHost
-                                                          : TransferJob::kHostToDevice;
+    job.direction = req.direction;
     job.device_pages = req.device_pages;
     job.host_pages = req.host_pages;
     const TransferTicket t = transfers_->submit(std::move(job));
-    const uint64_t waiter = req.kind == TransferRequest::Kind::kLoad ? load_for_seq : 0;
+    const uint64_t waiter = req.direction == TransferDirection::kHostToDevice ? load_for_seq : 0;
     pending_transfers_.emplace(t, PendingTransfer{std::move(req), waiter});
   }
 }
@@ -224,7 +223,7 @@ void Engine::poll_io() {
     PendingTransfer done = std::move(it->second);
     pending_transfers_.erase(it);
     tree_->complete_transfer(done.request, true);
-    if (done.request.kind == TransferRequest::Kind::kBackup && storage_worker_) {
+    if (done.request.direction == TransferDirection::kDeviceToHost && storage_worker_) {
       auto items = tree_->begin_storage_write(done.request.hashes);
       if (!items.empty()) {
         StorageTask task;

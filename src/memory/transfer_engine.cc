@@ -118,7 +118,7 @@ void TransferEngine::run_copy_thread() {
 
 void TransferEngine::execute(const QueuedJob& queued) {
   const TransferJob& job = queued.job;
-  if (job.kind == TransferJob::kDeviceToHost) {
+  if (job.direction == TransferDirection::kDeviceToHost) {
     host_.copy_from_device(device_, job.device_pages, job.host_pages);
     return;
   }
@@ -144,7 +144,7 @@ void TransferEngine::finish(const QueuedJob& queued, double seconds) {
     pending_.erase(queued.ticket);
     completed_.push_back(queued.ticket);
     ++stats_.jobs;
-    if (queued.job.kind == TransferJob::kDeviceToHost) {
+    if (queued.job.direction == TransferDirection::kDeviceToHost) {
       stats_.pages_to_host += pages;
       stats_.bytes_to_host += bytes;
     } else {

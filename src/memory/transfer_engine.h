@@ -33,12 +33,12 @@
 #include "memory/host_kv_pool.h"
 #include "memory/kv_pool.h"
 #include "memory/page_id.h"
+#include "memory/transfer_direction.h"
 
 namespace strata {
 
 struct TransferJob {
-  enum Kind { kDeviceToHost, kHostToDevice };
-  Kind kind = kDeviceToHost;
+  TransferDirection direction = TransferDirection::kDeviceToHost;
   // Pair i moves device_pages[i] <-> host_pages[i]; both lists have the same length.
   std::vector<PageId> device_pages;
   std::vector<PageId> host_pages;

@@ -208,10 +208,10 @@ class TierHarness {
     }
     return false;
   }
-  int copies_covering(BlockHash h, std::optional<TransferRequest::Kind> kind = {}) const {
+  int copies_covering(BlockHash h, std::optional<TransferDirection> kind = {}) const {
     int n = 0;
     for (const auto& c : copies_) {
-      if (kind && c.request.kind != *kind) continue;
+      if (kind && c.request.direction != *kind) continue;
       n += std::find(c.request.hashes.begin(), c.request.hashes.end(), h) != c.request.hashes.end();
     }
     return n;
@@ -222,7 +222,7 @@ class TierHarness {
     return n;
   }
   bool busy(BlockHash h) const { return copies_covering(h) + writes_covering(h) > 0; }
-  bool loading(BlockHash h) const { return copies_covering(h, TransferRequest::Kind::kLoad) > 0; }
+  bool loading(BlockHash h) const { return copies_covering(h, TransferDirection::kHostToDevice) > 0; }
   bool has_child(BlockHash h, const std::function<bool(BlockHash)>& where) const {
     for (const auto& [b, rb] : blocks_) {
       if (rb.parent == h && where(b)) return true;
@@ -283,7 +283,7 @@ class TierHarness {
   std::vector<TransferRequest> take(Asks asks) {
     std::vector<TransferRequest> ts = tree_->take_transfers();
     for (const auto& t : ts) {
-      if (t.kind == TransferRequest::Kind::kLoad) {
+      if (t.direction == TransferDirection::kHostToDevice) {
         EXPECT_TRUE(asks == Asks::kEvict) << "a load nobody asked for";
         continue;  // load() tracks it with its lock
       }
@@ -372,7 +372,7 @@ class TierHarness {
     ASSERT_NO_FATAL_FAILURE(consume());
     auto ts = take(Asks::kEvict);
     const auto is_load = [](const TransferRequest& t) {
-      return t.kind == TransferRequest::Kind::kLoad;
+      return t.direction == TransferDirection::kHostToDevice;
     };
     if (!st.has_value()) {
       ASSERT_EQ(st.error().code, ErrorCode::kOutOfPages);
@@ -451,7 +451,7 @@ class TierHarness {
     auto v = views();
     for (size_t k = 0; k < c.request.hashes.size(); ++k) {
       const BlockView& b = v.at(c.request.hashes[k]);
-      if (c.request.kind == TransferRequest::Kind::kLoad) {
+      if (c.request.direction == TransferDirection::kHostToDevice) {
         ASSERT_FALSE(b.loading());
         ASSERT_EQ(b.on_device(), ok);
         if (ok) {
@@ -464,7 +464,7 @@ class TierHarness {
         }
       }
     }
-    if (c.request.kind == TransferRequest::Kind::kLoad) lock_by_id(c.lock_id)->use = LockUse::kFree;
+    if (c.request.direction == TransferDirection::kHostToDevice) lock_by_id(c.lock_id)->use = LockUse::kFree;
   }
 
   void op_release() {
@@ -777,7 +777,7 @@ class TierHarness {
         const BlockView& b = v.at(t.hashes[k]);
         ASSERT_EQ(b.device_page(), t.device_pages[k]);
         ASSERT_EQ(b.host_page(), t.host_pages[k]);
-        if (t.kind == TransferRequest::Kind::kLoad) {
+        if (t.direction == TransferDirection::kHostToDevice) {
           ASSERT_TRUE(b.loading() && b.on_host());
         } else {
           ASSERT_TRUE(b.on_device() && b.backup_in_flight());

@@ -169,7 +169,7 @@ TEST_F(TierTest, WriteThroughBacksUpEachInsertedBlock) {
   EXPECT_EQ(events(), std::vector<Ev>{stored(Medium::kDevice, slice(h, 0, 2))});
   auto ts = take();
   ASSERT_EQ(ts.size(), 1u);
-  EXPECT_EQ(ts[0].kind, TransferRequest::Kind::kBackup);
+  EXPECT_EQ(ts[0].direction, TransferDirection::kDeviceToHost);
   EXPECT_EQ(ts[0].hashes, slice(h, 0, 2));
   EXPECT_EQ(ts[0].device_pages, ins.last_node->device_pages);
   ASSERT_EQ(ts[0].host_pages.size(), 2u);
@@ -201,7 +201,7 @@ TEST_F(TierTest, WriteThroughSelectiveBacksUpWhenHitsReachThreshold) {
   EXPECT_EQ(tree_->match_prefix(seq({1, 2, 9})).num_pages, 2);  // hit 2
   auto ts = take();
   ASSERT_EQ(ts.size(), 1u);
-  EXPECT_EQ(ts[0].kind, TransferRequest::Kind::kBackup);
+  EXPECT_EQ(ts[0].direction, TransferDirection::kDeviceToHost);
   EXPECT_EQ(ts[0].hashes, h);
   tree_->match_prefix(seq({1, 2}));  // a copy exists (in flight): none again
   EXPECT_TRUE(take().empty());
@@ -225,7 +225,7 @@ TEST_F(TierTest, WriteBackBacksUpOnlyWhenEvicted) {
   EXPECT_EQ(device_->num_allocated(), 2);  // freed only once the copy lands
   auto ts = take();
   ASSERT_EQ(ts.size(), 1u);
-  EXPECT_EQ(ts[0].kind, TransferRequest::Kind::kBackup);
+  EXPECT_EQ(ts[0].direction, TransferDirection::kDeviceToHost);
   EXPECT_TRUE(view(h[0]).on_device());
   check();
   tree_->complete_transfer(ts[0]);
@@ -425,7 +425,7 @@ TEST_F(TierTest, LoadBackLoadsHostPartInvisibleUntilComplete) {
   auto ts = take();
   ASSERT_EQ(ts.size(), 1u);
   const TransferRequest load = ts[0];
-  EXPECT_EQ(load.kind, TransferRequest::Kind::kLoad);
+  EXPECT_EQ(load.direction, TransferDirection::kHostToDevice);
   EXPECT_EQ(load.hashes, slice(h, 1, 3));
   EXPECT_EQ(load.host_pages, m.host_last_node->host_pages);
   EXPECT_EQ(load.device_pages.size(), 2u);
@@ -491,7 +491,7 @@ TEST_F(TierTest, LoadBackIsAllOrNothing) {
   ASSERT_TRUE(tree_->load_back(m).has_value());
   auto ts = take();
   ASSERT_EQ(ts.size(), 1u);
-  EXPECT_EQ(ts[0].kind, TransferRequest::Kind::kLoad);
+  EXPECT_EQ(ts[0].direction, TransferDirection::kHostToDevice);
   tree_->complete_transfer(ts[0]);
   EXPECT_EQ(tree_->match_prefix(seq({1, 2})).num_pages, 2);
   ASSERT_TRUE(tree_->release(lock).has_value());
@@ -990,7 +990,7 @@ TEST_F(TierTest, LoadBackWhosePathIsSplitWhileMakingRoom) {
   check();
   auto ts = take();
   ASSERT_FALSE(ts.empty());
-  EXPECT_EQ(ts.back().kind, TransferRequest::Kind::kLoad);
+  EXPECT_EQ(ts.back().direction, TransferDirection::kHostToDevice);
   EXPECT_EQ(ts.back().hashes, slice(h, 0, 2));
   for (const auto& t : ts) tree_->complete_transfer(t);
   EXPECT_EQ(tree_->match_prefix(seq({1, 2})).num_pages, 2);

@@ -52,12 +52,12 @@ std::vector<PageId> pages(std::initializer_list<int32_t> ids) {
 
 // Device page i goes to host page kPages - 1 - i, two pages a job.
 TransferJob to_host_job(int32_t first) {
-  return TransferJob{TransferJob::kDeviceToHost, pages({first, first + 1}),
+  return TransferJob{TransferDirection::kDeviceToHost, pages({first, first + 1}),
                      pages({kPages - 1 - first, kPages - 2 - first})};
 }
 
 TransferJob to_device_job(int32_t first, bool layer_by_layer = false) {
-  return TransferJob{TransferJob::kHostToDevice, pages({first, first + 1}),
+  return TransferJob{TransferDirection::kHostToDevice, pages({first, first + 1}),
                      pages({kPages - 1 - first, kPages - 2 - first}), layer_by_layer};
 }
 
@@ -156,7 +156,7 @@ TEST_P(TransferEngineTest, WaitLayerSeesEachLayerLand) {
   const std::vector<PageId> dev = pages({0, 1, 2, 3, 4, 5, 6, 7});
   const std::vector<PageId> hst = pages({kPages - 1, kPages - 2, kPages - 3, kPages - 4, kPages - 5,
                                          kPages - 6, kPages - 7, kPages - 8});
-  const TransferTicket t = in.submit(TransferJob{TransferJob::kHostToDevice, dev, hst, true});
+  const TransferTicket t = in.submit(TransferJob{TransferDirection::kHostToDevice, dev, hst, true});
   Bytes got(restored_.layer_page_bytes()), want(restored_.layer_page_bytes());
   for (int32_t layer = 0; layer < restored_.num_layers(); ++layer) {
     in.wait_layer(t, layer);
@@ -218,10 +218,10 @@ TEST_P(TransferEngineTest, OneCopyThreadRunsJobsInSubmissionOrder) {
   // host page 63 <- device 0; device 5 <- host 63; host 10 <- device 5: each job reads
   // what the previous one wrote.
   TransferEngine engine(source_, *host_);
-  engine.submit(TransferJob{TransferJob::kDeviceToHost, pages({0}), pages({63})});
-  engine.submit(TransferJob{TransferJob::kHostToDevice, pages({5}), pages({63}), true});
+  engine.submit(TransferJob{TransferDirection::kDeviceToHost, pages({0}), pages({63})});
+  engine.submit(TransferJob{TransferDirection::kHostToDevice, pages({5}), pages({63}), true});
   const TransferTicket last =
-      engine.submit(TransferJob{TransferJob::kDeviceToHost, pages({5}), pages({10})});
+      engine.submit(TransferJob{TransferDirection::kDeviceToHost, pages({5}), pages({10})});
   const Bytes expected = device_page(source_, make_page_id(0));
   engine.wait(last);
   EXPECT_EQ(host_page(*host_, make_page_id(10)), expected);
@@ -243,13 +243,13 @@ TEST(TransferEngineDeathTest, BadJobsFailOnTheCallersThread) {
   EXPECT_DEATH(
       {
         TransferEngine engine(device, **host);
-        engine.submit(TransferJob{TransferJob::kDeviceToHost, pages({0, 1}), pages({0})});
+        engine.submit(TransferJob{TransferDirection::kDeviceToHost, pages({0, 1}), pages({0})});
       },
       "transfer job with 2 device pages and 1 host pages");
   EXPECT_DEATH(
       {
         TransferEngine engine(device, **host);
-        engine.submit(TransferJob{TransferJob::kHostToDevice, pages({0}), pages({4})});
+        engine.submit(TransferJob{TransferDirection::kHostToDevice, pages({0}), pages({4})});
       },
       "host page 4");
   EXPECT_DEATH(
