@@ -25,10 +25,10 @@
 // The KV event stream is not checked here (it needs ZeroMQ, which Node does not have):
 // tests/server/kv_events_check.py replays it against /cache/state?detail=tree.
 import http from 'node:http';
-import net from 'node:net';
 import path from 'node:path';
 import { readFileSync, existsSync, appendFileSync, mkdirSync, rmSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { GET_HEALTH, RawConn, postRaw } from '../server/raw_http.mjs';
 
 // ------------------------------------------------------------------ options
 
@@ -650,99 +650,6 @@ function parseExact(text) {
 
 // ------------------------------------------------------------------ raw sockets
 
-class RawConn {
-  constructor(port) {
-    this.chunks = [];
-    this.closed = false;
-    this.closedAt = null;
-    this.error = null;
-    this.waiters = new Set();
-    this.sock = net.connect({ host: '127.0.0.1', port });
-    this.connected = new Promise((resolve) => {
-      this.sock.once('connect', () => resolve(true));
-      this.sock.once('close', () => resolve(false));
-    });
-    this.sock.on('data', (d) => { this.chunks.push(d); this.poke(); });
-    this.sock.on('error', (e) => { this.error = e; });
-    this.sock.on('close', () => { this.closed = true; this.closedAt = now(); this.poke(); });
-  }
-  get data() {
-    if (this.chunks.length > 1) this.chunks = [Buffer.concat(this.chunks)];
-    return this.chunks[0] ?? Buffer.alloc(0);
-  }
-  responses(heads = 0) { return parseResponses(this.data, this.closed, heads); }
-  write(bytes) { if (!this.sock.destroyed) this.sock.write(bytes, () => {}); }
-  destroy() { this.sock.destroy(); }
-  poke() { for (const w of this.waiters) w(); }
-  until(pred, ms) {
-    if (pred()) return Promise.resolve(true);
-    return new Promise((resolve) => {
-      const check = () => { if (pred()) finish(true); };
-      const finish = (v) => { clearTimeout(timer); this.waiters.delete(check); resolve(v); };
-      const timer = setTimeout(() => finish(pred()), ms);
-      this.waiters.add(check);
-    });
-  }
-}
-
-// The complete HTTP/1.1 responses at the start of `buf` (Content-Length, chunked, or to the
-// close). The first `heads` responses answer HEAD requests: they have no body.
-function parseResponses(buf, closed, heads = 0) {
-  const responses = [];
-  let off = 0;
-  while (off < buf.length) {
-    const end = buf.indexOf('\r\n\r\n', off);
-    if (end < 0) break;
-    const lines = buf.subarray(off, end).toString('latin1').split('\r\n');
-    const m = lines[0].match(/^HTTP\/1\.[01] (\d{3})/);
-    if (!m) return { responses, rest: buf.length - off, bad: lines[0].slice(0, 120) };
-    const status = Number(m[1]);
-    const headers = {};
-    for (const l of lines.slice(1)) {
-      const i = l.indexOf(':');
-      if (i > 0) headers[l.slice(0, i).trim().toLowerCase()] = l.slice(i + 1).trim();
-    }
-    const start = end + 4;
-    let body;
-    let next;
-    if (responses.length < heads || status === 204 || status === 304 || status < 200) {
-      body = Buffer.alloc(0);
-      next = start;
-    } else if (/chunked/i.test(headers['transfer-encoding'] ?? '')) {
-      const parts = [];
-      let p = start;
-      for (;;) {
-        const eol = buf.indexOf('\r\n', p);
-        if (eol < 0) break;
-        const size = parseInt(buf.subarray(p, eol).toString('latin1'), 16);
-        if (Number.isNaN(size)) return { responses, rest: buf.length - off, bad: 'bad chunk size' };
-        if (size === 0) {
-          const te = buf.indexOf('\r\n\r\n', eol);
-          if (te >= 0) next = te + 4;
-          break;
-        }
-        if (buf.length < eol + 2 + size + 2) break;
-        parts.push(buf.subarray(eol + 2, eol + 2 + size));
-        p = eol + 2 + size + 2;
-      }
-      if (next === undefined) break;
-      body = Buffer.concat(parts);
-    } else if (headers['content-length'] !== undefined) {
-      const n = Number(headers['content-length']);
-      if (buf.length < start + n) break;
-      body = buf.subarray(start, start + n);
-      next = start + n;
-    } else {
-      if (!closed) break;
-      body = buf.subarray(start);
-      next = buf.length;
-    }
-    responses.push({ status, headers, body: body.toString('utf8') });
-    off = next;
-  }
-  return { responses, rest: buf.length - off, bad: null };
-}
-
 // Raw-socket acceptable answers: 2xx, 4xx, 501, 503; errors as JSON.
 function rawProblem(r) {
   const ok = (r.status >= 100 && r.status < 300) || (r.status >= 400 && r.status < 500) || r.status === 501 || r.status === 503;
@@ -751,9 +658,6 @@ function rawProblem(r) {
   return errorShape(r.body);
 }
 
-const postRaw = (p, body, extra = '') =>
-  `POST ${p} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n${extra}Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
-const GET_HEALTH = 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n';
 const TOKENIZE = '{"prompt":"hello world"}';
 const parses = (r) => { try { return JSON.parse(r.body); } catch { return {}; } };
 

@@ -5,10 +5,10 @@
 // Run by CTest: node --test tests/server/http_limits.test.mjs
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import net from 'node:net';
 import http from 'node:http';
 import { execFileSync } from 'node:child_process';
 import { startServer } from './server_harness.mjs';
+import { GET_HEALTH, RawConn, destroyAllRawConns, postRaw } from './raw_http.mjs';
 
 // ---------------------------------------------------------------- helpers
 
@@ -17,13 +17,8 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const deadline = (ms) => new Promise((r) => setTimeout(r, ms).unref());
 const now = () => performance.now();
 
-// Every raw socket a test opens, so that none outlives the suite even when a test fails.
-const openSockets = new Set();
-function destroyAllSockets() {
-  for (const s of openSockets) s.destroy();
-  openSockets.clear();
-}
-after(destroyAllSockets);
+// Every raw socket a test opens is destroyed at the end, even when a test fails.
+after(destroyAllRawConns);
 
 // Stops a server by its pid (SIGTERM, the harness's stop()); one that has not exited
 // after `ms` is killed, so that a hung shutdown fails the test instead of the suite.
@@ -47,146 +42,11 @@ async function stopServer(server, ms = 15000) {
 async function serverFor(t, args) {
   const server = await startServer(args);
   t.after(async () => {
-    destroyAllSockets();
+    destroyAllRawConns();
     await stopServer(server);
   });
   server.port = Number(new URL(server.base).port);
   return server;
-}
-
-// A raw TCP connection that records everything: the bytes received, whether and when the
-// server closed it (FIN or RST: both are 'the server closed it'), and errors such as
-// EPIPE / ECONNRESET, which are expected when a server rejects a request and closes while
-// the client is still writing. It never throws.
-class RawConn {
-  constructor(port) {
-    this.chunks = [];
-    this.closed = false; // closed by the server (or failed), not by destroy()
-    this.closedAt = null;
-    this.error = null;
-    this.destroyedByUs = false;
-    this.waiters = new Set();
-    this.sock = net.connect({ host: '127.0.0.1', port });
-    openSockets.add(this.sock);
-    this.connected = new Promise((resolve) => {
-      this.sock.once('connect', () => { this.connectedAt = now(); resolve(true); });
-      this.sock.once('close', () => resolve(false));
-    });
-    this.sock.on('data', (d) => { this.chunks.push(d); this.poke(); });
-    this.sock.on('error', (e) => { this.error = e; });
-    this.sock.on('close', () => {
-      openSockets.delete(this.sock);
-      if (!this.destroyedByUs) { this.closed = true; this.closedAt = now(); }
-      this.poke();
-    });
-  }
-
-  get data() {
-    if (this.chunks.length > 1) this.chunks = [Buffer.concat(this.chunks)];
-    return this.chunks[0] ?? Buffer.alloc(0);
-  }
-
-  // The complete responses received so far (see parseResponses).
-  responses() { return parseResponses(this.data, this.closed); }
-
-  write(bytes) {
-    if (!this.sock.destroyed) this.sock.write(bytes, () => { /* errors land in 'error' */ });
-  }
-
-  // Writes `bytes` in pieces with a pause after each, and stops as soon as the server has
-  // answered or closed. For requests the server rejects part-way: node destroys a socket
-  // on EPIPE / ECONNRESET, dropping an answer not yet read, so a client that kept writing
-  // into a closed connection could lose the very answer under test.
-  async writeInPieces(bytes, pieceSize, pauseMs) {
-    const buf = Buffer.from(bytes);
-    for (let off = 0; off < buf.length; off += pieceSize) {
-      if (this.closed || this.chunks.length > 0) return;
-      this.write(buf.subarray(off, off + pieceSize));
-      await sleep(pauseMs);
-    }
-  }
-
-  destroy() {
-    if (!this.closed) this.destroyedByUs = true;
-    this.sock.destroy();
-    openSockets.delete(this.sock);
-  }
-
-  poke() { for (const w of this.waiters) w(); }
-
-  // Resolves true as soon as pred() holds (checked on every event), false after ms.
-  until(pred, ms) {
-    if (pred()) return Promise.resolve(true);
-    return new Promise((resolve) => {
-      const check = () => {
-        if (!pred()) return;
-        finish(true);
-      };
-      const finish = (v) => { clearTimeout(timer); this.waiters.delete(check); resolve(v); };
-      const timer = setTimeout(() => finish(pred()), ms);
-      this.waiters.add(check);
-    });
-  }
-}
-
-// Parses the HTTP/1.1 responses at the start of `buf`: Content-Length and chunked
-// bodies, and (once the connection is closed) a body that runs to the close. Returns
-// { responses: [{ status, headers, body }], rest (bytes not yet part of a complete
-// response), bad (a status line that is not HTTP) }.
-function parseResponses(buf, closed) {
-  const responses = [];
-  let off = 0;
-  while (off < buf.length) {
-    const end = buf.indexOf('\r\n\r\n', off);
-    if (end < 0) break;
-    const lines = buf.subarray(off, end).toString('latin1').split('\r\n');
-    const m = lines[0].match(/^HTTP\/1\.[01] (\d{3})/);
-    if (!m) return { responses, rest: buf.length - off, bad: lines[0].slice(0, 120) };
-    const status = Number(m[1]);
-    const headers = {};
-    for (const l of lines.slice(1)) {
-      const i = l.indexOf(':');
-      if (i > 0) headers[l.slice(0, i).trim().toLowerCase()] = l.slice(i + 1).trim();
-    }
-    const start = end + 4;
-    let body;
-    let next;
-    if (/chunked/i.test(headers['transfer-encoding'] ?? '')) {
-      const parts = [];
-      let p = start;
-      for (;;) {
-        const eol = buf.indexOf('\r\n', p);
-        if (eol < 0) break;
-        const size = parseInt(buf.subarray(p, eol).toString('latin1'), 16);
-        if (Number.isNaN(size)) return { responses, rest: buf.length - off, bad: 'bad chunk size' };
-        if (size === 0) {
-          const te = buf.indexOf('\r\n\r\n', eol);  // the end of the (empty) trailers
-          if (te >= 0) next = te + 4;
-          break;
-        }
-        if (buf.length < eol + 2 + size + 2) break;
-        parts.push(buf.subarray(eol + 2, eol + 2 + size));
-        p = eol + 2 + size + 2;
-      }
-      if (next === undefined) break;
-      body = Buffer.concat(parts);
-    } else if (headers['content-length'] !== undefined) {
-      const n = Number(headers['content-length']);
-      if (buf.length < start + n) break;
-      body = buf.subarray(start, start + n);
-      next = start + n;
-    } else if (status === 204 || status === 304 || status < 200) {
-      body = Buffer.alloc(0);
-      next = start;
-    } else {
-      if (!closed) break;  // the body runs to the close
-      body = buf.subarray(start);
-      next = buf.length;
-    }
-    responses.push({ status, headers, body: body.toString('utf8') });
-    off = next;
-  }
-  return { responses, rest: buf.length - off, bad: null };
 }
 
 // Null when `r` is an acceptable answer: 2xx, 4xx, 501 or 503, and for an error a JSON
@@ -320,11 +180,6 @@ async function streamChat(base, body, { onEvent, signal } = {}) {
   }
   return out;
 }
-
-const GET_HEALTH = 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n';
-const postRaw = (path, body, extra = '') =>
-  `POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n${extra}` +
-  `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
 
 // Opens n RawConns, `batch` connects at a time (a burst of thousands of SYNs at once can
 // overflow the listen backlog, which is not what these tests are about), running
