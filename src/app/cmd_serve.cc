@@ -140,6 +140,8 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     std::string hicache_storage_backend_extra_config;
     std::string hicache_storage_prefetch_policy = "best_effort";
     int64_t tool_session_ttl_s = 3600;
+    int64_t max_sessions = 10'000;
+    int64_t session_ttl_s = 3600;
     bool auto_tool_offload = false;
     http::ServerOptions http;  // --http-* (host and port are set from the options above)
     double shutdown_timeout_s = 30;
@@ -231,6 +233,15 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   "prefetch_timeout_per_ki_token");
   cmd->add_option("--hicache-storage-prefetch-policy", o->hicache_storage_prefetch_policy,
                   "best_effort | wait_complete | timeout")
+      ->capture_default_str();
+  cmd->add_option("--max-sessions", o->max_sessions,
+                  "Conversations (session_id) whose exact tokens and tool-session record are kept; "
+                  "the least recently used beyond are dropped (their next turn renders in full)")
+      ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))
+      ->capture_default_str();
+  cmd->add_option("--session-ttl-s", o->session_ttl_s,
+                  "Drop a conversation's record after this many seconds without a turn")
+      ->check(CLI::Range(int64_t{1}, int64_t{365} * 24 * 3600))
       ->capture_default_str();
   cmd->add_option("--tool-session-ttl-s", o->tool_session_ttl_s,
                   "Release an offloaded tool session whose tool_end never came after this long")
@@ -360,6 +371,8 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     eo.hicache.storage_extra_config = o->hicache_storage_backend_extra_config;
     eo.hicache.storage_namespace = storage_namespace(dir, *kv_dtype, o->page_size);
     eo.tool_session_ttl_ms = o->tool_session_ttl_s * 1000;
+    eo.max_sessions = o->max_sessions;
+    eo.session_idle_ttl_ms = o->session_ttl_s * 1000;
     KvEventPublisher* pub = publisher.get();
     auto engine = Engine::create(
         model->get(), eo,
@@ -378,6 +391,8 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                         ? std::filesystem::absolute(dir).filename().string()
                         : o->served_model_name;
     so.default_max_tokens = o->default_max_tokens;
+    so.max_sessions = o->max_sessions;
+    so.session_ttl_ms = o->session_ttl_s * 1000;
     const int64_t context = (*model)->config().max_position_embeddings;
     if (o->max_prompt_tokens > context) {
       return fail("--max-prompt-tokens " + std::to_string(o->max_prompt_tokens) +

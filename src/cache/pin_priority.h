@@ -21,9 +21,9 @@ class PinPriority {
   // kInvalidArgument outside [kMin, kMax].
   static Result<PinPriority> make(int64_t value) {
     if (value < kMin || value > kMax) {
-      return make_error(ErrorCode::kInvalidArgument, "'priority' must be in [" +
-                                                         std::to_string(kMin) + ", " +
-                                                         std::to_string(kMax) + "]");
+      return make_error(
+          ErrorCode::kInvalidArgument,
+          "'priority' must be in [" + std::to_string(kMin) + ", " + std::to_string(kMax) + "]");
     }
     return PinPriority(static_cast<int32_t>(value));
   }

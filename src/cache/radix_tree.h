@@ -5,15 +5,26 @@
 // block hash (block_hash.h); a hash index maps each cached block to its node and offset
 // and is exact at all times (insert, split, eviction, reset).
 //
+// Rooms. One class, one concept per file:
+//   radix_node.h          the node: plain metadata and its tier states
+//   radix_tree.cc         structure: match_prefix, insert (one path for device and host
+//                         blocks), split, the hash index, lock receipts, counters
+//   radix_tree_pins.cc    applies the pin table's answers to nodes (pin_ref, pin tails)
+//   pin_table.h           the pins themselves: hard counts, soft pins with TTL, priority
+//   eviction_policy.h     the order of the evictable sets (LRU by default)
+//   radix_tree_evict.cc   device eviction, evict_blocks, flush, reset
+//   radix_tree_tiers.cc   back-up, demotion, load-back, transfers, host eviction, storage
+//   radix_tree_audit.cc   check_invariants: recomputes every derived quantity
+//
 // Protection. A node is protected while a request lock or an external pin covers it:
 //  - a lock receipt (lock()) holds the path root..node; release() undoes exactly that,
 //    even after the node was split (a split keeps the deeper half as the original node);
 //  - a pin is counted per block; a pinned block protects itself and all its ancestors.
 //    The tree keeps "a childless node with pinned blocks ends with a pinned block" by
 //    splitting, so that unpinned pages after the last pinned block stay evictable.
-// Eviction removes least-recently-used unprotected leaves. The evictable set is kept
-// incrementally (an ordered set keyed by last access, with the iterator stored in the
-// node), never rebuilt by scanning the tree.
+// Eviction removes unprotected leaves in the order of the eviction policy (least recently
+// used first by default). The evictable sets are kept incrementally by the policy, never
+// rebuilt by scanning the tree.
 //
 // Pages. The tree owns the device pages of its nodes. insert() adopts pages from the
 // caller; pages it does not adopt (the tree already had those blocks) are returned to
@@ -29,7 +40,7 @@
 // match_prefix). Device eviction of a node with a host copy frees the device pages and
 // keeps the node ("demotion"); a node that must be demoted but has no host copy (a pinned
 // block, or the write_back policy) is backed up first and demoted when the copy lands.
-// Host eviction removes least-recently-used host-only leaves that nothing protects.
+// Host eviction removes host-only leaves that nothing protects, in the policy's order.
 // Storage (L3) residency is a per-page flag: storage is shared and looked up by hash.
 //
 // Thread: not thread-safe. One thread (the scheduler) owns the tree; events are emitted
@@ -38,18 +49,21 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
-
-#include <absl/container/flat_hash_map.h>
+#include <utility>
 #include <vector>
 
+#include <absl/container/flat_hash_map.h>
+
 #include "cache/block_hash.h"
+#include "cache/eviction_policy.h"
 #include "cache/kv_event.h"
+#include "cache/pin_priority.h"
+#include "cache/pin_table.h"
+#include "cache/radix_node.h"
+#include "cache/write_policy.h"
 #include "common/clock.h"
 #include "common/result.h"
 #include "memory/page_allocator.h"
@@ -58,61 +72,10 @@
 
 namespace strata {
 
-using NodeId = uint64_t;
-
-// When a device page gets a host copy (hierarchical cache only).
-enum class WritePolicy : uint8_t {
-  kWriteThrough,           // when the block is inserted
-  kWriteThroughSelective,  // when the block's node was hit write_through_threshold times
-  kWriteBack,              // when the block is evicted from the device
-};
-Result<WritePolicy> parse_write_policy(std::string_view name);
-std::string_view write_policy_name(WritePolicy policy);
-
 struct RadixTreeOptions {
   int32_t page_size = 16;  // tokens per page, in [1, 4096]
   WritePolicy write_policy = WritePolicy::kWriteThrough;
   int32_t write_through_threshold = 2;  // hits before a selective backup, >= 1
-};
-
-// A tree node: a run of consecutive full pages with no branching inside.
-struct RadixNode {
-  NodeId id = 0;
-  RadixNode* parent = nullptr;                       // null only for the root
-  uint32_t index_in_parent = 0;                      // position in parent->children
-  std::vector<std::unique_ptr<RadixNode>> children;  // owned
-  std::vector<TokenId> tokens;                       // num_pages() * page_size tokens
-  std::vector<BlockHash> hashes;                     // one per page
-  std::vector<uint32_t> pin_counts;                  // external pins per page
-  std::vector<PageId> device_pages;                  // per page; kInvalidPage if not on device
-  std::vector<PageId> host_pages;                    // empty, or per page (hierarchical cache)
-  std::vector<uint8_t> in_storage;                   // empty, or per page: 1 when in storage
-  bool loading = false;            // device_pages assigned, host->device copy in flight
-  bool host_valid = false;         // host_pages hold the KV (false while the backup copy runs)
-  bool demote_pending = false;     // leave the device once backed up and a device leaf
-  int32_t io_ref = 0;              // transfers in flight that read or write this node's pages
-  int32_t host_ref = 0;            // tool-session protections of this node's host copy (and below)
-  std::string first_page_extra;    // children of the root: extra keys of the first page
-  int32_t lock_ref = 0;            // lock receipts whose path includes this node
-  int32_t pin_ref = 0;             // pinned blocks in this node and all its descendants
-  int32_t own_pinned_blocks = 0;   // pages of this node with pin_counts > 0
-  int32_t soft_pinned_blocks = 0;  // pages of this node with a soft (TTL) pin
-  uint64_t last_access_tick = 0;   // logical time of the last match/insert (LRU order)
-  int64_t last_access_ms = 0;      // clock time of the same, for inspection
-  uint64_t hit_count = 0;          // matches that reached into this node
-  bool in_evictable_set = false;
-  bool in_host_evictable_set = false;
-
-  int32_t num_pages() const { return static_cast<int32_t>(hashes.size()); }
-  bool is_leaf() const { return children.empty(); }
-  bool is_protected() const { return lock_ref > 0 || pin_ref > 0 || host_ref > 0; }
-  // Device pages assigned (possibly still loading).
-  bool has_device_pages() const { return !device_pages.empty() && device_pages[0] != kInvalidPage; }
-  // Device pages readable.
-  bool on_device() const { return has_device_pages() && !loading; }
-  bool has_host_pages() const { return !host_pages.empty() && host_pages[0] != kInvalidPage; }
-  bool on_host() const { return has_host_pages() && host_valid; }
-  bool stored() const { return !in_storage.empty() && in_storage[0] != 0; }
 };
 
 struct MatchResult {
@@ -149,11 +112,6 @@ struct LockReceipt {
   uint32_t slot = UINT32_MAX;
   uint32_t generation = 0;
   bool valid() const { return slot != UINT32_MAX; }
-};
-
-struct PinOptions {
-  int64_t ttl_ms = 0;    // 0: a hard pin (no expiry); > 0: expires unless hit again
-  int32_t priority = 0;  // higher survives longer under auto-unpin; in [-100, 100]
 };
 
 struct PinResult {
@@ -242,8 +200,10 @@ class RadixTree {
   // `device_pages` receives evicted pages; `events` (may be null) receives every change;
   // `clock` (may be null: steady clock) stamps accesses and expires soft pins.
   // `host_pages` (may be null) enables the hierarchical cache: the host pool's pages.
+  // `eviction` (may be null: LRU) orders the evictable sets; the tree owns it.
   RadixTree(RadixTreeOptions options, PageAllocator* device_pages, KvEventSink* events,
-            const Clock* clock = nullptr, PageAllocator* host_pages = nullptr);
+            const Clock* clock = nullptr, PageAllocator* host_pages = nullptr,
+            std::unique_ptr<EvictionPolicy> eviction = nullptr);
   ~RadixTree();
   RadixTree(const RadixTree&) = delete;
   RadixTree& operator=(const RadixTree&) = delete;
@@ -315,14 +275,17 @@ class RadixTree {
   // Pins blocks by hash (counted: pin twice needs unpin twice). Unknown hashes are
   // skipped and counted. A repeated hash in one call pins twice.
   PinResult pin(std::span<const BlockHash> hashes, PinOptions options = {});
-  // Unpins blocks by hash: one pin each (a hard pin first, then a soft one).
+  // Unpins blocks by hash: one pin each (a hard pin first, else the soft pin of the
+  // highest priority, ties the longest TTL; see pin_table.h).
   UnpinResult unpin(std::span<const BlockHash> hashes);
-  // Drops soft pins whose TTL ran out at the clock's time. Returns blocks unpinned.
+  // Drops each soft pin whose own expiry passed at the clock's time. Returns the pins
+  // dropped.
   int32_t expire_soft_pins();
   // The no-deadlock rule: releases pins until at least `pages` more pages are
   // unprotected or no pin is left, soft pins first (lowest priority, then least
-  // recently used), then hard pins in the same order. Each chosen block loses all its
-  // pins. Returns the blocks unpinned, in order. Scans the tree: for rare use only.
+  // recently used), then hard pins in the same order; a block's priority is the max over
+  // its soft pins. Each chosen block loses all its pins. Returns the blocks unpinned, in
+  // order. Scans the tree: for rare use only.
   std::vector<BlockHash> release_pins_for(int64_t pages);
 
   // Evicts least-recently-used unprotected device leaves until at least `num_pages` device
@@ -343,8 +306,9 @@ class RadixTree {
   // Lookup by block hash.
   bool contains(BlockHash hash) const { return index_.contains(hash); }
   uint32_t pin_count(BlockHash hash) const;
-  // Blocks with a soft pin whose priority is at most `priority` (a scan of the soft pins).
-  int64_t soft_pinned_blocks_at_most(int32_t priority) const;
+  // Blocks with a soft pin whose priority (the max over their soft pins) is at most
+  // `priority` (a scan of the pin table).
+  int64_t soft_pinned_blocks_at_most(PinPriority priority) const;
 
   TreeStats stats() const;
   std::vector<NodeSnapshot> snapshot() const;
@@ -368,24 +332,24 @@ class RadixTree {
     RadixNode* node = nullptr;
     int32_t offset = 0;
   };
-  struct EvictKey {
-    uint64_t tick;
-    NodeId id;
-    RadixNode* node;
-    bool operator<(const EvictKey& o) const { return tick != o.tick ? tick < o.tick : id < o.id; }
-  };
-  struct SoftPin {
-    int32_t count = 0;      // soft pins on this block
-    int64_t ttl_ms = 0;     // the longest TTL given
-    int64_t expiry_ms = 0;  // refreshed on hit
-    int32_t priority = 0;
-  };
   struct ReceiptSlot {
     RadixNode* node = nullptr;
     uint32_t generation = 0;
     bool live = false;
   };
 
+  // ---- Structure (radix_tree.cc) ----
+  // Where inserted pages go: the device (a computed prefix) or the host (blocks read
+  // from storage, which start at page `first_page` of the tokens).
+  struct InsertPages {
+    Medium medium = Medium::kDevice;
+    int32_t first_page = 0;         // pages[k] is the page of block first_page + k
+    std::span<const PageId> pages;  // device or host pages, per `medium`
+  };
+  // The one insert path behind insert() and insert_host().
+  InsertResult insert_blocks(std::span<const TokenId> tokens, std::string_view cache_salt,
+                             const InsertPages& in);
+  static std::string describe(const RadixNode* node);  // for check messages
   // Split `node` so that its first `at` pages become a new parent node. Returns the new
   // (upper) node; `node` keeps the rest, its children and its identity.
   RadixNode* split(RadixNode* node, int32_t at);
@@ -399,38 +363,45 @@ class RadixTree {
                      std::string_view extra, int32_t& matched, bool& partial,
                      Walk walk = Walk::kDevice);
   BlockHash last_hash(const RadixNode* node) const;
+  // An access: new recency, and the node's place in the eviction order moves with it.
   void touch(RadixNode* node, uint64_t tick, int64_t now_ms);
-  void update_evictable(RadixNode* node);
   void add_lock_ref(RadixNode* node, int32_t delta);  // node..root
-  void add_pin_ref(RadixNode* node, int32_t delta);   // node..root
-  // After a node loses pins or children: split off an unpinned tail of a childless node
-  // with pinned blocks so that the tail becomes evictable.
-  void restore_pin_tail(RadixNode* node);
-  void evict_subtree(RadixNode* top);
-  void erase_evictable(RadixNode* node);
-  // Removes a childless node from every tier: frees its pages, unindexes it, emits
-  // BlockRemoved per medium. Returns its device pages.
-  int32_t remove_leaf(RadixNode* leaf);
-  // Tier moves.
-  bool is_device_leaf(const RadixNode* node) const;
-  bool needs_backup_to_leave(const RadixNode* node) const;
-  bool start_backup(RadixNode* node);  // false: no host room
-  void demote(RadixNode* node);        // drop the device copy of a backed-up device leaf
-  void try_demote(RadixNode* node);
-  bool allocate_host(int32_t count, std::vector<PageId>& out);
-  void update_host_evictable(RadixNode* node);
-  void erase_host_evictable(RadixNode* node);
-  void update_sets(RadixNode* node);
   struct Acct {
     int64_t device = 0, host = 0, host_only = 0, prot = 0, host_prot = 0, stored = 0, io = 0;
   };
   Acct acct(const RadixNode* node) const;
   void apply(const Acct& before, const Acct& after);
   void emit_stored(const RadixNode* node, Medium medium);
-  void change_pin(const Loc& loc, int32_t delta);
-  int32_t unpin_soft(BlockHash hash, int32_t count);
-  void drop_soft_record(BlockHash hash);
   void emit(KvEvent event);
+
+  // ---- Pins (radix_tree_pins.cc) ----
+  void add_pin_ref(RadixNode* node, int32_t delta);  // node..root
+  // After a node loses pins or children: split off an unpinned tail of a childless node
+  // with pinned blocks so that the tail becomes evictable.
+  void restore_pin_tail(RadixNode* node);
+  // Mirrors a change of a block's pin count (from the pin table) in its node.
+  void change_pin(const Loc& loc, int32_t delta);
+  // Mirrors a removal the pin table made: pin count and soft-pinned pages.
+  void apply_unpin(const Loc& loc, const PinChange& change);
+
+  // ---- Evictable sets and eviction (radix_tree_evict.cc) ----
+  void update_sets(RadixNode* node);  // both sets
+  void update_evictable(RadixNode* node);
+  void erase_evictable(RadixNode* node);
+  void update_host_evictable(RadixNode* node);
+  void erase_host_evictable(RadixNode* node);
+  void evict_subtree(RadixNode* top);
+  // Removes a childless node from every tier: frees its pages, unindexes it, emits
+  // BlockRemoved per medium. Returns its device pages.
+  int32_t remove_leaf(RadixNode* leaf);
+
+  // ---- Tiers (radix_tree_tiers.cc) ----
+  bool is_device_leaf(const RadixNode* node) const;
+  bool needs_backup_to_leave(const RadixNode* node) const;
+  bool start_backup(RadixNode* node);  // false: no host room
+  void demote(RadixNode* node);        // drop the device copy of a backed-up device leaf
+  void try_demote(RadixNode* node);
+  bool allocate_host(int32_t count, std::vector<PageId>& out);
 
   RadixTreeOptions options_;
   PageAllocator* device_pages_;
@@ -439,11 +410,9 @@ class RadixTree {
   const Clock* clock_;
   std::unique_ptr<RadixNode> root_;
   absl::flat_hash_map<BlockHash, Loc> index_;  // every cached block -> its node and offset
-  std::set<EvictKey> evictable_;               // unprotected device leaves, LRU first
-  std::set<EvictKey> host_evictable_;          // unprotected host-only leaves, LRU first
+  std::unique_ptr<EvictionPolicy> eviction_;   // orders the evictable sets
+  PinTable pins_;                              // every pin of a cached block
   std::vector<TransferRequest> transfers_;     // requested, not yet taken
-  absl::flat_hash_map<BlockHash, SoftPin> soft_pins_;
-  std::set<std::pair<int64_t, BlockHash>> soft_expiry_;  // (expiry_ms, hash)
   std::vector<ReceiptSlot> receipts_;
   std::vector<uint32_t> free_receipts_;
   NodeId next_node_id_ = 1;
@@ -452,7 +421,6 @@ class RadixTree {
   int64_t cached_pages_ = 0;
   int64_t protected_pages_ = 0;
   int64_t evictable_pages_ = 0;
-  int64_t pinned_blocks_ = 0;
   int64_t locked_nodes_ = 0;
   int64_t outstanding_locks_ = 0;
   uint64_t match_calls_ = 0;

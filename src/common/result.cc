@@ -14,6 +14,14 @@ std::string_view error_code_name(ErrorCode code) {
       return "resource_exhausted";
     case ErrorCode::kFailedPrecondition:
       return "failed_precondition";
+    case ErrorCode::kOverBudget:
+      return "pin_budget_exceeded";
+    case ErrorCode::kStaleEpoch:
+      return "stale_epoch";
+    case ErrorCode::kBusy:
+      return "session_busy";
+    case ErrorCode::kNoHostTier:
+      return "no_host_tier";
     case ErrorCode::kUnauthenticated:
       return "unauthenticated";
     case ErrorCode::kIoError:

@@ -14,6 +14,10 @@ enum class ErrorCode {
   kOutOfPages,          // a pool has too few free pages
   kResourceExhausted,   // a budget (pins, context, queue) would be exceeded
   kFailedPrecondition,  // the object is in the wrong state for the call (HTTP 409)
+  kOverBudget,          // a pin would exceed --max-pinned-ratio or the client budget
+  kStaleEpoch,          // a tool session's epoch is not the current one
+  kBusy,                // a request of the tool session is still running
+  kNoHostTier,          // the call needs the hierarchical cache's host tier
   kUnauthenticated,     // missing or wrong admin key (HTTP 401)
   kIoError,             // a file or network call failed
   kCorrupt,             // data read back failed its checks

@@ -6,22 +6,17 @@
 
 namespace strata {
 
-Result<PinResult> apply_pin(EngineState& s, std::span<const BlockHash> hashes, PinOptions options,
-                            PinAuthority authority) {
-  if (options.priority < kMinPinPriority || options.priority > kMaxPinPriority) {
-    return make_error(ErrorCode::kInvalidArgument, "'priority' must be in [" +
-                                                       std::to_string(kMinPinPriority) + ", " +
-                                                       std::to_string(kMaxPinPriority) + "]");
-  }
-  const bool client = authority == PinAuthority::kClient;
+Result<PinOutcome> apply_pin(EngineState& s, const PinCommand& command) {
+  PinOptions options{.ttl_ms = std::max<int64_t>(command.ttl_ms, 0), .priority = command.priority};
+  const bool client = command.authority == PinAuthority::kClient;
   if (client) {
     const int64_t cap = s.options.max_client_pin_ttl_ms;
-    options.ttl_ms = options.ttl_ms <= 0 ? cap : std::min(options.ttl_ms, cap);
-    options.priority = kClientPinPriority;
+    options.ttl_ms = options.ttl_ms == 0 ? cap : std::min(options.ttl_ms, cap);
+    options.priority = PinPriority::lowest();
   }
   // The blocks this call would newly pin (pinning a pinned block again costs no page).
   std::unordered_set<BlockHash> fresh;
-  for (BlockHash h : hashes) {
+  for (BlockHash h : command.hashes) {
     if (s.tree.contains(h) && s.tree.pin_count(h) == 0) fresh.insert(h);
   }
   const int64_t added = static_cast<int64_t>(fresh.size());
@@ -30,7 +25,7 @@ Result<PinResult> apply_pin(EngineState& s, std::span<const BlockHash> hashes, P
   const std::string pool = std::to_string(pool_pages) + (host ? " host pages" : " pages");
   const int64_t pinned = s.tree.stats().pinned_blocks;
   if (pinned + added > s.pin_budget_pages) {
-    return make_error(ErrorCode::kResourceExhausted,
+    return make_error(ErrorCode::kOverBudget,
                       "pin refused: " + std::to_string(pinned) +
                           " blocks are pinned and this call adds " + std::to_string(added) +
                           "; --max-pinned-ratio allows " + std::to_string(s.pin_budget_pages) +
@@ -39,18 +34,18 @@ Result<PinResult> apply_pin(EngineState& s, std::span<const BlockHash> hashes, P
   if (client) {
     const auto budget =
         static_cast<int64_t>(s.options.max_client_pinned_ratio * static_cast<double>(pool_pages));
-    const int64_t by_clients = s.tree.soft_pinned_blocks_at_most(kClientPinPriority);
+    const int64_t by_clients = s.tree.soft_pinned_blocks_at_most(PinPriority::lowest());
     if (by_clients + added > budget) {
-      return make_error(ErrorCode::kResourceExhausted,
+      return make_error(ErrorCode::kOverBudget,
                         "pin refused: clients hold " + std::to_string(by_clients) +
                             " pinned blocks and this call adds " + std::to_string(added) +
                             "; --max-client-pinned-ratio allows " + std::to_string(budget) +
                             " of " + pool);
     }
   }
-  PinResult r = s.tree.pin(hashes, options);
-  s.tree.back_up(hashes);
-  return r;
+  const PinResult r = s.tree.pin(command.hashes, options);
+  s.tree.back_up(command.hashes);
+  return PinOutcome{.pinned = r.pinned, .unknown = r.unknown};
 }
 
 }  // namespace strata

@@ -20,24 +20,71 @@ Error not_found(const std::string& id) {
 
 }  // namespace
 
-std::string_view session_state_name(SessionState state) {
+std::string_view tool_session_state_name(ToolSessionState state) {
   switch (state) {
-    case SessionState::kRunnable:
+    case ToolSessionState::kRunnable:
       return "RUNNABLE";
-    case SessionState::kOffloading:
+    case ToolSessionState::kOffloading:
       return "OFFLOADING";
-    case SessionState::kOffloaded:
+    case ToolSessionState::kOffloaded:
       return "OFFLOADED";
-    case SessionState::kRestoring:
+    case ToolSessionState::kRestoring:
       return "RESTORING";
   }
   return "RUNNABLE";
 }
 
-ToolSessions::ToolSessions(RadixTree& tree, const Clock& clock, int64_t ttl_ms)
-    : tree_(tree), clock_(clock), ttl_ms_(ttl_ms) {}
+ToolSessions::ToolSessions(RadixTree& tree, const Clock& clock, int64_t ttl_ms,
+                           int64_t max_idle_records, int64_t idle_ttl_ms)
+    : tree_(tree),
+      clock_(clock),
+      ttl_ms_(ttl_ms),
+      max_idle_records_(max_idle_records),
+      idle_ttl_ms_(idle_ttl_ms) {}
 
-void ToolSessions::set_state(Session& s, SessionState state) {
+ToolSessions::Session& ToolSessions::touch(const std::string& id) {
+  auto [it, fresh] = sessions_.try_emplace(id);
+  Session& s = it->second;
+  if (fresh) {
+    s.id = id;
+    lru_.push_front(id);
+    s.lru = lru_.begin();
+  } else {
+    lru_.splice(lru_.begin(), lru_, s.lru);
+  }
+  s.used_ms = clock_.now_ms();
+  return s;
+}
+
+bool ToolSessions::droppable(const Session& s) {
+  return s.state == ToolSessionState::kRunnable && s.running == 0 && !s.protected_ &&
+         !s.restore_lock.valid();
+}
+
+void ToolSessions::trim() {
+  const int64_t now = clock_.now_ms();
+  // Walk from the least recently used end; a record in use goes to the front. Each record
+  // is looked at once at most.
+  for (size_t looked = 0, n = lru_.size(); looked < n && !lru_.empty(); ++looked) {
+    Session& s = sessions_.at(lru_.back());
+    const bool over = static_cast<int64_t>(sessions_.size()) > max_idle_records_;
+    if (!over && now - s.used_ms < idle_ttl_ms_) break;
+    if (!droppable(s)) {
+      lru_.splice(lru_.begin(), lru_, s.lru);
+      continue;
+    }
+    lru_.pop_back();
+    sessions_.erase(s.id);
+    ++dropped_total_;
+  }
+}
+
+void ToolSessions::set_state(Session& s, ToolSessionState state) {
+  if (state == ToolSessionState::kRunnable) {
+    not_runnable_.erase(s.id);
+  } else {
+    not_runnable_.insert(s.id);
+  }
   s.state = state;
   s.since_ms = wall_ms();
   s.changed_ms = clock_.now_ms();
@@ -59,20 +106,20 @@ void ToolSessions::release(Session& s) {
 }
 
 void ToolSessions::on_request_arrived(const std::string& id) {
-  Session& s = sessions_[id];
+  Session& s = touch(id);
   ++s.running;
-  if (s.state == SessionState::kOffloading || s.state == SessionState::kOffloaded) {
+  if (s.state == ToolSessionState::kOffloading || s.state == ToolSessionState::kOffloaded) {
     // The agent came back without tool_end: its request loads the KV like any hit.
     release(s);
-    set_state(s, SessionState::kRunnable);
+    set_state(s, ToolSessionState::kRunnable);
   }
 }
 
 void ToolSessions::on_request_finished(const std::string& id, std::span<const int32_t> tokens,
                                        const std::string& cache_salt) {
-  Session& s = sessions_[id];
+  Session& s = touch(id);
   if (s.running > 0) --s.running;
-  if (s.state != SessionState::kRunnable) return;  // restoring: keep what is protected
+  if (s.state != ToolSessionState::kRunnable) return;  // restoring: keep what is protected
   const size_t ps = static_cast<size_t>(tree_.page_size());
   const size_t full = tokens.size() / ps * ps;
   if (full == 0) return;  // nothing cached (cancelled early): keep what the session had
@@ -98,28 +145,27 @@ std::string ToolSessions::tier_of(const Session& s) const {
   return "host";
 }
 
-SessionView ToolSessions::view(const Session& s) const {
-  return SessionView{s.state, tier_of(s), s.epoch, s.tokens, s.since_ms, 0};
+ToolSessionView ToolSessions::view(const Session& s) const {
+  return ToolSessionView{s.state, tier_of(s), s.epoch, s.tokens, s.since_ms, 0};
 }
 
-Result<SessionView> ToolSessions::tool_start(const std::string& id) {
+Result<ToolSessionView> ToolSessions::tool_start(const std::string& id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return std::unexpected(not_found(id));
   Session& s = it->second;
   if (!tree_.hierarchical()) {
-    return make_error(ErrorCode::kFailedPrecondition,
+    return make_error(ErrorCode::kNoHostTier,
                       "tool sessions need the host tier: start the server with "
                       "--enable-hierarchical-cache");
   }
-  if (s.state != SessionState::kRunnable) {
-    return make_error(ErrorCode::kFailedPrecondition, "session '" + id + "' is already " +
-                                                          std::string(session_state_name(s.state)) +
-                                                          " (epoch " + std::to_string(s.epoch) +
-                                                          "): tool_end first");
+  if (s.state != ToolSessionState::kRunnable) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "session '" + id + "' is already " +
+                          std::string(tool_session_state_name(s.state)) + " (epoch " +
+                          std::to_string(s.epoch) + "): tool_end first");
   }
   if (s.running > 0) {
-    return make_error(ErrorCode::kFailedPrecondition,
-                      "a request of session '" + id + "' is still running");
+    return make_error(ErrorCode::kBusy, "a request of session '" + id + "' is still running");
   }
   int64_t moved = 0;
   RadixNode* node = s.has_kv ? tree_.node_ending_at(s.last_hash) : nullptr;
@@ -130,33 +176,33 @@ Result<SessionView> ToolSessions::tool_start(const std::string& id) {
     moved = s.tokens;
   }
   ++s.epoch;
-  set_state(s, SessionState::kOffloading);
+  set_state(s, ToolSessionState::kOffloading);
   if (node == nullptr || path_all(s, false)) {
     // Nothing to copy (no KV left, or every block has its host copy already).
-    set_state(s, SessionState::kOffloaded);
+    set_state(s, ToolSessionState::kOffloaded);
   }
-  SessionView v = view(s);
+  ToolSessionView v = view(s);
   v.moved_tokens = moved;
   return v;
 }
 
-Result<SessionView> ToolSessions::tool_end(const std::string& id, uint64_t epoch) {
+Result<ToolSessionView> ToolSessions::tool_end(const std::string& id, uint64_t epoch) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return std::unexpected(not_found(id));
   Session& s = it->second;
-  if (s.state == SessionState::kRunnable || s.state == SessionState::kRestoring) {
-    return make_error(ErrorCode::kFailedPrecondition, "session '" + id + "' is " +
-                                                          std::string(session_state_name(s.state)) +
-                                                          ": tool_end needs a tool_start first");
+  if (s.state == ToolSessionState::kRunnable || s.state == ToolSessionState::kRestoring) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "session '" + id + "' is " + std::string(tool_session_state_name(s.state)) +
+                          ": tool_end needs a tool_start first");
   }
   if (epoch != s.epoch) {
-    return make_error(ErrorCode::kFailedPrecondition, "stale epoch " + std::to_string(epoch) +
-                                                          " for session '" + id + "' (current " +
-                                                          std::to_string(s.epoch) + ")");
+    return make_error(ErrorCode::kStaleEpoch, "stale epoch " + std::to_string(epoch) +
+                                                  " for session '" + id + "' (current " +
+                                                  std::to_string(s.epoch) + ")");
   }
   if (!s.has_kv || tree_.node_of(s.last_hash) == nullptr) {
     release(s);
-    set_state(s, SessionState::kRunnable);
+    set_state(s, ToolSessionState::kRunnable);
     return view(s);
   }
   // Match the session's tokens: the device part stays, the host part loads back. The
@@ -170,24 +216,24 @@ Result<SessionView> ToolSessions::tool_end(const std::string& id, uint64_t epoch
       // OFFLOADED (same epoch) so that a later tool_end or the next request recovers it.
       STRATA_CHECK(tree_.release(hold).has_value());
       release(s);
-      set_state(s, SessionState::kOffloaded);
+      set_state(s, ToolSessionState::kOffloaded);
       return make_error(ErrorCode::kOutOfPages,
                         "restore of session '" + id + "' failed: " + st.error().message +
                             "; its host copy is no longer protected (retry tool_end, or send "
                             "the next request)");
     }
     s.restore_lock = hold;
-    set_state(s, SessionState::kRestoring);
+    set_state(s, ToolSessionState::kRestoring);
   } else {
     release(s);
-    set_state(s, SessionState::kRunnable);
+    set_state(s, ToolSessionState::kRunnable);
   }
-  SessionView v = view(s);
+  ToolSessionView v = view(s);
   v.moved_tokens = restored;
   return v;
 }
 
-Result<SessionView> ToolSessions::kv_meta(const std::string& id) const {
+Result<ToolSessionView> ToolSessions::kv_meta(const std::string& id) const {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return std::unexpected(not_found(id));
   return view(it->second);
@@ -196,14 +242,17 @@ Result<SessionView> ToolSessions::kv_meta(const std::string& id) const {
 int32_t ToolSessions::tick() {
   int32_t expired = 0;
   const int64_t now = clock_.now_ms();
-  for (auto& [id, s] : sessions_) {
-    if (s.state == SessionState::kOffloading && path_all(s, false)) {
-      set_state(s, SessionState::kOffloaded);
-    } else if (s.state == SessionState::kRestoring && path_all(s, true)) {
+  // Only sessions in a transitional or offloaded state have anything to advance.
+  const std::vector<std::string> ids(not_runnable_.begin(), not_runnable_.end());
+  for (const std::string& id : ids) {
+    Session& s = sessions_.at(id);
+    if (s.state == ToolSessionState::kOffloading && path_all(s, false)) {
+      set_state(s, ToolSessionState::kOffloaded);
+    } else if (s.state == ToolSessionState::kRestoring && path_all(s, true)) {
       release(s);
-      set_state(s, SessionState::kRunnable);
+      set_state(s, ToolSessionState::kRunnable);
     }
-    if ((s.state == SessionState::kOffloading || s.state == SessionState::kOffloaded) &&
+    if ((s.state == ToolSessionState::kOffloading || s.state == ToolSessionState::kOffloaded) &&
         now - s.changed_ms >= ttl_ms_) {
       if (s.protected_) {
         STRATA_LOG_WARN("tool session '{}' got no tool_end for {} s: its host copy is released", id,
@@ -211,10 +260,11 @@ int32_t ToolSessions::tick() {
         ++expired;
       }
       release(s);
-      set_state(s, SessionState::kRunnable);
+      set_state(s, ToolSessionState::kRunnable);
     }
   }
   expired_total_ += static_cast<uint64_t>(expired);
+  trim();
   return expired;
 }
 

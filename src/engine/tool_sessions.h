@@ -14,38 +14,33 @@
 // RUNNABLE. A request of the session, a failed restore (protection released, state
 // OFFLOADED: a later tool_end or request recovers), or the TTL also release the host copy.
 //
-// Thread: the scheduler thread only (it owns the tree); HTTP threads reach it through
-// Engine::call.
+// Thread: the scheduler thread only (it owns the tree); other threads reach it through
+// the cache-control commands (engine/cache_control.h).
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cache/radix_tree.h"
 #include "common/clock.h"
 #include "common/result.h"
+#include "engine/cache_control.h"
 
 namespace strata {
 
-enum class SessionState : uint8_t { kRunnable, kOffloading, kOffloaded, kRestoring };
-std::string_view session_state_name(SessionState state);
-
-struct SessionView {
-  SessionState state = SessionState::kRunnable;
-  std::string tier;  // where the session's KV is now: device | host | none
-  uint64_t epoch = 0;
-  int64_t tokens = 0;        // tokens whose KV the session has (full pages)
-  int64_t since_ms = 0;      // wall time (ms since the Unix epoch) of the last state change
-  int64_t moved_tokens = 0;  // tool_start: tokens offloaded; tool_end: tokens restored
-};
-
 class ToolSessions {
  public:
-  ToolSessions(RadixTree& tree, const Clock& clock, int64_t ttl_ms);
+  // `ttl_ms`: an offloaded session without tool_end is released after it. Records of
+  // sessions that hold nothing (RUNNABLE, no request running) are kept at most
+  // `max_idle_records` (least recently used dropped) and at most `idle_ttl_ms`.
+  ToolSessions(RadixTree& tree, const Clock& clock, int64_t ttl_ms, int64_t max_idle_records,
+               int64_t idle_ttl_ms);
 
   // A request of the session arrived: an offloaded session comes back with it.
   void on_request_arrived(const std::string& id);
@@ -53,22 +48,26 @@ class ToolSessions {
   void on_request_finished(const std::string& id, std::span<const int32_t> tokens,
                            const std::string& cache_salt);
 
-  Result<SessionView> tool_start(const std::string& id);
+  Result<ToolSessionView> tool_start(const std::string& id);
   // Starts the load-back (the engine submits the copies after the call).
-  Result<SessionView> tool_end(const std::string& id, uint64_t epoch);
-  Result<SessionView> kv_meta(const std::string& id) const;
+  Result<ToolSessionView> tool_end(const std::string& id, uint64_t epoch);
+  Result<ToolSessionView> kv_meta(const std::string& id) const;
 
   // Advances OFFLOADING -> OFFLOADED and RESTORING -> RUNNABLE as copies land, and
   // releases sessions past the TTL. Returns the sessions released by the TTL.
   int32_t tick();
   uint64_t expired_total() const { return expired_total_; }
   size_t size() const { return sessions_.size(); }
+  uint64_t dropped_total() const { return dropped_total_; }
   // Sessions whose host copy is protected now (for invariant checks).
   int64_t protected_count() const;
 
  private:
   struct Session {
-    SessionState state = SessionState::kRunnable;
+    std::string id;
+    std::list<std::string>::iterator lru;  // position in lru_ (front: most recently used)
+    int64_t used_ms = 0;                   // engine clock: last request or call
+    ToolSessionState state = ToolSessionState::kRunnable;
     uint64_t epoch = 0;
     int64_t tokens = 0;
     std::vector<int32_t> token_ids;  // full pages only
@@ -81,17 +80,28 @@ class ToolSessions {
     int64_t since_ms = 0;      // wall clock
     int64_t changed_ms = 0;    // engine clock (TTL)
   };
-  void set_state(Session& s, SessionState state);
+  // The session's record, created when new, marked used.
+  Session& touch(const std::string& id);
+  // A record that holds nothing may be dropped.
+  static bool droppable(const Session& s);
+  // Drops records beyond the cap and idle past the TTL (least recently used first).
+  void trim();
+  void set_state(Session& s, ToolSessionState state);
   void release(Session& s);  // drops protection and restore lock
   std::string tier_of(const Session& s) const;
   bool path_all(const Session& s, bool on_device) const;
-  SessionView view(const Session& s) const;
+  ToolSessionView view(const Session& s) const;
 
   RadixTree& tree_;
   const Clock& clock_;
   int64_t ttl_ms_;
+  int64_t max_idle_records_;
+  int64_t idle_ttl_ms_;
   std::unordered_map<std::string, Session> sessions_;
+  std::list<std::string> lru_;                    // every session id, most recently used first
+  std::unordered_set<std::string> not_runnable_;  // ids in a state tick() must advance
   uint64_t expired_total_ = 0;
+  uint64_t dropped_total_ = 0;
 };
 
 }  // namespace strata

@@ -1,17 +1,22 @@
 #include "server/api_server.h"
 
+#include <algorithm>
+
 #include "server/routes.h"
 
 namespace strata {
 
 ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tokenizer,
                      const ChatTemplate* chat, Metrics& metrics)
-    : ctx_{.options = std::move(options),
+    : conversations_(static_cast<size_t>(std::max<int64_t>(options.max_sessions, 0)),
+                     options.session_ttl_ms),
+      ctx_{.options = std::move(options),
            .engine = engine,
            .tokenizer = tokenizer,
            .chat = chat,
            .metrics = metrics,
-           .http_stats = {}},
+           .http_stats = {},
+           .conversations = conversations_},
       http_(ctx_.options.http) {
   ctx_.http_stats = [this] { return http_.stats(); };
   add_openai_routes(http_, ctx_);

@@ -26,6 +26,7 @@ class ApiServer {
   http::ServerStats http_stats() const { return http_.stats(); }
 
  private:
+  ConversationRecords conversations_;
   RouteContext ctx_;
   http::Server http_;
 };

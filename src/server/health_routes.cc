@@ -6,38 +6,37 @@
 namespace strata {
 namespace {
 
-CacheGaugeValues cache_gauges(EngineState& s) {
+CacheGaugeValues cache_gauges(const CacheState& s, const EngineCounters& c) {
   CacheGaugeValues g;
-  const TreeStats t = s.tree.stats();
-  g.pages_total = s.device_pages.num_pages();
-  g.pages_free = s.device_pages.num_free();
-  g.pages_used = s.device_pages.num_allocated();
-  g.pages_cached = t.cached_pages;
-  g.pages_pinned = t.pinned_blocks;
-  g.pages_protected = t.protected_pages;
-  g.pages_evictable = t.cached_pages - t.protected_pages;
-  g.running = s.counters.running;
-  g.waiting = s.counters.waiting;
-  g.evicted_pages_total = t.evicted_pages_total;
-  g.auto_unpinned_blocks_total = s.counters.auto_unpinned_blocks;
-  g.expired_pins_total = t.expired_pins_total;
-  if (s.host_pages != nullptr) {
-    g.host_pages = {{"total", s.host_pages->num_pages()},  {"free", s.host_pages->num_free()},
-                    {"cached", t.host_cached_pages},       {"host_only", t.host_only_pages},
-                    {"protected", t.host_protected_pages}, {"evictable", t.host_evictable_pages}};
+  g.pages_total = s.device.capacity_pages;
+  g.pages_free = s.device.free_pages;
+  g.pages_used = s.device.used_pages;
+  g.pages_cached = s.device.cached_pages;
+  g.pages_pinned = s.device.pinned_blocks;
+  g.pages_protected = s.device.protected_pages;
+  g.pages_evictable = s.device.evictable_pages;
+  g.running = s.running_requests;
+  g.waiting = s.waiting_requests;
+  g.evicted_pages_total = s.evictions.evicted_pages_total;
+  g.auto_unpinned_blocks_total = s.evictions.auto_unpinned_blocks_total;
+  g.expired_pins_total = s.evictions.expired_pins_total;
+  if (s.host) {
+    g.host_pages = {{"total", s.host->capacity_pages},      {"free", s.host->free_pages},
+                    {"cached", s.host->cached_pages},       {"host_only", s.host->host_only_pages},
+                    {"protected", s.host->protected_pages}, {"evictable", s.host->evictable_pages}};
   }
-  const EngineCounters& c = s.counters;
-  g.tier_events = {{"demoted_pages", t.demoted_pages_total},
-                   {"backed_up_pages", t.backed_up_pages_total},
-                   {"loaded_pages", t.loaded_pages_total},
-                   {"host_evicted_pages", t.host_evicted_pages_total},
-                   {"cached_host_tokens", c.cached_host_tokens},
-                   {"cached_storage_tokens", c.cached_storage_tokens},
+  g.tier_events = {{"demoted_pages", s.evictions.demoted_pages_total},
+                   {"backed_up_pages", s.evictions.backed_up_pages_total},
+                   {"loaded_pages", s.evictions.loaded_pages_total},
+                   {"host_evicted_pages", s.evictions.host_evicted_pages_total},
+                   {"cached_host_tokens", s.hits.cached_host_tokens_total},
+                   {"cached_storage_tokens", s.hits.cached_storage_tokens_total},
                    {"storage_pages_written", c.storage_pages_written},
                    {"storage_faults", c.storage_faults},
                    {"prefetch_pages_read", c.prefetch_pages_read},
                    {"prefetch_timeouts", c.prefetch_timeouts},
-                   {"tool_sessions_expired", c.tool_sessions_expired}};
+                   {"tool_sessions_expired", c.tool_sessions_expired},
+                   {"session_records_dropped", c.session_records_dropped}};
   return g;
 }
 
@@ -50,8 +49,11 @@ void add_health_routes(http::Server& server, RouteContext& ctx) {
     co_await ex.respond(std::move(ok));
   });
   server.route("GET", "/metrics", blocking([&ctx](const http::Request&) {
-                 ctx.metrics.set_cache(ctx.engine.call(cache_gauges).get());
+                 auto state = ctx.engine.cache().state().get();
+                 if (!state) return error_response(state.error());
+                 ctx.metrics.set_cache(cache_gauges(*state, ctx.engine.counters()));
                  if (ctx.http_stats) ctx.metrics.set_http(ctx.http_stats());
+                 ctx.metrics.set_conversations(ctx.conversations.stats());
                  return http::Response{.status = 200,
                                        .content_type = "text/plain; version=0.0.4",
                                        .body = ctx.metrics.serialize()};

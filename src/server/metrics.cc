@@ -107,6 +107,18 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        .Help("Connections refused (over --http-max-connections, or shutting down)")
                        .Register(*registry_)
                        .Add({});
+  conversations_ = &BuildGauge()
+                        .Name("strata_conversation_records")
+                        .Help("Conversations whose exact tokens the server keeps (--max-sessions)")
+                        .Register(*registry_)
+                        .Add({});
+  conversations_dropped_family_ =
+      &BuildGauge()
+           .Name("strata_conversation_records_dropped_total")
+           .Help(
+               "Conversation records dropped, by reason (capacity: --max-sessions, least "
+               "recently used first; idle: --session-ttl-s); their next turn is rendered in full")
+           .Register(*registry_);
   http_timeouts_family_ = &BuildGauge()
                                .Name("strata_http_timeouts_total")
                                .Help(
@@ -174,6 +186,13 @@ void Metrics::set_http(const http::ServerStats& s) {
   http_disconnects_->Set(static_cast<double>(s.client_disconnects));
   http_slow_streams_->Set(static_cast<double>(s.slow_streams_cancelled));
   http_bad_requests_->Set(static_cast<double>(s.bad_requests));
+}
+
+void Metrics::set_conversations(const ConversationRecords::Stats& s) {
+  conversations_->Set(static_cast<double>(s.records));
+  conversations_dropped_family_->Add({{"reason", "capacity"}})
+      .Set(static_cast<double>(s.dropped_capacity));
+  conversations_dropped_family_->Add({{"reason", "idle"}}).Set(static_cast<double>(s.dropped_idle));
 }
 
 std::string Metrics::serialize() const {

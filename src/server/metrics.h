@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "http/server.h"
+#include "server/conversations.h"
 
 namespace strata {
 
@@ -55,6 +56,7 @@ class Metrics {
   void set_cache(const CacheGaugeValues& v);
   // The HTTP layer's connections, refusals, timeouts by phase, disconnects.
   void set_http(const http::ServerStats& s);
+  void set_conversations(const ConversationRecords::Stats& s);
   // The Prometheus text exposition format.
   std::string serialize() const;
 
@@ -76,6 +78,8 @@ class Metrics {
   prometheus::Gauge* expired_pins_;
   prometheus::Family<prometheus::Gauge>* host_pages_family_;
   prometheus::Family<prometheus::Gauge>* tier_events_family_;
+  prometheus::Gauge* conversations_;
+  prometheus::Family<prometheus::Gauge>* conversations_dropped_family_;
   prometheus::Gauge* http_open_;
   prometheus::Gauge* http_refused_;
   prometheus::Family<prometheus::Gauge>* http_timeouts_family_;

@@ -12,7 +12,6 @@
 #include <optional>
 
 #include "common/log.h"
-#include "engine/pin_policy.h"
 #include "server/request_parsing.h"
 #include "server/routes.h"
 #include "server/text_stream.h"
@@ -81,7 +80,7 @@ struct Prepared {
 size_t prompt_limit(const RouteContext& ctx) {
   const int64_t limit = ctx.options.max_prompt_tokens > 0
                             ? ctx.options.max_prompt_tokens
-                            : ctx.engine.model().config().max_position_embeddings;
+                            : ctx.engine.model_config().max_position_embeddings;
   return static_cast<size_t>(limit);
 }
 
@@ -91,19 +90,14 @@ std::unexpected<Error> prompt_too_long(const RouteContext& ctx) {
       ErrorCode::kInvalidArgument,
       "the prompt is longer than " + std::to_string(prompt_limit(ctx)) +
           " tokens, the server's limit (--max-prompt-tokens; the model's context is " +
-          std::to_string(ctx.engine.model().config().max_position_embeddings) + " tokens)");
+          std::to_string(ctx.engine.model_config().max_position_embeddings) + " tokens)");
 }
 
 // The part of a chat request's rendering that may continue a session's exact tokens
 // (docs/sessions.md): returns them when the conversation extends the recorded one.
 std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Prepared& p) {
   if (p.params.session_id.empty() || ctx.chat == nullptr) return std::nullopt;
-  std::optional<SessionRecord> rec;
-  {
-    std::lock_guard lock(ctx.sessions_mutex);
-    auto it = ctx.sessions.find(p.params.session_id);
-    if (it != ctx.sessions.end()) rec = it->second;
-  }
+  const std::optional<ConversationRecord> rec = ctx.conversations.find(p.params.session_id);
   const ojson& messages = p.messages;
   if (!rec || rec->cache_salt != p.params.cache_salt || messages.size() <= rec->num_messages + 1 ||
       messages[rec->num_messages].value("role", "") != "assistant") {
@@ -147,19 +141,13 @@ Result<std::vector<int32_t>> encode_prompt(const RouteContext& ctx, std::string_
   return ids;
 }
 
-// A chat request's prompt: its messages rendered by the chat template (which writes the
-// special tokens itself), then encoded within the prompt limit.
+// A chat request's prompt: its messages rendered by the chat template, encoded within the
+// prompt limit.
 Result<std::vector<int32_t>> chat_prompt(const RouteContext& ctx, const Prepared& p) {
-  if (ctx.chat == nullptr) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "this model has no chat template: use /v1/completions");
-  }
-  auto text = ctx.chat->render(
-      p.messages, ctx.render_options(p.tools ? &*p.tools : nullptr, true, p.template_kwargs));
-  if (!text) {
-    return make_error(ErrorCode::kInvalidArgument, "chat template: " + text.error().message);
-  }
-  return encode_prompt(ctx, *text, /*add_special_tokens=*/false);
+  auto ids = ctx.chat_tokens(p.messages, p.tools ? &*p.tools : nullptr, true, p.template_kwargs,
+                             prompt_limit(ctx));
+  if (!ids && ids.error().code == ErrorCode::kResourceExhausted) return prompt_too_long(ctx);
+  return ids;
 }
 
 Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat) {
@@ -219,7 +207,7 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat)
   if (!p.params.ignore_eos) {
     for (int32_t e : ctx.tokenizer.eos_ids()) p.spec.sampling.stop_token_ids.push_back(e);
   }
-  const int64_t context = ctx.engine.model().config().max_position_embeddings;
+  const int64_t context = ctx.engine.model_config().max_position_embeddings;
   p.spec.max_tokens = static_cast<int32_t>(p.params.max_tokens.value_or(
       ctx.options.default_max_tokens > 0 ? ctx.options.default_max_tokens : context));
   p.spec.cache_salt = p.params.cache_salt;
@@ -236,7 +224,6 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
                   bool stop_string) {
   const std::string& session_id = p.params.session_id;
   if (!session_id.empty()) {
-    std::lock_guard lock(ctx.sessions_mutex);
     // The turn ends with the stop token the model sampled or, when it was cut off by
     // max_tokens, with the end-of-turn token the template closes every turn with.
     std::optional<int32_t> stop =
@@ -249,7 +236,7 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
     // A stop string cut the text inside the generated tokens: no exact record then.
     if (!stop_string &&
         (fin.finish == FinishReason::kStop || fin.finish == FinishReason::kLength) && stop) {
-      SessionRecord rec;
+      ConversationRecord rec;
       rec.num_messages = p.session_prev;
       rec.tokens = p.prompt_tokens;
       rec.tokens.insert(rec.tokens.end(), generated.begin(), generated.end());
@@ -257,17 +244,15 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
       rec.stop_text = std::string(ctx.tokenizer.id_to_token(*stop).value_or(""));
       rec.completion_text = text;
       rec.cache_salt = p.params.cache_salt;
-      ctx.sessions[session_id] = std::move(rec);
+      ctx.conversations.put(session_id, std::move(rec));
     } else {
-      ctx.sessions.erase(session_id);
+      ctx.conversations.erase(session_id);
     }
   }
   // --auto-tool-offload: a turn that ends in a tool call parks the session on the host
   // until its next request (which restores it by itself).
   if (ctx.options.auto_tool_offload && !session_id.empty() && ends_with_tool_call(text)) {
-    auto r =
-        ctx.engine.call([id = session_id](EngineState& s) { return s.sessions->tool_start(id); })
-            .get();
+    auto r = ctx.engine.cache().tool_start(session_id).get();
     if (!r) STRATA_LOG_DEBUG("auto tool offload of '{}': {}", session_id, r.error().message);
   }
   if (p.msg_info && p.msg_info->pin_through >= 0) {
@@ -280,11 +265,11 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
     const int32_t ps = ctx.engine.options().page_size;
     auto hashes = hash_blocks(*tokens, ps, p.params.cache_salt);
     const int64_t ttl_ms = p.msg_info->pin_ttl_s * 1000;
-    auto pinned = ctx.engine
-                      .call([hashes, ttl_ms, who = p.pin_authority](EngineState& s) {
-                        return apply_pin(s, hashes, PinOptions{.ttl_ms = ttl_ms}, who);
-                      })
-                      .get();
+    auto pinned =
+        ctx.engine.cache()
+            .pin(PinCommand{
+                .hashes = std::move(hashes), .ttl_ms = ttl_ms, .authority = p.pin_authority})
+            .get();
     if (!pinned) {
       ctx.metrics.refused_pins().Increment();
       STRATA_LOG_DEBUG("cache_control pin refused: {}", pinned.error().message);
@@ -575,15 +560,14 @@ void add_openai_routes(http::Server& server, RouteContext& ctx) {
   server.route(
       "GET", "/v1/models", blocking([&ctx](const http::Request&) {
         return json_response(
-            200,
-            json{{"object", "list"},
-                 {"data",
-                  json::array({json{
-                      {"id", ctx.options.model_name},
-                      {"object", "model"},
-                      {"created", unix_time_s()},
-                      {"owned_by", "strata"},
-                      {"max_model_len", ctx.engine.model().config().max_position_embeddings}}})}});
+            200, json{{"object", "list"},
+                      {"data",
+                       json::array({json{{"id", ctx.options.model_name},
+                                         {"object", "model"},
+                                         {"created", unix_time_s()},
+                                         {"owned_by", "strata"},
+                                         {"max_model_len",
+                                          ctx.engine.model_config().max_position_embeddings}}})}});
       }));
 }
 

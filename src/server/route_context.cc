@@ -7,25 +7,31 @@ namespace strata {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
+// The one table from an engine or request error to its HTTP status; the JSON error's
+// "code" is error_code_name(). Anything not listed is a fault of ours: 500.
 int http_status(ErrorCode code) {
-  switch (code) {
-    case ErrorCode::kInvalidArgument:
-    case ErrorCode::kResourceExhausted:
-    case ErrorCode::kUnsupported:
-      return 400;
-    case ErrorCode::kUnauthenticated:
-      return 401;
-    case ErrorCode::kNotFound:
-      return 404;
-    case ErrorCode::kFailedPrecondition:
-      return 409;
-    case ErrorCode::kTimeout:
-      return 504;
-    case ErrorCode::kOutOfPages:
-      return 503;  // no room now (a restore): retry later
-    default:
-      return 500;
+  struct Row {
+    ErrorCode code;
+    int status;
+  };
+  static constexpr Row kTable[] = {
+      {ErrorCode::kInvalidArgument, 400},     // bad input
+      {ErrorCode::kResourceExhausted, 400},   // a prompt or body beyond a limit
+      {ErrorCode::kUnsupported, 400},         // a format or feature we do not handle
+      {ErrorCode::kOverBudget, 400},          // pin_budget_exceeded
+      {ErrorCode::kUnauthenticated, 401},     // missing or wrong admin key
+      {ErrorCode::kNotFound, 404},            // unknown session
+      {ErrorCode::kFailedPrecondition, 409},  // wrong state for the call
+      {ErrorCode::kStaleEpoch, 409},          // a tool_end for an older tool_start
+      {ErrorCode::kBusy, 409},                // a request of the session still runs
+      {ErrorCode::kNoHostTier, 409},          // needs --enable-hierarchical-cache
+      {ErrorCode::kOutOfPages, 503},          // no room now (a restore): retry later
+      {ErrorCode::kTimeout, 504},
+  };
+  for (const Row& row : kTable) {
+    if (row.code == code) return row.status;
   }
+  return 500;
 }
 
 http::Response json_response(int status, const json& body) {
@@ -88,7 +94,8 @@ ChatRenderOptions RouteContext::render_options(const ojson* tools, bool add_gene
 
 Result<std::vector<int32_t>> RouteContext::chat_tokens(const ojson& messages, const ojson* tools,
                                                        bool add_generation_prompt,
-                                                       const ojson& template_kwargs) const {
+                                                       const ojson& template_kwargs,
+                                                       size_t max_tokens) const {
   if (chat == nullptr) {
     return make_error(ErrorCode::kInvalidArgument,
                       "this model has no chat template: use /v1/completions");
@@ -98,7 +105,8 @@ Result<std::vector<int32_t>> RouteContext::chat_tokens(const ojson& messages, co
     return make_error(ErrorCode::kInvalidArgument, "chat template: " + text.error().message);
   }
   // The template writes the special tokens itself (as transformers' apply_chat_template).
-  return tokenizer.encode(*text, EncodeOptions{.add_special_tokens = false});
+  return tokenizer.encode(*text,
+                          EncodeOptions{.add_special_tokens = false, .max_tokens = max_tokens});
 }
 
 }  // namespace strata

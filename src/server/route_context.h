@@ -4,8 +4,8 @@
 // health_routes.cc) add their handlers to the HTTP server through routes.h.
 //
 // Threads: handlers run on the HTTP server's I/O threads and, through Exchange::offload,
-// on its worker pool. The engine is reached only through submit() and call(); the
-// conversation records are guarded by their mutex; everything else here is read-only
+// on its worker pool. The engine is reached only through submit() and its cache-control
+// commands; the conversation records lock themselves; everything else here is read-only
 // after start-up.
 #pragma once
 
@@ -29,6 +29,7 @@
 #include "http/server.h"
 #include "model/jinja/chat_template.h"
 #include "model/tokenizer/tokenizer.h"
+#include "server/conversations.h"
 #include "server/metrics.h"
 
 namespace strata {
@@ -43,16 +44,9 @@ struct ServerOptions {
   // A longer one is refused with 400 before the engine, its encoding stopped as soon as it
   // is known to be too long.
   int64_t max_prompt_tokens = 0;
-};
-
-// What the server remembers of a conversation sent with a session_id, to keep its exact
-// tokens (see docs/sessions.md).
-struct SessionRecord {
-  size_t num_messages = 0;      // messages that produced `tokens`' prompt
-  std::vector<int32_t> tokens;  // prompt + generated + the stop token
-  std::string stop_text;        // the stop token's text
-  std::string completion_text;  // the generated text (no stop token)
-  std::string cache_salt;
+  // Conversation records (server/conversations.h): --max-sessions, --session-ttl-s.
+  int64_t max_sessions = 10'000;
+  int64_t session_ttl_ms = 3'600'000;
 };
 
 struct RouteContext {
@@ -63,14 +57,16 @@ struct RouteContext {
   Metrics& metrics;
   std::function<http::ServerStats()> http_stats;  // the HTTP layer's counters
 
-  std::mutex sessions_mutex;
-  std::unordered_map<std::string, SessionRecord> sessions;  // GUARDED_BY(sessions_mutex)
+  ConversationRecords& conversations;  // the exact tokens of each session_id's last turn
 
-  // Renders and tokenizes messages (with tools, add_generation_prompt) into ids.
+  // Renders and tokenizes messages (with tools, add_generation_prompt) into ids; the
+  // template writes the special tokens itself. With `max_tokens` > 0, kResourceExhausted
+  // as soon as the ids are known to exceed it (the encoding stops there).
   Result<std::vector<int32_t>> chat_tokens(const nlohmann::ordered_json& messages,
                                            const nlohmann::ordered_json* tools,
                                            bool add_generation_prompt,
-                                           const nlohmann::ordered_json& template_kwargs) const;
+                                           const nlohmann::ordered_json& template_kwargs,
+                                           size_t max_tokens = 0) const;
   ChatRenderOptions render_options(const nlohmann::ordered_json* tools, bool add_generation_prompt,
                                    const nlohmann::ordered_json& template_kwargs) const;
 };

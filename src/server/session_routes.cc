@@ -15,25 +15,25 @@ using json = nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
 using boost::asio::awaitable;
 
-json session_json(const SessionView& v) {
-  return json{{"state", std::string(session_state_name(v.state))},
+json session_json(const ToolSessionView& v) {
+  return json{{"state", std::string(tool_session_state_name(v.state))},
               {"tier", v.tier},
               {"epoch", v.epoch},
               {"tokens", v.tokens},
               {"since", v.since_ms}};
 }
 
-bool transitional(SessionState s) {
-  return s == SessionState::kOffloading || s == SessionState::kRestoring;
+bool transitional(ToolSessionState s) {
+  return s == ToolSessionState::kOffloading || s == ToolSessionState::kRestoring;
 }
 
-Result<SessionView> kv_meta(RouteContext& ctx, const std::string& id) {
-  return ctx.engine.call([id](EngineState& s) { return s.sessions->kv_meta(id); }).get();
+Result<ToolSessionView> kv_meta(RouteContext& ctx, const std::string& id) {
+  return ctx.engine.cache().kv_meta(id).get();
 }
 
 // Waits until the session's copies landed, so that the answer says where its KV is.
-awaitable<Result<SessionView>> settle(RouteContext& ctx, http::Exchange& ex, const std::string& id,
-                                      SessionView v) {
+awaitable<Result<ToolSessionView>> settle(RouteContext& ctx, http::Exchange& ex,
+                                          const std::string& id, ToolSessionView v) {
   const auto deadline = SteadyClock::now() + std::chrono::seconds(30);
   while (transitional(v.state) && SteadyClock::now() < deadline && !ex.abandoned()) {
     co_await ex.sleep(std::chrono::milliseconds(2));
@@ -84,12 +84,10 @@ awaitable<void> tool_session(RouteContext& ctx, http::Exchange& ex, bool start) 
     co_return;
   }
   auto once = [&] {
-    return ctx.engine
-        .call([sid = call->session_id, start, epoch = call->epoch](EngineState& s) {
-          return start ? s.sessions->tool_start(sid)
-                       : s.sessions->tool_end(sid, static_cast<uint64_t>(*epoch));
-        })
-        .get();
+    return start ? ctx.engine.cache().tool_start(call->session_id).get()
+                 : ctx.engine.cache()
+                       .tool_end(call->session_id, static_cast<uint64_t>(*call->epoch))
+                       .get();
   };
   auto r = co_await ex.offload(once);
   // A restore that found no device room now (running requests hold the pool) is retried

@@ -69,7 +69,7 @@ http::Response tokenize(const RouteContext& ctx, const http::Request& req) {
   if (!tokens) return error_response(tokens.error());
   return http::Response{
       .status = 200,
-      .body = tokens_body(*tokens, ctx.engine.model().config().max_position_embeddings)};
+      .body = tokens_body(*tokens, ctx.engine.model_config().max_position_embeddings)};
 }
 
 http::Response detokenize(const RouteContext& ctx, const http::Request& req) {

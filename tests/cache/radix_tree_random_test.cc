@@ -2,9 +2,10 @@
 // every step against a simple block-level reference model and the tree's own
 // from-scratch invariant check.
 //
-// The reference knows, per cached block: its parent block, its pin count and its soft
-// pins; per lock receipt: the chain of blocks it covers. It does not model node shapes or
-// LRU order, so it checks eviction by legality and completeness instead:
+// The reference knows, per cached block: its parent block, its pin count and each of its
+// soft pins (TTL and expiry, refreshed when a match hits the block); per lock receipt: the chain of
+// blocks it covers. It does not model node shapes or LRU order, so it checks eviction by legality
+// and completeness instead:
 //  - every evicted block was evictable (no pin, no lock, no cached child remains);
 //  - evict(n) freed at least n pages, or no evictable block remains;
 //  - flush and evict-with-descendants leave only protected blocks behind.
@@ -23,10 +24,15 @@
 namespace strata {
 namespace {
 
+struct RefSoftPin {
+  int64_t ttl_ms = 0;
+  int64_t expiry_ms = 0;
+};
+
 struct RefBlock {
-  BlockHash parent = 0;  // 0: first block of a sequence
-  int32_t pins = 0;
-  int32_t soft_pins = 0;
+  BlockHash parent = 0;               // 0: first block of a sequence
+  int32_t pins = 0;                   // hard + soft
+  std::vector<RefSoftPin> soft_pins;  // in the order they were made
 };
 
 struct RefLock {
@@ -184,6 +190,10 @@ TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
       while (ref_match < expect.size() && ref.blocks.contains(expect[ref_match])) ++ref_match;
       ASSERT_EQ(static_cast<size_t>(m.num_pages), ref_match);
       ASSERT_EQ(m.block_hashes, std::vector<BlockHash>(expect.begin(), expect.begin() + ref_match));
+      // A hit sets each soft pin's expiry to now + its own TTL.
+      for (BlockHash h : m.block_hashes) {
+        for (RefSoftPin& p : ref.blocks[h].soft_pins) p.expiry_ms = clock.now_ms() + p.ttl_ms;
+      }
       LockReceipt lock = tree.lock(m.last_node);
       ref.locks.push_back(RefLock{lock, m.block_hashes});
       const int32_t need = static_cast<int32_t>(expect.size()) - m.num_pages;
@@ -205,7 +215,7 @@ TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
       ASSERT_EQ(ins.block_hashes, expect);
       for (size_t k = 0; k < expect.size(); ++k) {
         if (!ref.blocks.contains(expect[k])) {
-          ref.blocks[expect[k]] = RefBlock{k == 0 ? 0 : expect[k - 1], 0, 0};
+          ref.blocks[expect[k]] = RefBlock{k == 0 ? 0 : expect[k - 1], 0, {}};
         }
       }
       consume_events("insert");
@@ -231,7 +241,7 @@ TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
       ASSERT_EQ(ins.rejected_pages.size(), existing);
       alloc.free(ins.rejected_pages);
       for (size_t k = existing; k < expect.size(); ++k) {
-        ref.blocks[expect[k]] = RefBlock{k == 0 ? 0 : expect[k - 1], 0, 0};
+        ref.blocks[expect[k]] = RefBlock{k == 0 ? 0 : expect[k - 1], 0, {}};
       }
       consume_events("blind-insert");
     } else if (op < 44) {
@@ -243,13 +253,14 @@ TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
     } else if (op < 56) {
       const auto hs = random_hashes();
       const bool soft = coin(0.3);
-      PinResult r = tree.pin(hs, soft ? PinOptions{.ttl_ms = uniform(1, 400)} : PinOptions{});
+      const int64_t ttl_ms = soft ? uniform(1, 400) : 0;
+      PinResult r = tree.pin(hs, PinOptions{.ttl_ms = ttl_ms});
       int known = 0;
       for (BlockHash h : hs) {
         if (!ref.blocks.contains(h)) continue;
         ++known;
         ref.blocks[h].pins++;
-        if (soft) ref.blocks[h].soft_pins++;
+        if (soft) ref.blocks[h].soft_pins.push_back({ttl_ms, clock.now_ms() + ttl_ms});
       }
       ASSERT_EQ(r.pinned, known);
       ASSERT_EQ(r.unknown, static_cast<int32_t>(hs.size()) - known);
@@ -265,7 +276,16 @@ TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
           ++not_pinned;
         } else {
           ++unpinned;
-          if (it->second.pins == it->second.soft_pins) it->second.soft_pins--;
+          // A hard pin first, else the soft pin with the longest TTL (the oldest of equals;
+          // every priority here is the default).
+          auto& soft = it->second.soft_pins;
+          if (it->second.pins == static_cast<int32_t>(soft.size())) {
+            auto longest = soft.begin();
+            for (auto p = soft.begin(); p != soft.end(); ++p) {
+              if (p->ttl_ms > longest->ttl_ms) longest = p;
+            }
+            soft.erase(longest);
+          }
           it->second.pins--;
         }
       }
@@ -305,25 +325,24 @@ TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
         ASSERT_TRUE(ref.blocks.contains(h));
         ASSERT_GT(ref.blocks[h].pins, 0);
         ref.blocks[h].pins = 0;
-        ref.blocks[h].soft_pins = 0;
+        ref.blocks[h].soft_pins.clear();
       }
       const bool any_pin_left = tree.stats().pinned_blocks > 0;
       ASSERT_TRUE(before - tree.stats().protected_pages >= want || !any_pin_left)
           << "release_pins_for stopped early";
     } else if (op < 96) {
       clock.advance_ms(uniform(0, 300));
-      tree.expire_soft_pins();
-      // Mirror: the tree drops every soft pin whose expiry passed; recompute from the
-      // tree itself for blocks whose count changed, checking it only ever went down by
-      // the soft share.
+      const int32_t expired = tree.expire_soft_pins();
+      // Mirror: the tree drops each soft pin whose own expiry passed, and nothing else.
+      int32_t ref_expired = 0;
       for (auto& [h, b] : ref.blocks) {
-        const int32_t now = static_cast<int32_t>(tree.pin_count(h));
-        if (now != b.pins) {
-          ASSERT_EQ(now, b.pins - b.soft_pins) << "expiry removed a hard pin";
-          b.pins = now;
-          b.soft_pins = 0;
-        }
+        const auto n = std::erase_if(
+            b.soft_pins, [&](const RefSoftPin& p) { return p.expiry_ms <= clock.now_ms(); });
+        b.pins -= static_cast<int32_t>(n);
+        ref_expired += static_cast<int32_t>(n);
+        ASSERT_EQ(tree.pin_count(h), static_cast<uint32_t>(b.pins)) << "expiry disagrees";
       }
+      ASSERT_EQ(expired, ref_expired);
     } else {
       auto st = tree.reset();
       if (!ref.locks.empty()) {

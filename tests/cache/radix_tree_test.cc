@@ -432,7 +432,7 @@ TEST_F(RadixTreeTest, FlushKeepsPinsAndLockedPaths) {
 TEST_F(RadixTreeTest, SoftPinExpiresAndHitRefreshesIt) {
   auto s = seq({1, 2});
   put(s);
-  tree_.pin(hashes(s), PinOptions{.ttl_ms = 1000, .priority = 1});
+  tree_.pin(hashes(s), PinOptions{.ttl_ms = 1000, .priority = *PinPriority::make(1)});
   EXPECT_EQ(tree_.stats().soft_pinned_blocks, 2);
   clock_.advance_ms(800);
   tree_.match_prefix(s);  // refresh: expiry now at +1800

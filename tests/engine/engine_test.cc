@@ -1,4 +1,5 @@
 #include "engine/engine.h"
+#include "engine/engine_test_access.h"
 
 #include <gtest/gtest.h>
 
@@ -46,9 +47,9 @@ class EngineTest : public ::testing::Test {
   }
 
   void expect_pages_accounted(Engine& engine) {
-    auto st = engine.call([](EngineState& s) { return s.audit_pages(); }).get();
+    auto st = engine_call(engine, [](EngineState& s) { return s.audit_pages(); }).get();
     EXPECT_TRUE(st.has_value()) << st.error().message;
-    auto inv = engine.call([](EngineState& s) { return s.tree.check_invariants(); }).get();
+    auto inv = engine_call(engine, [](EngineState& s) { return s.tree.check_invariants(); }).get();
     EXPECT_TRUE(inv.has_value()) << inv.error().message;
   }
 
@@ -96,7 +97,8 @@ TEST_F(EngineTest, ConcurrentRequestsMatchTheirSoloOutputs) {
     prompts.push_back(prompt(10 + 7 * i, 10 + i));
     solo.push_back(drain(**engine->submit(greedy(prompts.back(), 10))));
   }
-  ASSERT_TRUE(engine->call([](EngineState& s) { return s.tree.reset(); }).get().has_value());
+  ASSERT_TRUE(
+      engine_call(*engine, [](EngineState& s) { return s.tree.reset(); }).get().has_value());
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const auto& p : prompts) streams.push_back(*engine->submit(greedy(p, 10)));
   for (size_t i = 0; i < streams.size(); ++i) {
@@ -117,7 +119,8 @@ TEST_F(EngineTest, CancelReleasesPagesAtOnce) {
   stream->cancel();
   Outcome o = drain(*stream);
   EXPECT_EQ(o.reason, FinishReason::kCancelled);
-  auto private_pages = engine->call([](EngineState& s) { return s.request_private_pages; }).get();
+  auto private_pages =
+      engine_call(*engine, [](EngineState& s) { return s.request_private_pages; }).get();
   EXPECT_EQ(private_pages, 0);
   expect_pages_accounted(*engine);
 }
@@ -144,7 +147,8 @@ TEST_F(EngineTest, PinsNeverDeadlockTheScheduler) {
   const auto vip = prompt(100, 4);
   drain(**engine->submit(greedy(vip, 1)));
   const auto hashes = hash_blocks(vip, 4);
-  auto pinned = engine->call([&](EngineState& s) { return s.tree.pin(hashes).pinned; }).get();
+  auto pinned =
+      engine_call(*engine, [&](EngineState& s) { return s.tree.pin(hashes).pinned; }).get();
   EXPECT_EQ(pinned, 25);
   Outcome big = drain(**engine->submit(greedy(prompt(90, 5), 4)));
   EXPECT_EQ(big.reason, FinishReason::kLength);
@@ -181,7 +185,7 @@ TEST_F(EngineTest, SaltsIsolateTenants) {
 TEST_F(EngineTest, EventsReplayToTheTreeState) {
   auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 256});
   for (int i = 0; i < 10; ++i) drain(**engine->submit(greedy(prompt(30, 40 + i), 6)));
-  auto state = engine->call([](EngineState& s) { return s.tree.all_block_hashes(); }).get();
+  auto state = engine_call(*engine, [](EngineState& s) { return s.tree.all_block_hashes(); }).get();
   std::set<BlockHash> replayed;
   {
     std::lock_guard lock(events_mutex_);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/engine_test_access.h"
 
 namespace strata {
 
@@ -58,9 +59,9 @@ inline Outcome run_greedy(Engine& e, std::vector<int32_t> prompt, int32_t max_to
 
 // Every page of both pools accounted for, and the tree's invariants.
 inline void expect_engine_consistent(Engine& e) {
-  auto st = e.call([](EngineState& s) { return s.audit_pages(); }).get();
+  auto st = engine_call(e, [](EngineState& s) { return s.audit_pages(); }).get();
   EXPECT_TRUE(st.has_value()) << st.error().message;
-  auto inv = e.call([](EngineState& s) { return s.tree.check_invariants(); }).get();
+  auto inv = engine_call(e, [](EngineState& s) { return s.tree.check_invariants(); }).get();
   EXPECT_TRUE(inv.has_value()) << inv.error().message;
 }
 

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "engine/engine_test_access.h"
 #include "engine_test_util.h"
 #include "model/make_model.h"
 
@@ -60,13 +61,13 @@ class HiCacheTest : public ::testing::Test {
   static void expect_consistent(Engine& e) { expect_engine_consistent(e); }
 
   static TreeStats stats(Engine& e) {
-    return e.call([](EngineState& s) { return s.tree.stats(); }).get();
+    return engine_call(e, [](EngineState& s) { return s.tree.stats(); }).get();
   }
 
   // Waits until no copy is in flight (backups land asynchronously).
   static void settle(Engine& e) {
     for (int i = 0; i < 2000; ++i) {
-      if (!e.call([](EngineState& s) { return s.tree.io_pending(); }).get()) return;
+      if (!engine_call(e, [](EngineState& s) { return s.tree.io_pending(); }).get()) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     ADD_FAILURE() << "transfers never settled";
@@ -106,13 +107,15 @@ TEST_F(HiCacheTest, PinnedPrefixSurvivesOnTheHostAndFlushKeepsIt) {
   auto e = start(options());
   const std::vector<int32_t> vip = prompt(480, 2);
   const Outcome first = run(*e, vip);
-  auto hashes = e->call([&](EngineState& s) { return s.tree.block_hashes_of(vip, ""); }).get();
-  const PinResult pinned = e->call([&](EngineState& s) { return s.tree.pin(hashes); }).get();
+  auto hashes =
+      engine_call(*e, [&](EngineState& s) { return s.tree.block_hashes_of(vip, ""); }).get();
+  const PinResult pinned =
+      engine_call(*e, [&](EngineState& s) { return s.tree.pin(hashes); }).get();
   EXPECT_EQ(pinned.pinned, static_cast<int32_t>(hashes.size()));
   // A flood that far exceeds device and host pools together.
   flood(*e, 30, 400, 300);
   settle(*e);
-  FlushResult fr = e->call([](EngineState& s) { return s.tree.flush(); }).get();
+  FlushResult fr = engine_call(*e, [](EngineState& s) { return s.tree.flush(); }).get();
   EXPECT_EQ(fr.pinned_preserved, static_cast<int32_t>(hashes.size()));
   settle(*e);
   const TreeStats st = stats(*e);

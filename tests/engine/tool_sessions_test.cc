@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/engine_test_access.h"
 #include "engine_test_util.h"
 #include "model/make_model.h"
 
@@ -43,22 +44,24 @@ class ToolSessionTest : public ::testing::Test {
     return run_greedy(e, std::move(p), max_tokens, std::move(session));
   }
 
-  static Result<SessionView> tool_start(Engine& e, const std::string& id) {
-    return e.call([id](EngineState& s) { return s.sessions->tool_start(id); }).get();
+  static Result<ToolSessionView> tool_start(Engine& e, const std::string& id) {
+    return engine_call(e, [id](EngineState& s) { return s.sessions->tool_start(id); }).get();
   }
-  static Result<SessionView> tool_end(Engine& e, const std::string& id, uint64_t epoch) {
-    return e.call([id, epoch](EngineState& s) { return s.sessions->tool_end(id, epoch); }).get();
+  static Result<ToolSessionView> tool_end(Engine& e, const std::string& id, uint64_t epoch) {
+    return engine_call(e, [id, epoch](EngineState& s) { return s.sessions->tool_end(id, epoch); })
+        .get();
   }
-  static SessionView meta(Engine& e, const std::string& id) {
-    auto r = e.call([id](EngineState& s) { return s.sessions->kv_meta(id); }).get();
+  static ToolSessionView meta(Engine& e, const std::string& id) {
+    auto r = engine_call(e, [id](EngineState& s) { return s.sessions->kv_meta(id); }).get();
     EXPECT_TRUE(r.has_value());
-    return r.value_or(SessionView{});
+    return r.value_or(ToolSessionView{});
   }
   // Waits until the session leaves OFFLOADING / RESTORING.
-  static SessionView settle(Engine& e, const std::string& id) {
+  static ToolSessionView settle(Engine& e, const std::string& id) {
     for (int i = 0; i < 5000; ++i) {
-      SessionView v = meta(e, id);
-      if (v.state != SessionState::kOffloading && v.state != SessionState::kRestoring) return v;
+      ToolSessionView v = meta(e, id);
+      if (v.state != ToolSessionState::kOffloading && v.state != ToolSessionState::kRestoring)
+        return v;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     ADD_FAILURE() << "session never settled";
@@ -66,7 +69,7 @@ class ToolSessionTest : public ::testing::Test {
   }
   static void expect_consistent(Engine& e) { expect_engine_consistent(e); }
   static int64_t host_protected(Engine& e) {
-    return e.call([](EngineState& s) { return s.tree.stats().host_protected_pages; }).get();
+    return engine_call(e, [](EngineState& s) { return s.tree.stats().host_protected_pages; }).get();
   }
   static void flood(Engine& e, int n, int salt) {
     for (int i = 0; i < n; ++i) run(e, prompt(300, salt + i), {}, 2);
@@ -83,15 +86,15 @@ TEST_F(ToolSessionTest, OffloadAndRestoreGiveADeviceHitWithIdenticalOutput) {
   ASSERT_TRUE(started.has_value()) << started.error().message;
   EXPECT_EQ(started->epoch, 1u);
   EXPECT_GE(started->moved_tokens, 496);
-  SessionView v = settle(*e, "agent");
-  EXPECT_EQ(v.state, SessionState::kOffloaded);
+  ToolSessionView v = settle(*e, "agent");
+  EXPECT_EQ(v.state, ToolSessionState::kOffloaded);
   EXPECT_EQ(v.tier, "host");
   flood(*e, 12, 100);  // other traffic fills the device pool several times
   EXPECT_EQ(settle(*e, "agent").tier, "host");
   auto ended = tool_end(*e, "agent", 1);
   ASSERT_TRUE(ended.has_value()) << ended.error().message;
   v = settle(*e, "agent");
-  EXPECT_EQ(v.state, SessionState::kRunnable);
+  EXPECT_EQ(v.state, ToolSessionState::kRunnable);
   EXPECT_EQ(v.tier, "device");
   EXPECT_EQ(host_protected(*e), 0);
   // The next turn extends the session: its whole history is a device hit.
@@ -116,8 +119,8 @@ TEST_F(ToolSessionTest, BadCallsAreRefusedAndChangeNothing) {
   ASSERT_TRUE(tool_start(*e, "s").has_value());
   EXPECT_EQ(tool_start(*e, "s").error().code, ErrorCode::kFailedPrecondition);  // twice
   settle(*e, "s");
-  EXPECT_EQ(tool_end(*e, "s", 7).error().code, ErrorCode::kFailedPrecondition);  // stale epoch
-  EXPECT_EQ(meta(*e, "s").state, SessionState::kOffloaded);
+  EXPECT_EQ(tool_end(*e, "s", 7).error().code, ErrorCode::kStaleEpoch);  // stale epoch
+  EXPECT_EQ(meta(*e, "s").state, ToolSessionState::kOffloaded);
   EXPECT_EQ(meta(*e, "s").epoch, 1u);
   ASSERT_TRUE(tool_end(*e, "s", 1).has_value());
   expect_consistent(*e);
@@ -142,13 +145,13 @@ TEST_F(ToolSessionTest, FailedRestoreReleasesProtectionAndALaterToolEndRecovers)
   auto ended = tool_end(*e, "a", 1);
   ASSERT_FALSE(ended.has_value()) << "the hog should leave no room to restore";
   EXPECT_EQ(ended.error().code, ErrorCode::kOutOfPages);
-  EXPECT_EQ(meta(*e, "a").state, SessionState::kOffloaded);
+  EXPECT_EQ(meta(*e, "a").state, ToolSessionState::kOffloaded);
   EXPECT_EQ(host_protected(*e), 0) << "a failed restore keeps nothing protected";
   expect_consistent(*e);
   drain(**stream);
   auto again = tool_end(*e, "a", 1);  // the same epoch: a later tool_end recovers
   ASSERT_TRUE(again.has_value()) << again.error().message;
-  EXPECT_EQ(settle(*e, "a").state, SessionState::kRunnable);
+  EXPECT_EQ(settle(*e, "a").state, ToolSessionState::kRunnable);
   std::vector<int32_t> next = turn;
   next.insert(next.end(), first.tokens.begin(), first.tokens.end());
   EXPECT_GT(run(*e, next, "a").usage.cached_tokens, 0);
@@ -210,7 +213,7 @@ TEST_F(ToolSessionTest, TtlReleasesAbandonedSessionsByItself) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_EQ(e->counters().tool_sessions_expired, 1u);
-  EXPECT_EQ(meta(*e, "gone").state, SessionState::kRunnable);
+  EXPECT_EQ(meta(*e, "gone").state, ToolSessionState::kRunnable);
   EXPECT_EQ(host_protected(*e), 0);
   EXPECT_EQ(tool_end(*e, "gone", 1).error().code, ErrorCode::kFailedPrecondition);
   expect_consistent(*e);
@@ -233,7 +236,7 @@ TEST_F(ToolSessionTest, OffloadsRacingWithEvictionNeverCorruptKv) {
     int i = 0;
     while (!stop.load()) {
       run(*e, prompt(250, 500 + i++), {}, 2);
-      if (i % 3 == 0) e->call([](EngineState& s) { return s.tree.flush(); }).get();
+      if (i % 3 == 0) engine_call(*e, [](EngineState& s) { return s.tree.flush(); }).get();
     }
   });
   std::vector<std::thread> agents;

@@ -1,0 +1,319 @@
+// Device eviction (evict, evict_blocks, flush, reset) and the glue to the eviction policy.
+//
+// Contract: the tree decides membership of the evictable sets (update_evictable,
+// update_host_evictable) and keeps in_evictable_set / in_host_evictable_set and the
+// evictable page counters; the policy (eviction_policy.h) only orders the sets. A node
+// leaves the tree only through remove_leaf(), which frees its pages in every tier.
+#include "cache/radix_tree.h"
+
+#include <functional>
+#include <limits>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "common/check.h"
+
+namespace strata {
+
+void RadixTree::update_sets(RadixNode* node) {
+  update_evictable(node);
+  update_host_evictable(node);
+}
+
+void RadixTree::update_evictable(RadixNode* node) {
+  // With a host tier a pinned node may leave the device (it is demoted, never dropped).
+  const bool should = node != root_.get() && node->on_device() && is_device_leaf(node) &&
+                      node->lock_ref == 0 && node->io_ref == 0 &&
+                      (hierarchical() || !node->is_protected());
+  if (should && !node->in_evictable_set) {
+    eviction_->insert(EvictionSet::kDevice, node);
+    node->in_evictable_set = true;
+    evictable_pages_ += node->num_pages();
+  } else if (!should) {
+    erase_evictable(node);
+  }
+}
+
+void RadixTree::erase_evictable(RadixNode* node) {
+  if (!node->in_evictable_set) return;
+  eviction_->erase(EvictionSet::kDevice, node);
+  node->in_evictable_set = false;
+  evictable_pages_ -= node->num_pages();
+}
+
+void RadixTree::update_host_evictable(RadixNode* node) {
+  const bool should = node != root_.get() && node->on_host() && !node->has_device_pages() &&
+                      node->is_leaf() && !node->is_protected() && node->io_ref == 0;
+  if (should && !node->in_host_evictable_set) {
+    eviction_->insert(EvictionSet::kHostOnly, node);
+    node->in_host_evictable_set = true;
+    host_evictable_pages_ += node->num_pages();
+  } else if (!should) {
+    erase_host_evictable(node);
+  }
+}
+
+void RadixTree::erase_host_evictable(RadixNode* node) {
+  if (!node->in_host_evictable_set) return;
+  eviction_->erase(EvictionSet::kHostOnly, node);
+  node->in_host_evictable_set = false;
+  host_evictable_pages_ -= node->num_pages();
+}
+
+int32_t RadixTree::remove_leaf(RadixNode* leaf) {
+  STRATA_CHECK(leaf != root_.get() && leaf->is_leaf() && !leaf->is_protected() &&
+               leaf->io_ref == 0);
+  erase_evictable(leaf);
+  erase_host_evictable(leaf);
+  const Acct before = acct(leaf);
+  const int32_t n = leaf->has_device_pages() ? leaf->num_pages() : 0;
+  const bool had_host = leaf->has_host_pages();
+  if (n > 0) device_pages_->free(leaf->device_pages);
+  if (had_host) {
+    host_pages_->free(leaf->host_pages);
+    host_evicted_pages_total_ += static_cast<uint64_t>(leaf->num_pages());
+  }
+  for (BlockHash h : leaf->hashes) index_.erase(h);
+  if (n > 0 && had_host) emit(BlockRemoved{leaf->hashes, Medium::kDevice});
+  // The leaf is destroyed below: its hash vector moves into the last event.
+  if (events_ != nullptr) {
+    emit(BlockRemoved{std::move(leaf->hashes), had_host ? Medium::kHost : Medium::kDevice});
+  }
+  apply(before, Acct{});
+  --num_nodes_;
+  evicted_pages_total_ += static_cast<uint64_t>(n);
+  RadixNode* parent = leaf->parent;
+  auto& siblings = parent->children;
+  const uint32_t at = leaf->index_in_parent;
+  STRATA_CHECK_MSG(at < siblings.size() && siblings[at].get() == leaf, "stale index_in_parent");
+  if (at + 1 != siblings.size()) {
+    siblings[at] = std::move(siblings.back());
+    siblings[at]->index_in_parent = at;
+  }
+  siblings.pop_back();  // destroys leaf
+  update_sets(parent);
+  restore_pin_tail(parent);
+  try_demote(parent);
+  return n;
+}
+
+EvictResult RadixTree::evict(int32_t num_pages) {
+  EvictResult result;
+  std::unordered_set<const RadixNode*> skipped;  // pinned nodes with no host room
+  while (result.evicted_pages < num_pages) {
+    RadixNode* leaf = skipped.empty()
+                          ? eviction_->victim(EvictionSet::kDevice)
+                          : eviction_->victim(EvictionSet::kDevice, [&](const RadixNode* n) {
+                              return skipped.contains(n);
+                            });
+    if (leaf == nullptr) break;
+    const int32_t np = leaf->num_pages();
+    if (leaf->on_host()) {
+      demote(leaf);
+      result.evicted_pages += np;
+    } else if (hierarchical() && needs_backup_to_leave(leaf)) {
+      // Marked first: a split while making host room copies the mark to both parts.
+      leaf->demote_pending = true;
+      if (start_backup(leaf)) {
+        result.pending_pages += np;
+      } else if (leaf->pin_ref > 0 || leaf->host_ref > 0 || !leaf->is_leaf()) {
+        leaf->demote_pending = false;
+        skipped.insert(leaf);
+        continue;
+      } else {
+        leaf->demote_pending = false;
+        result.evicted_pages += remove_leaf(leaf);  // write_back with a full host pool
+      }
+    } else {
+      result.evicted_pages += remove_leaf(leaf);
+    }
+    ++result.evicted_nodes;
+  }
+  return result;
+}
+
+void RadixTree::evict_subtree(RadixNode* top) {
+  // Post-order: children before parents, so a node is visited after its subtree was
+  // emptied as far as protection allows. Only visited nodes are ever deleted, and a
+  // split (restore_pin_tail) keeps the original object, so pointers stay valid.
+  std::vector<RadixNode*> order;
+  std::vector<std::pair<RadixNode*, size_t>> stack{{top, 0}};
+  while (!stack.empty()) {
+    auto& [n, next] = stack.back();
+    if (next < n->children.size()) {
+      RadixNode* c = n->children[next++].get();
+      stack.emplace_back(c, 0);
+    } else {
+      order.push_back(n);
+      stack.pop_back();
+    }
+  }
+  for (RadixNode* n : order) {
+    if (n->is_leaf() && !n->is_protected() && n->io_ref == 0) remove_leaf(n);
+  }
+}
+
+EvictBlocksResult RadixTree::evict_blocks(std::span<const BlockHash> hashes, bool descendants) {
+  EvictBlocksResult result;
+  const int64_t before = cached_pages_;
+  std::vector<BlockHash> known;
+  for (BlockHash h : hashes) {
+    if (index_.contains(h)) {
+      known.push_back(h);
+    } else {
+      ++result.unknown;
+    }
+  }
+  if (descendants) {
+    for (BlockHash h : known) {
+      const auto it = index_.find(h);
+      if (it == index_.end()) continue;  // already gone with an earlier block's subtree
+      Loc loc = it->second;
+      RadixNode* top = loc.node;
+      if (loc.offset > 0) split(top, loc.offset);  // `top` keeps the block and the rest
+      evict_subtree(top);
+    }
+  } else {
+    // Deepest first, so that a chain of requested blocks empties from its leaf upward.
+    std::vector<std::pair<int64_t, BlockHash>> by_depth;
+    for (BlockHash h : known) {
+      const Loc loc = index_.at(h);
+      int64_t depth = loc.offset;
+      for (const RadixNode* n = loc.node->parent; n != root_.get(); n = n->parent) {
+        depth += n->num_pages();
+      }
+      by_depth.emplace_back(depth, h);
+    }
+    std::sort(by_depth.begin(), by_depth.end(), std::greater<>());
+    const std::unordered_set<BlockHash> requested(known.begin(), known.end());
+    for (const auto& [depth, h] : by_depth) {
+      const auto it = index_.find(h);
+      if (it == index_.end()) continue;
+      RadixNode* node = it->second.node;
+      if (!node->is_leaf() || node->is_protected() || node->io_ref > 0) continue;
+      // The requested run at the node's tail must reach this block.
+      int32_t m = node->num_pages();
+      while (m > 0 && requested.contains(node->hashes[static_cast<size_t>(m - 1)])) --m;
+      if (m > it->second.offset) continue;
+      if (m > 0) split(node, m);
+      remove_leaf(node);
+    }
+  }
+  // Classify what is left of the request.
+  for (BlockHash h : known) {
+    const auto it = index_.find(h);
+    if (it == index_.end()) continue;
+    const RadixNode* n = it->second.node;
+    if (n->lock_ref > 0 || n->io_ref > 0) {
+      ++result.skipped_locked;
+    } else if (n->pin_ref > 0) {
+      ++result.skipped_pinned;
+    } else {
+      ++result.skipped_has_children;
+    }
+  }
+  result.evicted_blocks = static_cast<int32_t>(before - cached_pages_);
+  return result;
+}
+
+FlushResult RadixTree::flush() {
+  FlushResult result;
+  if (!hierarchical()) {
+    result.evicted_pages = evict(std::numeric_limits<int32_t>::max()).evicted_pages;
+  } else {
+    // Children first: drop every unprotected leaf from all tiers; what pins or sessions
+    // protect leaves the device for the host (backed up first where needed).
+    std::vector<RadixNode*> order;
+    std::vector<std::pair<RadixNode*, size_t>> stack{{root_.get(), 0}};
+    while (!stack.empty()) {
+      auto& [n, next] = stack.back();
+      if (next < n->children.size()) {
+        RadixNode* c = n->children[next++].get();
+        stack.emplace_back(c, 0);
+      } else {
+        if (n != root_.get()) order.push_back(n);
+        stack.pop_back();
+      }
+    }
+    const int64_t device_before = cached_pages_;
+    const uint64_t host_before = host_evicted_pages_total_;
+    int32_t pending = 0;
+    for (RadixNode* n : order) {
+      if (n->is_leaf() && !n->is_protected() && n->io_ref == 0) remove_leaf(n);
+    }
+    // What is left is protected (or busy). Collect it afresh: removals above split nodes.
+    // Host eviction for the backups below only removes host-only nodes, never these.
+    std::vector<RadixNode*> keep;
+    stack.assign(1, {root_.get(), 0});
+    while (!stack.empty()) {
+      auto& [n, next] = stack.back();
+      if (next < n->children.size()) {
+        RadixNode* c = n->children[next++].get();
+        stack.emplace_back(c, 0);
+      } else {
+        if (n != root_.get() && n->has_device_pages() && !n->loading && n->lock_ref == 0) {
+          keep.push_back(n);
+        }
+        stack.pop_back();
+      }
+    }
+    for (RadixNode* n : keep) {
+      if (!n->has_device_pages()) continue;  // already demoted with a child above
+      n->demote_pending = true;
+      if (!n->has_host_pages() && start_backup(n)) pending += n->num_pages();
+      try_demote(n);
+    }
+    result.evicted_pages = static_cast<int32_t>(device_before - cached_pages_) + pending;
+    result.evicted_host_pages = static_cast<int32_t>(host_evicted_pages_total_ - host_before);
+  }
+  result.pinned_preserved = static_cast<int32_t>(pins_.pinned_blocks());
+  std::vector<const RadixNode*> stack{root_.get()};
+  while (!stack.empty()) {
+    const RadixNode* n = stack.back();
+    stack.pop_back();
+    if (n != root_.get() && n->lock_ref > 0) result.locked_skipped += n->num_pages();
+    for (const auto& c : n->children) stack.push_back(c.get());
+  }
+  return result;
+}
+
+Status RadixTree::reset() {
+  if (outstanding_locks_ > 0) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "reset refused: " + std::to_string(outstanding_locks_) +
+                          " lock receipts are outstanding (requests are running)");
+  }
+  if (io_pending()) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "reset refused: tier transfers are in flight");
+  }
+  std::vector<PageId> pages;
+  collect_device_pages(pages);
+  device_pages_->free(pages);
+  if (hierarchical()) {
+    pages.clear();
+    collect_host_pages(pages);
+    host_pages_->free(pages);
+  }
+  root_->children.clear();
+  index_.clear();
+  eviction_->clear();
+  host_cached_pages_ = 0;
+  host_only_pages_ = 0;
+  host_evictable_pages_ = 0;
+  host_protected_pages_ = 0;
+  stored_pages_ = 0;
+  io_pending_nodes_ = 0;
+  pins_.clear();
+  num_nodes_ = 0;
+  cached_pages_ = 0;
+  protected_pages_ = 0;
+  evictable_pages_ = 0;
+  locked_nodes_ = 0;
+  emit(AllBlocksCleared{});
+  return {};
+}
+
+}  // namespace strata

@@ -1,0 +1,38 @@
+// What the scheduler thread hands a command (engine/cache_control.cc, and tests through
+// engine/engine_test_access.h): references to everything the scheduler owns. Internal to
+// the engine: valid only inside a command, on the scheduler thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "cache/radix_tree.h"
+#include "common/result.h"
+#include "engine/engine_options.h"
+#include "engine/tool_sessions.h"
+#include "memory/kv_pool.h"
+#include "memory/page_allocator.h"
+#include "storage/storage_backend.h"
+
+namespace strata {
+
+// What the scheduler thread exposes to commands (cache control, inspection).
+struct EngineState {
+  RadixTree& tree;
+  PageAllocator& device_pages;
+  KvPool& kv_pool;
+  const EngineOptions& options;
+  const EngineCounters& counters;
+  // Pages held privately by running requests (not in the tree).
+  int64_t request_private_pages = 0;
+  // Audits "every page is free, in the tree, or owned by exactly one request".
+  std::function<Status()> audit_pages;
+  // Hierarchical cache (null / 0 without it).
+  PageAllocator* host_pages = nullptr;
+  StorageBackend* storage = nullptr;
+  ToolSessions* sessions = nullptr;
+  // Pages --max-pinned-ratio applies to: the host pool with a host tier, else the device.
+  int64_t pin_budget_pages = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,752 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "engine/storage_worker.h"
+
+namespace strata {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "error";
+}
+
+// A request inside the scheduler. Page ownership: pages[0, tree_pages) belong to the
+// tree and are protected by `receipt`; pages[tree_pages, end) belong to this request.
+struct Scheduler::Seq {
+  uint64_t id = 0;
+  RequestSpec spec;
+  std::shared_ptr<RequestStream> stream;
+  std::vector<int32_t> tokens;  // prompt + generated
+  int32_t prompt_len = 0;       // the original prompt (usage)
+  int64_t computed = 0;         // tokens whose KV is in pages
+  std::vector<PageId> pages;
+  int32_t tree_pages = 0;
+  LockReceipt receipt;
+  bool admitted = false;
+  bool counted = false;  // prompt and cache hits counted (first admission)
+  int32_t generated = 0;
+  RequestUsage usage;
+  std::optional<Sampler> sampler;
+  // Hierarchical cache: tiers tried for this request, and what they gave.
+  bool load_tried = false;
+  bool prefetch_tried = false;
+  LockReceipt load_receipt;      // holds a host path while it loads to the device
+  int64_t park_deadline_ms = 0;  // parked for a prefetch: stop waiting then (0: never)
+  int32_t host_tokens = 0;       // prompt tokens loaded back from the host
+  int32_t storage_tokens = 0;    // of which first read from storage
+};
+
+Result<std::unique_ptr<Scheduler>> Scheduler::create(
+    Model* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
+    const Clock* clock) {
+  STRATA_CHECK(model != nullptr);
+  if (auto st = validate(options); !st) return std::unexpected(st.error());
+  std::unique_ptr<Scheduler> engine(new Scheduler(model, options, std::move(publish), clock));
+  auto pool = model->make_kv_pool(engine->num_pages_, options.page_size, options.kv_dtype);
+  if (!pool) return std::unexpected(pool.error());
+  engine->kv_pool_ = std::move(*pool);
+  if (options.hicache.enabled) {
+    if (auto st = engine->init_hicache(); !st) return std::unexpected(st.error());
+  }
+  engine->sessions_ =
+      std::make_unique<ToolSessions>(*engine->tree_, *engine->clock_, options.tool_session_ttl_ms,
+                                     options.max_sessions, options.session_idle_ttl_ms);
+  engine->thread_ = std::thread([raw = engine.get()] { raw->run(); });
+  return engine;
+}
+
+Scheduler::Scheduler(Model* model, EngineOptions options,
+                     std::function<void(std::vector<KvEvent>)> publish, const Clock* clock)
+    : model_(model),
+      options_(options),
+      publish_(std::move(publish)),
+      clock_(clock != nullptr ? clock : &SteadyClock::instance()) {
+  num_pages_ = options_.kv_cache_tokens / options_.page_size;
+  allocator_ = std::make_unique<PageAllocator>(num_pages_);
+  tree_ = std::make_unique<RadixTree>(RadixTreeOptions{options_.page_size}, allocator_.get(),
+                                      &events_, clock_);
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Scheduler::init_hicache() {
+  const HierarchicalCacheOptions& h = options_.hicache;
+  const size_t page_bytes = kv_pool_->page_bytes();
+  const double host_pages_d = h.size_gb > 0 ? h.size_gb * 1e9 / static_cast<double>(page_bytes)
+                                            : h.ratio * static_cast<double>(num_pages_);
+  if (host_pages_d <= num_pages_) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the host pool (" + std::to_string(static_cast<int64_t>(host_pages_d)) +
+                          " pages) must be larger than the device pool (" +
+                          std::to_string(num_pages_) + " pages)");
+  }
+  if (host_pages_d > 1e9) return make_error(ErrorCode::kInvalidArgument, "host pool too large");
+  KvPoolShape shape = kv_pool_->shape();
+  shape.num_pages = static_cast<int32_t>(host_pages_d);
+  auto host = HostKvPool::create(shape, h.layout);
+  if (!host) return std::unexpected(host.error());
+  host_pool_ = std::move(*host);
+  host_allocator_ = std::make_unique<PageAllocator>(shape.num_pages);
+  RadixTreeOptions topts{options_.page_size, h.write_policy, h.write_through_threshold};
+  tree_ =
+      std::make_unique<RadixTree>(topts, allocator_.get(), &events_, clock_, host_allocator_.get());
+  transfers_ = std::make_unique<TransferEngine>(*kv_pool_, *host_pool_, h.transfer_threads);
+  if (!h.storage_backend.empty()) {
+    auto cfg = parse_storage_config(h.storage_backend, h.storage_extra_config);
+    if (!cfg) return std::unexpected(cfg.error());
+    storage_config_ = std::move(*cfg);
+    if (storage_config_.name_space.empty()) storage_config_.name_space = h.storage_namespace;
+    auto backend = make_storage_backend(storage_config_);
+    if (!backend) return std::unexpected(backend.error());
+    storage_ = std::move(*backend);
+    storage_worker_ = std::make_unique<StorageWorker>(storage_.get(), host_pool_.get());
+  }
+  STRATA_LOG_INFO("hierarchical cache: host pool {} pages ({:.2f} GB, {}), write policy {}{}",
+                  shape.num_pages, static_cast<double>(host_pool_->total_bytes()) / 1e9,
+                  host_layout_name(h.layout), write_policy_name(h.write_policy),
+                  storage_ ? ", storage " + h.storage_backend : std::string());
+  return {};
+}
+
+bool Scheduler::io_busy() const {
+  return !pending_transfers_.empty() || !pending_storage_.empty() || !parked_.empty();
+}
+
+void Scheduler::submit_transfers(uint64_t load_for_seq) {
+  if (!transfers_) return;
+  for (TransferRequest& req : tree_->take_transfers()) {
+    TransferJob job;
+    job.direction = req.direction;
+    job.device_pages = req.device_pages;
+    job.host_pages = req.host_pages;
+    const TransferTicket t = transfers_->submit(std::move(job));
+    const uint64_t waiter = req.direction == TransferDirection::kHostToDevice ? load_for_seq : 0;
+    pending_transfers_.emplace(t, PendingTransfer{std::move(req), waiter});
+  }
+}
+
+void Scheduler::unpark(uint64_t seq_id) {
+  for (size_t i = 0; i < parked_.size(); ++i) {
+    if (parked_[i]->id != seq_id) continue;
+    waiting_.push_front(std::move(parked_[i]));
+    parked_.erase(parked_.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
+}
+
+void Scheduler::start_prefetch(Seq& seq, const MatchResult& m) {
+  const int32_t ps = options_.page_size;
+  const int32_t first = m.num_pages + m.host_num_pages;
+  const size_t full = (seq.tokens.size() - 1) / static_cast<size_t>(ps);
+  PendingStorage p;
+  p.seq_id = seq.id;
+  p.tokens.assign(seq.tokens.begin(), seq.tokens.begin() + static_cast<std::ptrdiff_t>(full * ps));
+  p.cache_salt = seq.spec.cache_salt;
+  p.first_page = first;
+  std::vector<BlockHash> all = tree_->block_hashes_of(p.tokens, p.cache_salt);
+  StorageTask task;
+  task.kind = StorageTask::Kind::kExists;
+  task.hashes.assign(all.begin() + first, all.end());
+  const uint64_t id = storage_worker_->submit(std::move(task));
+  pending_storage_.emplace(id, std::move(p));
+  ++counters_.prefetches_started;
+}
+
+// Finished copies and storage calls: the tree learns what landed, parked requests go back
+// to the queue, backups continue to storage, prefetch hits become host nodes.
+void Scheduler::poll_io() {
+  if (!transfers_) return;
+  for (TransferTicket t : transfers_->take_completed()) {
+    auto it = pending_transfers_.find(t);
+    if (it == pending_transfers_.end()) continue;
+    PendingTransfer done = std::move(it->second);
+    pending_transfers_.erase(it);
+    tree_->complete_transfer(done.request, true);
+    if (done.request.direction == TransferDirection::kDeviceToHost && storage_worker_) {
+      auto items = tree_->begin_storage_write(done.request.hashes);
+      if (!items.empty()) {
+        StorageTask task;
+        task.kind = StorageTask::Kind::kWrite;
+        for (const auto& [h, page] : items) {
+          task.hashes.push_back(h);
+          task.host_pages.push_back(page);
+        }
+        pending_storage_.emplace(storage_worker_->submit(std::move(task)), PendingStorage{});
+      }
+    }
+    if (done.waiting_seq != 0) unpark(done.waiting_seq);
+  }
+  if (!storage_worker_) return;
+  for (StorageTaskResult& r : storage_worker_->take_results()) {
+    auto it = pending_storage_.find(r.id);
+    STRATA_CHECK(it != pending_storage_.end());
+    PendingStorage p = std::move(it->second);
+    pending_storage_.erase(it);
+    counters_.storage_faults += static_cast<uint64_t>(r.failures);
+    if (r.kind == StorageTask::Kind::kWrite) {
+      tree_->finish_storage_write(r.hashes, r.ok);
+      for (uint8_t ok : r.ok) counters_.storage_pages_written += ok;
+      continue;
+    }
+    if (r.kind == StorageTask::Kind::kExists) {
+      const int32_t hits = r.leading_hits;
+      std::vector<PageId> pages;
+      if (hits > 0) {
+        if (host_allocator_->num_free() < hits)
+          tree_->evict_host(hits - host_allocator_->num_free());
+        if (!host_allocator_->allocate(hits, pages)) pages.clear();
+      }
+      if (pages.empty()) {
+        unpark(p.seq_id);
+        continue;
+      }
+      storage_read_pages_.insert(storage_read_pages_.end(), pages.begin(), pages.end());
+      StorageTask task;
+      task.kind = StorageTask::Kind::kRead;
+      task.hashes.assign(r.hashes.begin(), r.hashes.begin() + hits);
+      task.host_pages = pages;
+      p.tokens.resize(static_cast<size_t>(p.first_page + hits) * options_.page_size);
+      pending_storage_.emplace(storage_worker_->submit(std::move(task)), std::move(p));
+      continue;
+    }
+    // kRead: the leading run of verified pages becomes host nodes; the rest goes back.
+    std::erase_if(storage_read_pages_, [&](PageId x) {
+      return std::find(r.host_pages.begin(), r.host_pages.end(), x) != r.host_pages.end();
+    });
+    size_t good = 0;
+    while (good < r.ok.size() && r.ok[good] != 0) ++good;
+    std::vector<PageId> to_free(r.host_pages.begin() + static_cast<std::ptrdiff_t>(good),
+                                r.host_pages.end());
+    int32_t adopted = 0;
+    if (good > 0) {
+      const std::span<const int32_t> tokens(
+          p.tokens.data(),
+          static_cast<size_t>(p.first_page + static_cast<int32_t>(good)) * options_.page_size);
+      InsertResult ins = tree_->insert_host(
+          tokens, p.first_page, std::span<const PageId>(r.host_pages.data(), good), p.cache_salt);
+      to_free.insert(to_free.end(), ins.rejected_pages.begin(), ins.rejected_pages.end());
+      adopted = ins.num_new_pages;
+      counters_.prefetch_pages_read += static_cast<uint64_t>(adopted);
+    }
+    host_allocator_->free(to_free);
+    for (auto& seq : parked_) {
+      if (seq->id == p.seq_id) {
+        seq->storage_tokens += adopted * options_.page_size;
+        seq->load_tried = false;  // load what just arrived
+      }
+    }
+    unpark(p.seq_id);
+  }
+}
+
+EngineCounters Scheduler::counters() const {
+  std::lock_guard lock(mutex_);
+  return published_counters_;
+}
+
+Result<std::shared_ptr<RequestStream>> Scheduler::submit(RequestSpec spec) {
+  const ModelConfig& cfg = model_->config();
+  if (spec.prompt.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty");
+  for (int32_t t : spec.prompt) {
+    if (t < 0 || t >= cfg.vocab_size) {
+      return make_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(t) +
+                                                         " is outside the vocabulary [0, " +
+                                                         std::to_string(cfg.vocab_size) + ")");
+    }
+  }
+  if (spec.max_tokens < 1)
+    return make_error(ErrorCode::kInvalidArgument, "max_tokens must be >= 1");
+  const int64_t context = cfg.max_position_embeddings;
+  if (static_cast<int64_t>(spec.prompt.size()) >= context) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the prompt has " + std::to_string(spec.prompt.size()) +
+                          " tokens; the model's context is " + std::to_string(context));
+  }
+  // Generation stops at the context length; never fail a request for asking too much.
+  spec.max_tokens = static_cast<int32_t>(
+      std::min<int64_t>(spec.max_tokens, context - static_cast<int64_t>(spec.prompt.size())));
+  const int64_t pages_needed =
+      (static_cast<int64_t>(spec.prompt.size()) + 1 + options_.page_size - 1) / options_.page_size;
+  if (pages_needed > num_pages_) {
+    return make_error(ErrorCode::kResourceExhausted,
+                      "the prompt needs " + std::to_string(pages_needed) +
+                          " KV pages; the device pool has " + std::to_string(num_pages_));
+  }
+  if (auto st = validate_sampling_params(spec.sampling); !st) return std::unexpected(st.error());
+  for (int32_t t : spec.sampling.stop_token_ids) {
+    if (t < 0 || t >= cfg.vocab_size) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "stop token id " + std::to_string(t) + " is outside the vocabulary");
+    }
+  }
+  auto seq = std::make_unique<Seq>();
+  seq->id = next_id_.fetch_add(1);
+  seq->stream = std::make_shared<RequestStream>(seq->id);
+  seq->tokens = spec.prompt;
+  seq->prompt_len = static_cast<int32_t>(spec.prompt.size());
+  seq->sampler.emplace(spec.sampling, seq->id);
+  seq->spec = std::move(spec);
+  auto stream = seq->stream;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return make_error(ErrorCode::kFailedPrecondition, "the engine is stopping");
+    inbox_.push_back(std::move(seq));
+  }
+  wake_.notify_one();
+  return stream;
+}
+
+void Scheduler::post(std::function<void(EngineState&)> command) {
+  {
+    std::lock_guard lock(mutex_);
+    commands_.push_back(std::move(command));
+  }
+  wake_.notify_one();
+}
+
+EngineState Scheduler::make_state() {
+  EngineState s{*tree_, *allocator_, *kv_pool_, options_, counters_, 0, {}};
+  s.host_pages = host_allocator_.get();
+  s.sessions = sessions_.get();
+  s.storage = storage_.get();
+  s.pin_budget_pages = static_cast<int64_t>(
+      options_.max_pinned_ratio *
+      static_cast<double>(host_allocator_ ? host_allocator_->num_pages() : num_pages_));
+  for (const auto& seq : running_) {
+    s.request_private_pages += static_cast<int64_t>(seq->pages.size()) - seq->tree_pages;
+  }
+  s.audit_pages = [this] { return audit_pages(); };
+  return s;
+}
+
+Status Scheduler::audit_pages() const {
+  std::vector<PageId> owned;
+  tree_->collect_device_pages(owned);
+  for (const auto& seq : running_) {
+    owned.insert(owned.end(), seq->pages.begin() + seq->tree_pages, seq->pages.end());
+  }
+  if (auto st = allocator_->audit(owned); !st) return st;
+  if (!host_allocator_) return {};
+  owned.clear();
+  tree_->collect_host_pages(owned);
+  owned.insert(owned.end(), storage_read_pages_.begin(), storage_read_pages_.end());
+  return host_allocator_->audit(owned);
+}
+
+void Scheduler::run() {
+  bool progressed = true;
+  for (;;) {
+    std::deque<std::unique_ptr<Seq>> arrived;
+    std::deque<std::function<void(EngineState&)>> commands;
+    bool stop = false;
+    {
+      std::unique_lock lock(mutex_);
+      const bool busy = (!running_.empty() || !waiting_.empty()) && progressed;
+      if (!busy) {
+        // Idle (or waiting on copies): sleep until work arrives, waking now and then for
+        // soft-pin expiry, or soon when copies are in flight.
+        const auto nap = io_busy() || !running_.empty() || !waiting_.empty()
+                             ? std::chrono::milliseconds(1)
+                             : std::chrono::milliseconds(200);
+        wake_.wait_for(lock, nap,
+                       [&] { return stopping_ || !inbox_.empty() || !commands_.empty(); });
+      }
+      arrived.swap(inbox_);
+      commands.swap(commands_);
+      stop = stopping_;
+    }
+    for (auto& seq : arrived) {
+      if (!seq->spec.session_id.empty()) sessions_->on_request_arrived(seq->spec.session_id);
+      waiting_.push_back(std::move(seq));
+    }
+    poll_io();
+    if (!commands.empty()) {
+      EngineState state = make_state();
+      for (auto& cmd : commands) cmd(state);
+      submit_transfers();
+    }
+    if (stop) break;
+    // Requests parked for a prefetch stop waiting at their deadline.
+    for (size_t i = 0; i < parked_.size();) {
+      Seq& p = *parked_[i];
+      if (p.park_deadline_ms > 0 && clock_->now_ms() >= p.park_deadline_ms) {
+        ++counters_.prefetch_timeouts;
+        p.park_deadline_ms = 0;
+        waiting_.push_front(std::move(parked_[i]));
+        parked_.erase(parked_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+    const int64_t now_ms = clock_->now_ms();
+    if (now_ms - last_expiry_check_ms_ >= 100) {
+      tree_->expire_soft_pins();
+      last_expiry_check_ms_ = now_ms;
+    }
+    if (now_ms - last_session_tick_ms_ >= 5) {
+      counters_.tool_sessions_expired += static_cast<uint64_t>(sessions_->tick());
+      counters_.session_records_dropped = sessions_->dropped_total();
+      last_session_tick_ms_ = now_ms;
+    }
+    progressed = step();
+    submit_transfers();
+    flush_events();
+    counters_.running = static_cast<int64_t>(running_.size());
+    counters_.waiting = static_cast<int64_t>(waiting_.size());
+    {
+      std::lock_guard lock(mutex_);
+      published_counters_ = counters_;
+    }
+  }
+  // Shutdown: everything still here ends cancelled, pages go back. Copies in flight
+  // finish first (the transfer threads still write pages the tree owns).
+  while (!pending_transfers_.empty() || !pending_storage_.empty()) {
+    poll_io();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (auto& seq : parked_) waiting_.push_back(std::move(seq));
+  parked_.clear();
+  for (auto& seq : running_) finish(*seq, FinishReason::kCancelled);
+  running_.clear();
+  for (auto& seq : waiting_) {
+    if (seq->load_receipt.valid()) STRATA_CHECK(tree_->release(seq->load_receipt).has_value());
+    seq->stream->push(StreamItem{{}, FinishReason::kCancelled, seq->usage, {}});
+  }
+  waiting_.clear();
+  flush_events();
+}
+
+void Scheduler::flush_events() {
+  if (events_.events.empty()) return;
+  if (publish_) publish_(std::move(events_.events));
+  events_.events.clear();
+}
+
+bool Scheduler::ensure_pages(Seq& seq, int64_t positions) {
+  const int64_t need = (positions + options_.page_size - 1) / options_.page_size -
+                       static_cast<int64_t>(seq.pages.size());
+  if (need <= 0) return true;
+  if (allocator_->num_free() < need)
+    tree_->evict(static_cast<int32_t>(need - allocator_->num_free()));
+  return allocator_->allocate(static_cast<int32_t>(need), seq.pages).has_value();
+}
+
+// Inserts the request's computed full pages into the tree and switches its page table
+// to the tree's pages where the tree already had the blocks (freeing its duplicates),
+// then moves its lock to the new last node.
+void Scheduler::cache_computed_pages(Seq& seq) {
+  const int32_t ps = options_.page_size;
+  const int32_t full = static_cast<int32_t>(seq.computed / ps);
+  if (full <= seq.tree_pages) return;
+  const std::span<const int32_t> tokens(seq.tokens.data(), static_cast<size_t>(full) * ps);
+  tree_->insert(tokens, std::span<const PageId>(seq.pages.data(), static_cast<size_t>(full)),
+                seq.spec.cache_salt);
+  MatchResult m = tree_->match_prefix(tokens, seq.spec.cache_salt);
+  for (int32_t k = seq.tree_pages; k < m.num_pages; ++k) {
+    if (m.device_pages[static_cast<size_t>(k)] != seq.pages[static_cast<size_t>(k)]) {
+      allocator_->free(seq.pages[static_cast<size_t>(k)]);
+      seq.pages[static_cast<size_t>(k)] = m.device_pages[static_cast<size_t>(k)];
+    }
+  }
+  const LockReceipt old = seq.receipt;
+  seq.receipt = tree_->lock(m.last_node);
+  if (old.valid()) STRATA_CHECK(tree_->release(old).has_value());
+  seq.tree_pages = m.num_pages;
+}
+
+void Scheduler::release_seq_pages(Seq& seq) {
+  if (seq.admitted) cache_computed_pages(seq);
+  allocator_->free(std::span<const PageId>(seq.pages).subspan(static_cast<size_t>(seq.tree_pages)));
+  seq.pages.clear();
+  seq.tree_pages = 0;
+  if (seq.receipt.valid()) STRATA_CHECK(tree_->release(seq.receipt).has_value());
+  seq.receipt = LockReceipt{};
+  seq.admitted = false;
+}
+
+void Scheduler::finish(Seq& seq, FinishReason reason, std::string error, int32_t stop_token) {
+  const int64_t cached = seq.admitted ? seq.computed : 0;
+  release_seq_pages(seq);
+  if (!seq.spec.session_id.empty()) {
+    sessions_->on_request_finished(
+        seq.spec.session_id,
+        std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(cached)),
+        seq.spec.cache_salt);
+  }
+  seq.usage.prompt_tokens = seq.prompt_len;
+  seq.usage.completion_tokens = seq.generated;
+  if (reason == FinishReason::kCancelled) {
+    ++counters_.requests_cancelled;
+  } else {
+    ++counters_.requests_finished;
+  }
+  seq.stream->push(StreamItem{{}, reason, seq.usage, std::move(error), stop_token});
+}
+
+// Out of pages even after eviction: give the newest running request's pages back (its
+// computed pages stay cached in the tree) and queue it again at the front.
+void Scheduler::retract(Seq& seq) {
+  release_seq_pages(seq);
+  seq.computed = 0;
+  ++counters_.requests_retracted;
+}
+
+Scheduler::Admission Scheduler::try_admit(Seq& seq) {
+  const int32_t ps = options_.page_size;
+  // Match all but the last token: at least one token must run to produce logits.
+  const std::span<const int32_t> probe(seq.tokens.data(), seq.tokens.size() - 1);
+  MatchResult m = tree_->match_prefix(probe, seq.spec.cache_salt);
+  if (m.host_num_pages > 0 && !seq.load_tried && !seq.counted) {
+    // The continuation is on the host: load it back (all or nothing) before prefill.
+    seq.load_tried = true;
+    const LockReceipt hold = tree_->lock(m.host_last_node);
+    if (tree_->load_back(m)) {
+      if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
+      seq.load_receipt = hold;
+      seq.host_tokens = m.host_num_pages * ps;
+      submit_transfers(seq.id);
+      return Admission::kParked;
+    }
+    STRATA_CHECK(tree_->release(hold).has_value());
+    if (tree_->io_pending()) {
+      // Backups in flight free device pages when they land (write_back, pinned blocks):
+      // wait for them rather than recompute what the host holds.
+      seq.load_tried = false;
+      return Admission::kNoRoom;
+    }
+    ++counters_.loads_failed;
+  }
+  if (storage_worker_ && !seq.prefetch_tried && !seq.counted) {
+    seq.prefetch_tried = true;
+    const int64_t full = static_cast<int64_t>(probe.size()) / ps;
+    const int64_t missing = full - m.num_pages - m.host_num_pages;
+    if (missing * ps >= storage_config_.prefetch_threshold) {
+      start_prefetch(seq, m);
+      const PrefetchPolicy policy = options_.hicache.prefetch_policy;
+      if (policy != PrefetchPolicy::kBestEffort) {
+        if (policy == PrefetchPolicy::kTimeout) {
+          const double timeout_s = storage_config_.prefetch_timeout_base +
+                                   storage_config_.prefetch_timeout_per_ki_token *
+                                       static_cast<double>(missing * ps) / 1024.0;
+          seq.park_deadline_ms = clock_->now_ms() + static_cast<int64_t>(timeout_s * 1000.0) + 1;
+        }
+        return Admission::kParked;
+      }
+    }
+  }
+  const int64_t remaining_pages =
+      (static_cast<int64_t>(seq.tokens.size()) + ps) / ps - m.num_pages;  // +1 decode slot
+  const TreeStats stats = tree_->stats();
+  // Pages the matched path holds become protected by our lock.
+  int64_t newly_protected = 0;
+  for (const RadixNode* n = m.last_node; n != nullptr && n != tree_->root(); n = n->parent) {
+    if (!tree_->device_protected(n)) newly_protected += n->num_pages();
+  }
+  const int64_t available =
+      allocator_->num_free() + stats.cached_pages - stats.protected_pages - newly_protected;
+  if (available < remaining_pages) return Admission::kNoRoom;
+  seq.receipt = tree_->lock(m.last_node);
+  if (seq.load_receipt.valid()) {
+    STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
+    seq.load_receipt = LockReceipt{};
+  }
+  seq.pages = std::move(m.device_pages);
+  seq.tree_pages = m.num_pages;
+  seq.computed = static_cast<int64_t>(m.num_pages) * ps;
+  seq.admitted = true;
+  if (!seq.counted) {
+    seq.counted = true;
+    // First admission: what the cache saved this prompt, per tier (a re-admission after
+    // a retraction keeps the first figure, as the client saw it).
+    const int32_t cached = static_cast<int32_t>(seq.computed);
+    const int32_t from_storage = std::min(seq.storage_tokens, cached);
+    const int32_t from_host = std::max(0, std::min(seq.host_tokens, cached) - from_storage);
+    seq.usage.cached_tokens = cached;
+    seq.usage.cached_storage = from_storage;
+    seq.usage.cached_host = from_host;
+    seq.usage.cached_device = cached - from_host - from_storage;
+    counters_.cached_prompt_tokens += static_cast<uint64_t>(cached);
+    counters_.cached_host_tokens += static_cast<uint64_t>(from_host);
+    counters_.cached_storage_tokens += static_cast<uint64_t>(from_storage);
+    counters_.prompt_tokens += static_cast<uint64_t>(seq.prompt_len);
+  }
+  return Admission::kAdmitted;
+}
+
+void Scheduler::admit() {
+  while (!waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < options_.max_running_requests) {
+    Seq& seq = *waiting_.front();
+    if (seq.stream->cancelled()) {
+      if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
+      seq.load_receipt = LockReceipt{};
+      seq.usage.prompt_tokens = seq.prompt_len;
+      ++counters_.requests_cancelled;
+      if (!seq.spec.session_id.empty()) {
+        sessions_->on_request_finished(seq.spec.session_id, {}, seq.spec.cache_salt);
+      }
+      seq.stream->push(StreamItem{{}, FinishReason::kCancelled, seq.usage, {}});
+      waiting_.pop_front();
+      continue;
+    }
+    const Admission a = try_admit(seq);
+    if (a == Admission::kParked) {
+      parked_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      continue;
+    }
+    if (a == Admission::kNoRoom) {
+      if (running_.empty() && !tree_->io_pending()) {
+        // Nothing runs and the head cannot start: only pins can be in the way (the
+        // prompt fits the pool, checked at submit). Unpin as few as needed.
+        const int32_t ps = options_.page_size;
+        const int64_t need = (static_cast<int64_t>(seq.tokens.size()) + ps) / ps;
+        const TreeStats st = tree_->stats();
+        const int64_t shortfall =
+            need - (allocator_->num_free() + st.cached_pages - st.protected_pages);
+        auto released = tree_->release_pins_for(std::max<int64_t>(shortfall, 1));
+        if (!released.empty()) {
+          counters_.auto_unpinned_blocks += released.size();
+          STRATA_LOG_WARN(
+              "pinned pages left no room for a {}-token request: unpinned {} blocks "
+              "(soft pins first, least recently used first)",
+              seq.tokens.size(), released.size());
+          continue;  // try again with the room made
+        }
+        finish(seq, FinishReason::kError, "the request cannot fit the KV pool");
+        waiting_.pop_front();
+      }
+      break;  // FIFO: wait for running requests (or copies in flight) to free pages
+    }
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+bool Scheduler::step() {
+  // Cancelled running requests leave first: their pages go back at once.
+  for (size_t i = 0; i < running_.size();) {
+    if (running_[i]->stream->cancelled()) {
+      finish(*running_[i], FinishReason::kCancelled);
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  admit();
+  if (running_.empty()) return false;
+
+  // Plan the batch: every decoding request contributes one token; prefilling requests
+  // share the chunk budget in arrival order.
+  struct Planned {
+    Seq* seq;
+    int64_t start;
+    int64_t count;
+  };
+  std::vector<Planned> plan;
+  int64_t prefill_budget = options_.chunked_prefill_size;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Seq& seq = *running_[i];
+    const int64_t pending = static_cast<int64_t>(seq.tokens.size()) - seq.computed;
+    STRATA_CHECK(pending >= 1);
+    int64_t count = pending;
+    if (pending > 1) {
+      if (prefill_budget <= 0) continue;
+      count = std::min(pending, prefill_budget);
+      prefill_budget -= count;
+    }
+    if (!ensure_pages(seq, seq.computed + count)) {
+      // Backups in flight free device pages when they land: wait for them.
+      if (tree_->io_pending()) continue;
+      // Not even eviction helps: retract the newest request (possibly this one).
+      Seq& victim = *running_.back();
+      retract(victim);
+      waiting_.push_front(std::move(running_.back()));
+      running_.pop_back();
+      if (&victim == &seq) break;
+      if (!ensure_pages(seq, seq.computed + count)) break;
+    }
+    plan.push_back(Planned{&seq, seq.computed, count});
+  }
+  if (plan.empty()) return false;
+
+  std::vector<ForwardSequence> batch;
+  batch.reserve(plan.size());
+  for (const Planned& p : plan) {
+    ForwardSequence fs;
+    fs.token_ids =
+        std::span<const int32_t>(p.seq->tokens.data() + p.start, static_cast<size_t>(p.count));
+    fs.start_position = p.start;
+    fs.page_table = p.seq->pages;
+    fs.want_logits = p.start + p.count == static_cast<int64_t>(p.seq->tokens.size());
+    batch.push_back(fs);
+  }
+  Status st = model_->forward(batch, *kv_pool_, logits_);
+  ++counters_.forward_steps;
+  if (!st) {
+    // The batch was validated at submit; a failure here is a fault: end those requests.
+    STRATA_LOG_ERROR("forward pass failed: {}", st.error().message);
+    for (const Planned& p : plan) p.seq->computed = p.start;
+    for (auto& seq : running_) finish(*seq, FinishReason::kError, st.error().message);
+    running_.clear();
+    return true;
+  }
+
+  const int32_t vocab = model_->config().vocab_size;
+  size_t row = 0;
+  std::vector<Seq*> done;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Seq& seq = *plan[i].seq;
+    seq.computed = plan[i].start + plan[i].count;
+    if (!batch[i].want_logits) {
+      cache_computed_pages(seq);
+      continue;
+    }
+    const float* logits = logits_.data() + row * static_cast<size_t>(vocab);
+    ++row;
+    GeneratedToken tok =
+        seq.sampler->sample(std::span<const float>(logits, static_cast<size_t>(vocab)));
+    cache_computed_pages(seq);
+    if (tok.is_stop) {
+      done.push_back(&seq);
+      finish(seq, FinishReason::kStop, {}, tok.token);
+      continue;
+    }
+    seq.tokens.push_back(tok.token);
+    ++seq.generated;
+    ++counters_.generated_tokens;
+    seq.stream->push(StreamItem{{std::move(tok)}, std::nullopt, {}, {}});
+    if (seq.generated >= seq.spec.max_tokens) {
+      done.push_back(&seq);
+      finish(seq, FinishReason::kLength);
+    }
+  }
+  if (!done.empty()) {
+    std::erase_if(running_, [&](const std::unique_ptr<Seq>& s) {
+      return std::find(done.begin(), done.end(), s.get()) != done.end();
+    });
+  }
+  return true;
+}
+
+}  // namespace strata

@@ -1,0 +1,154 @@
+// The scheduler: one thread that owns the radix tree, the page pools, the transfer and
+// storage workers and the tool sessions, and runs continuous batching over them. Internal
+// to the engine: the public face is engine/engine.h (submit, cache control).
+//
+// Threads. Other threads call submit() and post(); both only enqueue and return. The
+// scheduler thread does everything else: admission by radix match with lock receipts,
+// chunked prefill mixed with decode in one forward pass, sampling, pages inserted into
+// the tree as they fill, eviction when pages run short, retraction when even eviction
+// cannot feed the running batch, cancellation, soft-pin expiry, the no-deadlock rule.
+// Commands (engine/cache_control.cc) run on the same thread between steps, so they see a
+// consistent tree.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/kv_event.h"
+#include "cache/radix_tree.h"
+#include "common/clock.h"
+#include "common/result.h"
+#include "engine/engine_options.h"
+#include "engine/engine_state.h"
+#include "engine/request.h"
+#include "engine/tool_sessions.h"
+#include "memory/host_kv_pool.h"
+#include "memory/kv_pool.h"
+#include "memory/page_allocator.h"
+#include "memory/transfer_engine.h"
+#include "model/model.h"
+#include "storage/storage_backend.h"
+
+namespace strata {
+
+class Scheduler {
+ public:
+  // `model` must outlive the engine. `publish` (may be empty) receives the KV events of
+  // each scheduler step as one batch, on the scheduler thread.
+  static Result<std::unique_ptr<Scheduler>> create(
+      Model* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
+      const Clock* clock = nullptr);
+  ~Scheduler();  // stops the scheduler; unfinished requests end with kCancelled
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Validates and queues a request. kInvalidArgument for an empty prompt, token ids out
+  // of the vocabulary, max_tokens < 1, or prompt + max_tokens beyond the context;
+  // kResourceExhausted for a prompt the device pool can never hold.
+  Result<std::shared_ptr<RequestStream>> submit(RequestSpec spec);
+
+  // Runs `fn` on the scheduler thread between steps and returns its result.
+  template <typename F>
+  auto call(F&& fn) -> std::future<decltype(fn(std::declval<EngineState&>()))> {
+    using R = decltype(fn(std::declval<EngineState&>()));
+    auto task = std::make_shared<std::packaged_task<R(EngineState&)>>(std::forward<F>(fn));
+    auto fut = task->get_future();
+    post([task](EngineState& s) { (*task)(s); });
+    return fut;
+  }
+
+  const EngineOptions& options() const { return options_; }
+  int32_t num_pages() const { return num_pages_; }
+  const Model& model() const { return *model_; }
+  // A copy of the counters (thread-safe).
+  EngineCounters counters() const;
+
+ private:
+  struct Seq;
+  Scheduler(Model* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
+            const Clock* clock);
+  void post(std::function<void(EngineState&)> command);
+  void run();
+  bool step();  // one scheduler iteration; false when idle
+  void admit();
+  enum class Admission : uint8_t { kAdmitted, kNoRoom, kParked };
+  Admission try_admit(Seq& seq);
+  bool ensure_pages(Seq& seq, int64_t positions);
+  void cache_computed_pages(Seq& seq);
+  void finish(Seq& seq, FinishReason reason, std::string error = {}, int32_t stop_token = -1);
+  void retract(Seq& seq);
+  void release_seq_pages(Seq& seq);
+  void flush_events();
+  Status audit_pages() const;
+  // Hierarchical cache, all on the scheduler thread.
+  Status init_hicache();
+  // Hands the tree's requested copies to the transfer threads; a load among them wakes
+  // the parked request `load_for_seq` when it lands.
+  void submit_transfers(uint64_t load_for_seq = 0);
+  void poll_io();
+  void start_prefetch(Seq& seq, const MatchResult& m);
+  void unpark(uint64_t seq_id);
+  bool io_busy() const;
+  EngineState make_state();
+
+  Model* model_;
+  EngineOptions options_;
+  std::function<void(std::vector<KvEvent>)> publish_;
+  const Clock* clock_;
+  int32_t num_pages_ = 0;
+  std::unique_ptr<KvPool> kv_pool_;
+  std::unique_ptr<PageAllocator> allocator_;
+  VectorEventSink events_;
+  std::unique_ptr<RadixTree> tree_;
+  // Hierarchical cache (null without it).
+  std::unique_ptr<HostKvPool> host_pool_;
+  std::unique_ptr<PageAllocator> host_allocator_;
+  std::unique_ptr<TransferEngine> transfers_;
+  std::unique_ptr<StorageBackend> storage_;
+  std::unique_ptr<class StorageWorker> storage_worker_;
+  StorageConfig storage_config_;
+  struct PendingTransfer {
+    TransferRequest request;
+    uint64_t waiting_seq = 0;  // a parked request waiting for this load, or 0
+  };
+  std::unordered_map<TransferTicket, PendingTransfer> pending_transfers_;
+  struct PendingStorage {
+    uint64_t seq_id = 0;          // the request that asked (prefetch), or 0
+    std::vector<int32_t> tokens;  // prefetch: tokens through the last fetched page
+    std::string cache_salt;
+    int32_t first_page = 0;
+  };
+  std::unordered_map<uint64_t, PendingStorage> pending_storage_;
+  std::vector<PageId> storage_read_pages_;  // host pages being read (owned by no node)
+  // Requests parked until a load or prefetch lands (or its deadline passes).
+  std::vector<std::unique_ptr<Seq>> parked_;
+  std::unique_ptr<ToolSessions> sessions_;
+  int64_t last_session_tick_ms_ = 0;
+
+  // Scheduler thread only.
+  std::deque<std::unique_ptr<Seq>> waiting_;
+  std::vector<std::unique_ptr<Seq>> running_;
+  std::vector<float> logits_;
+  EngineCounters counters_;
+  int64_t last_expiry_check_ms_ = 0;
+
+  // Inbox, shared with submitters.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Seq>> inbox_;                  // GUARDED_BY(mutex_)
+  std::deque<std::function<void(EngineState&)>> commands_;  // GUARDED_BY(mutex_)
+  EngineCounters published_counters_;                       // GUARDED_BY(mutex_)
+  bool stopping_ = false;                                   // GUARDED_BY(mutex_)
+  std::atomic<uint64_t> next_id_{1};
+  std::thread thread_;
+};
+
+}  // namespace strata
