@@ -10,12 +10,12 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)" >/dev/null
 echo "== machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
 args=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true)
-echo "== radix tree (bench/micro/radix_tree_bench.cc)"
-build/bench/micro/bench_radix_tree "${args[@]}" 2>/dev/null | grep -E "median|Benchmark"
+echo "== radix tree (src/bench/micro/radix_tree_bench.cc)"
+build/src/bench/micro/bench_radix_tree "${args[@]}" 2>/dev/null | grep -E "median|Benchmark"
 for b in bench_tokenizer bench_jinja; do
-  if [[ -x build/bench/micro/$b ]]; then
+  if [[ -x build/src/bench/micro/$b ]]; then
     echo "== $b"
-    build/bench/micro/$b "${args[@]}" 2>/dev/null | grep -E "median|Benchmark"
+    build/src/bench/micro/$b "${args[@]}" 2>/dev/null | grep -E "median|Benchmark"
   fi
 done
 echo "== forward pass (strata bench forward: bench preset, llama, F32, 2 threads)"

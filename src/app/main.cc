@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include "app/commands.h"
+#include "bench/bench_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Strata: an LLM serving engine whose KV cache is a first-class resource"};
@@ -11,7 +12,7 @@ int main(int argc, char** argv) {
   strata::app::add_serve_command(app, exit_code);
   strata::app::add_block_hashes_command(app, exit_code);
   strata::app::add_make_model_command(app, exit_code);
-  strata::app::add_bench_command(app, exit_code);
+  strata::bench::add_bench_command(app, exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

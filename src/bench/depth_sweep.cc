@@ -1,3 +1,6 @@
+// Running a depth sweep (depth_sweep.h): the options' checks and quick configuration, and
+// the runner that starts the servers, warms the VIP conversation, pins it, floods the cache
+// and measures the next turn. What it records and writes out is depth_sweep_results.h.
 #include "bench/depth_sweep.h"
 
 #include <algorithm>
@@ -5,16 +8,15 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
-#include <limits>
-#include <map>
 #include <optional>
 #include <thread>
 
+#include "bench/depth_sweep_results.h"
 #include "bench/kv_events.h"
 #include "bench/progress.h"
 #include "bench/report.h"
 #include "bench/stats.h"
-#include "bench/svg_chart.h"
+#include "bench/svg_chart.h"  // format_number
 #include "bench/traffic.h"
 
 namespace strata::bench {
@@ -23,120 +25,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 using ojson = nlohmann::ordered_json;
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-bool pins(SweepPhase p) {
-  return p != SweepPhase::kBaseline;
-}
-
-std::string short_name(SweepPhase p) {
-  switch (p) {
-    case SweepPhase::kBaseline:
-      return "BL";
-    case SweepPhase::kPinned:
-      return "PIN";
-    case SweepPhase::kTierPinned:
-      return "TIER";
-  }
-  return "?";
-}
-
-// One (phase, depth) measurement.
-struct DepthRun {
-  SweepPhase phase = SweepPhase::kBaseline;
-  int32_t depth = 0;
-  bool skipped = false;
-  std::string skip_reason;
-  json server;  // url, argv, log, capacity
-
-  // Warm-up of turns 0..D.
-  int64_t warm_prompt_tokens = 0;
-  int64_t warm_completion_tokens = 0;
-  double warm_ttft_s = 0;
-  double warm_e2e_s = 0;
-  int64_t blocks_captured = 0;
-  int64_t blocks_expected = 0;
-  int64_t blocks_pinned = 0;
-
-  // Flood.
-  int64_t capacity_tokens = 0;
-  int64_t capacity_pages = 0;
-  int64_t page_size = 0;
-  int64_t target_evicted_pages = 0;
-  int64_t evicted_pages = 0;
-  int64_t flood_requests = 0;
-  int64_t flood_request_cap = 0;
-  int64_t flood_prompt_tokens = 0;
-  int64_t flood_cached_tokens = 0;
-  double flood_s = 0;
-  bool flood_cycled = false;
-  int64_t auto_unpinned_blocks = 0;
-  int64_t pinned_blocks_after_flood = 0;
-
-  // Turn D+1.
-  double ttft_s = kNaN;
-  double e2e_s = 0;
-  int64_t prompt_tokens = 0;
-  int64_t new_tokens = 0;       // the new turn: prompt - (warm prompt + reply + its end token)
-  int64_t reusable_tokens = 0;  // prompt - new_tokens
-  int64_t cached_tokens = 0;
-  CachedTiers cached;
-
-  double cached_fraction() const {
-    return reusable_tokens > 0 ? static_cast<double>(cached_tokens) / reusable_tokens : kNaN;
-  }
-};
-
-json run_json(const DepthRun& r) {
-  json j{{"phase", phase_name(r.phase)}, {"depth", r.depth}, {"skipped", r.skipped}};
-  if (r.skipped) {
-    j["skip_reason"] = r.skip_reason;
-    return j;
-  }
-  j["server"] = r.server;
-  j["warmup"] = {{"prompt_tokens", r.warm_prompt_tokens},
-                 {"completion_tokens", r.warm_completion_tokens},
-                 {"ttft_s", r.warm_ttft_s},
-                 {"e2e_s", r.warm_e2e_s},
-                 {"blocks_captured", r.blocks_captured},
-                 {"blocks_expected", r.blocks_expected},
-                 {"blocks_pinned", r.blocks_pinned}};
-  j["flood"] = {
-      {"capacity_tokens", r.capacity_tokens},
-      {"capacity_pages", r.capacity_pages},
-      {"page_size", r.page_size},
-      {"target_evicted_pages", r.target_evicted_pages},
-      {"evicted_pages", r.evicted_pages},
-      {"cycles",
-       r.capacity_pages > 0 ? static_cast<double>(r.evicted_pages) / r.capacity_pages : kNaN},
-      {"cycled", r.flood_cycled},
-      {"requests", r.flood_requests},
-      {"request_cap", r.flood_request_cap},
-      {"prompt_tokens", r.flood_prompt_tokens},
-      {"cached_tokens", r.flood_cached_tokens},
-      {"seconds", r.flood_s},
-      {"auto_unpinned_blocks", r.auto_unpinned_blocks},
-      {"pinned_blocks_after", r.pinned_blocks_after_flood}};
-  j["measure"] = {
-      {"ttft_s", r.ttft_s},
-      {"e2e_s", r.e2e_s},
-      {"prompt_tokens", r.prompt_tokens},
-      {"new_turn_tokens", r.new_tokens},
-      {"reusable_tokens", r.reusable_tokens},
-      {"cached_tokens", r.cached_tokens},
-      {"cached_tokens_details",
-       {{"device", r.cached.device}, {"host", r.cached.host}, {"storage", r.cached.storage}}},
-      {"cached_fraction",
-       std::isfinite(r.cached_fraction()) ? json(r.cached_fraction()) : json(nullptr)}};
-  return j;
-}
-
-json shape_json(const ConversationShape& s) {
-  return {{"system_tokens", {s.system_min_tokens, s.system_max_tokens}},
-          {"user_tokens", {s.user_min_tokens, s.user_max_tokens}},
-          {"assistant_tokens", {s.assistant_min_tokens, s.assistant_max_tokens}},
-          {"turns", {s.min_turns, s.max_turns}}};
-}
 
 class DepthSweep {
  public:
@@ -157,27 +45,15 @@ class DepthSweep {
   std::string session_id(SweepPhase phase, int32_t depth) const;
   void report_progress(double within_run, const std::string& status);
 
-  std::vector<Check> checks() const;
-  Table summary_table() const;
-  json results_json(const std::vector<Check>& checks) const;
-  Status write_outputs(const std::vector<Check>& checks) const;
-
   const DepthSweepOptions& o_;
   const std::filesystem::path out_;
   ProgressDisplay progress_;
-  std::vector<SweepPhase> phases_;
-  std::vector<int32_t> depths_;
+  SweepRecord record_;  // what the runs measured; depth_sweep_results.h writes it out
   TokenCounter counter_;
-  std::shared_ptr<const Conversation> vip_;
   std::unique_ptr<ConversationSource> flood_source_;
-  std::string model_;
-  json machine_;
-  json first_state_;
-  std::vector<DepthRun> runs_;
   std::vector<int64_t> pinned_here_;  // what we pinned on a --url server, to unpin
   size_t runs_done_ = 0;
   size_t runs_total_ = 1;
-  std::string error_;
 };
 
 std::string DepthSweep::session_id(SweepPhase phase, int32_t depth) const {
@@ -195,33 +71,34 @@ Status DepthSweep::prepare() {
   for (const std::string& p : o_.phases) {
     auto phase = parse_phase(p);
     if (!phase) return std::unexpected(phase.error());
-    if (std::find(phases_.begin(), phases_.end(), *phase) == phases_.end()) {
-      phases_.push_back(*phase);
+    if (std::find(record_.phases.begin(), record_.phases.end(), *phase) == record_.phases.end()) {
+      record_.phases.push_back(*phase);
     }
   }
-  depths_ = o_.depths;
-  std::sort(depths_.begin(), depths_.end());
-  depths_.erase(std::unique(depths_.begin(), depths_.end()), depths_.end());
-  runs_total_ = std::max<size_t>(1, phases_.size() * depths_.size());
+  record_.depths = o_.depths;
+  std::sort(record_.depths.begin(), record_.depths.end());
+  record_.depths.erase(std::unique(record_.depths.begin(), record_.depths.end()),
+                       record_.depths.end());
+  runs_total_ = std::max<size_t>(1, record_.phases.size() * record_.depths.size());
 
   auto counter = make_token_counter(o_.target);
   if (!counter) return std::unexpected(counter.error());
   counter_ = *counter;
   ConversationShape vip_shape = o_.vip_shape;
   vip_shape.system_min_tokens = vip_shape.system_max_tokens = o_.vip_system_tokens;
-  vip_shape.min_turns = vip_shape.max_turns = depths_.back() + 2;
+  vip_shape.min_turns = vip_shape.max_turns = record_.depths.back() + 2;
   auto vip = make_conversation(o_.run.seed, "vip", 0, vip_shape, counter_);
   if (!vip) return std::unexpected(vip.error());
-  vip_ = std::make_shared<const Conversation>(std::move(*vip));
+  record_.vip = std::make_shared<const Conversation>(std::move(*vip));
   // The system prompt as the real tokenizer counts it in one piece.
-  if (auto n = counter_(vip_->system); n) {
-    auto copy = std::make_shared<Conversation>(*vip_);
+  if (auto n = counter_(record_.vip->system); n) {
+    auto copy = std::make_shared<Conversation>(*record_.vip);
     copy->system_tokens = *n;
-    vip_ = copy;
+    record_.vip = copy;
   }
   flood_source_ =
       std::make_unique<ConversationSource>(o_.run.seed, "flood", o_.flood_shape, counter_);
-  machine_ = machine_info();
+  record_.machine = machine_info();
   return {};
 }
 
@@ -277,7 +154,7 @@ Status DepthSweep::sync_events(const ServerClient& client, KvEventSubscriber& su
     }
     auto r = client.post_json(
         "/v1/completions",
-        json{{"model", model_}, {"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}});
+        json{{"model", record_.model}, {"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}});
     if (!r) return std::unexpected(r.error());
     synced = sub.wait_batches_above(before, 0.25);
   }
@@ -330,7 +207,7 @@ Status DepthSweep::flood(const ServerClient& client, DepthRun& r) {
   to.concurrency = o_.flood_concurrency;
   to.max_tokens = o_.flood_max_tokens;
   to.max_requests = r.flood_request_cap;
-  to.model = model_;
+  to.model = record_.model;
   TrafficRun traffic(client, *flood_source_, to);
   const double start = monotonic_s();
   traffic.start();
@@ -385,10 +262,10 @@ Status DepthSweep::flood(const ServerClient& client, DepthRun& r) {
 
 Status DepthSweep::measure(const ServerClient& client, const StreamedChat& warm, DepthRun& r) {
   const auto d = static_cast<size_t>(r.depth);
-  ojson messages = chat_messages(*vip_, d, true);
+  ojson messages = chat_messages(*record_.vip, d, true);
   messages.push_back(ojson{{"role", "assistant"}, {"content", warm.text}});
-  messages.push_back(ojson{{"role", "user"}, {"content", vip_->turns[d + 1].user}});
-  ojson body = chat_request(model_, std::move(messages), o_.measure_max_tokens, true);
+  messages.push_back(ojson{{"role", "user"}, {"content", record_.vip->turns[d + 1].user}});
+  ojson body = chat_request(record_.model, std::move(messages), o_.measure_max_tokens, true);
   body["session_id"] = session_id(r.phase, r.depth);
   auto m = client.stream_chat(body);
   if (!m) return std::unexpected(m.error());
@@ -428,17 +305,17 @@ Result<DepthRun> DepthSweep::run_one(SweepPhase phase, int32_t depth) {
   const auto log =
       out_ / "logs" /
       ("depth-sweep-" + std::string(phase_name(phase)) + "-d" + std::to_string(depth) + ".log");
-  auto server = open_server(o_.target, extra, log, pins(phase));
+  auto server = open_server(o_.target, extra, log, pins_vip(phase));
   if (!server) return std::unexpected(server.error());
   const ServerClient client = server->client();
-  if (model_.empty()) {
+  if (record_.model.empty()) {
     auto id = served_model_id(client);
     if (!id) return std::unexpected(id.error());
-    model_ = *id;
+    record_.model = *id;
   }
   auto state = read_cache_state(client);
   if (!state) return std::unexpected(state.error());
-  if (first_state_.is_null()) first_state_ = state->raw;
+  if (record_.first_state.is_null()) record_.first_state = state->raw;
   if (phase == SweepPhase::kTierPinned && !state->has_host) {
     r.skipped = true;
     r.skip_reason = "the server started with --enable-hierarchical-cache shows no host tier";
@@ -454,7 +331,7 @@ Result<DepthRun> DepthSweep::run_one(SweepPhase phase, int32_t depth) {
   if (auto st = reset_cache(client); !st) return std::unexpected(st.error());
 
   std::unique_ptr<KvEventSubscriber> sub;
-  if (pins(phase)) {
+  if (pins_vip(phase)) {
     if (server->kv_events_endpoint.empty()) {
       return make_error(ErrorCode::kInvalidArgument,
                         "the pinned phases need the server's KV events: give "
@@ -469,8 +346,9 @@ Result<DepthRun> DepthSweep::run_one(SweepPhase phase, int32_t depth) {
 
   report_progress(0.02, label + ": warming the VIP conversation");
   const auto d = static_cast<size_t>(depth);
-  ojson warm_body = chat_request(model_, chat_messages(*vip_, d, true),
-                                 static_cast<int32_t>(vip_->turns[d].assistant_tokens), true);
+  ojson warm_body =
+      chat_request(record_.model, chat_messages(*record_.vip, d, true),
+                   static_cast<int32_t>(record_.vip->turns[d].assistant_tokens), true);
   warm_body["session_id"] = session_id(phase, depth);
   auto warm = client.stream_chat(warm_body);
   if (!warm) return std::unexpected(warm.error());
@@ -494,231 +372,17 @@ Result<DepthRun> DepthSweep::run_one(SweepPhase phase, int32_t depth) {
   return r;
 }
 
-std::vector<Check> DepthSweep::checks() const {
-  std::vector<Check> out;
-  for (const DepthRun& r : runs_) {
-    if (r.skipped) continue;
-    const std::string where =
-        std::string(phase_name(r.phase)) + " depth " + std::to_string(r.depth);
-    char detail[200];
-    std::snprintf(detail, sizeof(detail),
-                  "evicted %lld pages, %.2fx the %lld-page device pool "
-                  "(needed %lld) in %lld flood requests",
-                  static_cast<long long>(r.evicted_pages),
-                  static_cast<double>(r.evicted_pages) / static_cast<double>(r.capacity_pages),
-                  static_cast<long long>(r.capacity_pages),
-                  static_cast<long long>(r.target_evicted_pages),
-                  static_cast<long long>(r.flood_requests));
-    out.push_back(Check{"flood cycled the cache (" + where + ")", r.flood_cycled, detail});
-  }
-  if (!o_.run.check) return out;
-  for (const DepthRun& r : runs_) {
-    if (r.skipped) continue;
-    const std::string where =
-        std::string(phase_name(r.phase)) + " depth " + std::to_string(r.depth);
-    const double f = r.cached_fraction();
-    const std::string measured = format_count(r.cached_tokens) + " of " +
-                                 format_count(r.reusable_tokens) + " reusable tokens cached (" +
-                                 format_percent(f) + ")";
-    if (r.phase == SweepPhase::kBaseline && r.depth > 0) {
-      out.push_back(Check{"baseline evicted (" + where + ")", f <= o_.baseline_max_cached,
-                          measured + ", target <= " + format_percent(o_.baseline_max_cached)});
-    }
-    if (pins(r.phase)) {
-      out.push_back(Check{"pinned prefix kept (" + where + ")", f >= o_.pinned_min_cached,
-                          measured + ", target >= " + format_percent(o_.pinned_min_cached)});
-    }
-  }
-  return out;
-}
-
-Table DepthSweep::summary_table() const {
-  std::map<std::pair<SweepPhase, int32_t>, const DepthRun*> at;
-  std::vector<SweepPhase> shown;
-  for (const DepthRun& r : runs_) {
-    if (r.skipped) continue;
-    at[{r.phase, r.depth}] = &r;
-    if (std::find(shown.begin(), shown.end(), r.phase) == shown.end()) shown.push_back(r.phase);
-  }
-  Table t;
-  t.header = {"Depth", "Prompt tokens", "New-turn tokens"};
-  for (SweepPhase p : shown) t.header.push_back(short_name(p) + " TTFT");
-  const bool has_bl = std::find(shown.begin(), shown.end(), SweepPhase::kBaseline) != shown.end();
-  for (SweepPhase p : shown) {
-    if (p != SweepPhase::kBaseline && has_bl) t.header.push_back("Speedup " + short_name(p));
-  }
-  for (SweepPhase p : shown) t.header.push_back(short_name(p) + " cached");
-  for (SweepPhase p : shown) {
-    if (p == SweepPhase::kTierPinned) t.header.push_back("TIER host-cached");
-  }
-  for (SweepPhase p : shown) {
-    if (pins(p)) t.header.push_back(short_name(p) + " blocks pinned");
-  }
-  for (int32_t d : depths_) {
-    const DepthRun* any = nullptr;
-    for (SweepPhase p : shown) {
-      if (at.count({p, d})) {
-        any = at.at({p, d});
-        break;
-      }
-    }
-    if (any == nullptr) continue;
-    std::vector<std::string> row{std::to_string(d), format_count(any->prompt_tokens),
-                                 format_count(any->new_tokens)};
-    auto get = [&](SweepPhase p) { return at.count({p, d}) ? at.at({p, d}) : nullptr; };
-    for (SweepPhase p : shown) row.push_back(get(p) ? format_ms(get(p)->ttft_s) : "-");
-    for (SweepPhase p : shown) {
-      if (p == SweepPhase::kBaseline || !has_bl) continue;
-      const DepthRun* b = get(SweepPhase::kBaseline);
-      const DepthRun* x = get(p);
-      row.push_back(b && x ? format_ratio(b->ttft_s / x->ttft_s) : "-");
-    }
-    for (SweepPhase p : shown)
-      row.push_back(get(p) ? format_percent(get(p)->cached_fraction()) : "-");
-    for (SweepPhase p : shown) {
-      if (p == SweepPhase::kTierPinned) {
-        row.push_back(get(p) ? format_count(get(p)->cached.host) : "-");
-      }
-    }
-    for (SweepPhase p : shown) {
-      if (pins(p)) row.push_back(get(p) ? format_count(get(p)->blocks_pinned) : "-");
-    }
-    t.rows.push_back(std::move(row));
-  }
-  return t;
-}
-
-json DepthSweep::results_json(const std::vector<Check>& checks) const {
-  json runs = json::array();
-  for (const DepthRun& r : runs_) runs.push_back(run_json(r));
-  json phase_stats = json::object();
-  for (SweepPhase p : phases_) {
-    std::vector<double> ttfts;
-    for (const DepthRun& r : runs_) {
-      if (r.phase == p && !r.skipped) ttfts.push_back(r.ttft_s);
-    }
-    if (ttfts.empty()) continue;
-    const double ratio = max_over_min(ttfts);
-    phase_stats[std::string(phase_name(p))] = {
-        {"ttft_max_over_min", std::isfinite(ratio) ? json(ratio) : json(nullptr)}};
-  }
-  json speedups = json::array();
-  for (const DepthRun& r : runs_) {
-    if (r.skipped || r.phase == SweepPhase::kBaseline) continue;
-    for (const DepthRun& b : runs_) {
-      if (b.phase == SweepPhase::kBaseline && !b.skipped && b.depth == r.depth) {
-        speedups.push_back({{"phase", phase_name(r.phase)},
-                            {"depth", r.depth},
-                            {"ttft_speedup_vs_baseline", b.ttft_s / r.ttft_s}});
-      }
-    }
-  }
-  json params = {{"depths", depths_},
-                 {"phases", o_.phases},
-                 {"flood_concurrency", o_.flood_concurrency},
-                 {"flood_factor", o_.flood_factor},
-                 {"flood_max_tokens", o_.flood_max_tokens},
-                 {"flood_request_cap_factor", o_.flood_request_cap},
-                 {"vip_system_tokens", o_.vip_system_tokens},
-                 {"measure_max_tokens", o_.measure_max_tokens},
-                 {"hicache_ratio", o_.hicache_ratio},
-                 {"vip_shape", shape_json(o_.vip_shape)},
-                 {"flood_shape", shape_json(o_.flood_shape)},
-                 {"seed", o_.run.seed},
-                 {"quick", o_.run.quick},
-                 {"check", o_.run.check},
-                 {"baseline_max_cached", o_.baseline_max_cached},
-                 {"pinned_min_cached", o_.pinned_min_cached},
-                 {"url", o_.target.url},
-                 {"spawn", o_.target.spawn},
-                 {"model_dir", o_.target.model_dir},
-                 {"server_args", split_args(o_.target.server_args)}};
-  json vip_turns = json::array();
-  if (vip_) {
-    for (const Turn& t : vip_->turns) {
-      vip_turns.push_back(
-          {{"user_tokens", t.user_tokens}, {"assistant_tokens", t.assistant_tokens}});
-    }
-  }
-  return json{{"scenario", "depth-sweep"},
-              {"finished_at", utc_timestamp()},
-              {"parameters", params},
-              {"machine", machine_},
-              {"model", model_},
-              {"server_cache_state", first_state_},
-              {"vip", {{"system_tokens", vip_ ? vip_->system_tokens : 0}, {"turns", vip_turns}}},
-              {"runs", runs},
-              {"phase_stats", phase_stats},
-              {"speedups", speedups},
-              {"checks", to_json(checks)},
-              {"error", error_.empty() ? json(nullptr) : json(error_)},
-              {"passed", error_.empty() && all_passed(checks)}};
-}
-
-Status DepthSweep::write_outputs(const std::vector<Check>& checks) const {
-  if (auto st = write_file(out_ / "results.json", results_json(checks).dump(2) + "\n"); !st) {
-    return st;
-  }
-  LineChart ttft{.title = "Depth sweep: TTFT of turn D+1 after the flood",
-                 .x_label = "conversation depth D (turns warmed)",
-                 .y_label = "TTFT (ms)"};
-  LineChart cached{.title = "Depth sweep: cached share of the reusable prompt",
-                   .x_label = "conversation depth D (turns warmed)",
-                   .y_label = "cached tokens / (prompt - new turn) (%)"};
-  for (SweepPhase p : phases_) {
-    ChartSeries t{std::string(phase_name(p)), {}, {}};
-    ChartSeries c{std::string(phase_name(p)), {}, {}};
-    for (const DepthRun& r : runs_) {
-      if (r.phase != p || r.skipped) continue;
-      t.x.push_back(r.depth);
-      t.y.push_back(r.ttft_s * 1000);
-      c.x.push_back(r.depth);
-      c.y.push_back(r.cached_fraction() * 100);
-    }
-    if (t.x.empty()) continue;
-    ttft.series.push_back(std::move(t));
-    cached.series.push_back(std::move(c));
-  }
-  if (auto st = write_file(out_ / "depth_sweep_ttft.svg", render_line_chart(ttft)); !st) return st;
-  if (auto st = write_file(out_ / "depth_sweep_cached.svg", render_line_chart(cached)); !st) {
-    return st;
-  }
-  std::string md = "Model `" + model_ + "`; machine " + machine_line(machine_) + ".\n\n";
-  md += to_markdown(summary_table()) + "\n";
-  for (SweepPhase p : phases_) {
-    std::vector<double> ttfts;
-    for (const DepthRun& r : runs_) {
-      if (r.phase == p && !r.skipped) ttfts.push_back(r.ttft_s);
-    }
-    if (!ttfts.empty()) {
-      md += "- " + std::string(phase_name(p)) + ": TTFT max/min across depths " +
-            format_ratio(max_over_min(ttfts)) + "\n";
-    }
-  }
-  for (const DepthRun& r : runs_) {
-    if (r.skipped) {
-      md += "- " + std::string(phase_name(r.phase)) + " depth " + std::to_string(r.depth) +
-            " skipped: " + r.skip_reason + "\n";
-    }
-  }
-  md += "\nChecks:\n\n";
-  for (const Check& c : checks) {
-    md += std::string("- ") + (c.passed ? "PASS " : "**FAIL** ") + c.name + ": " + c.detail + "\n";
-  }
-  return write_file(out_ / "summary.md", md);
-}
-
 int DepthSweep::run() {
   if (auto st = prepare(); !st) {
     std::cerr << "strata bench depth-sweep: " << st.error().message << "\n";
     return 2;
   }
-  progress_.message("depth-sweep: VIP system prompt " + format_count(vip_->system_tokens) +
-                    " tokens, depths " + json(depths_).dump() + ", " +
-                    std::to_string(phases_.size()) + " phases; results in " + out_.string());
+  progress_.message("depth-sweep: VIP system prompt " + format_count(record_.vip->system_tokens) +
+                    " tokens, depths " + json(record_.depths).dump() + ", " +
+                    std::to_string(record_.phases.size()) + " phases; results in " + out_.string());
   std::optional<std::string> tier_skip;
-  for (SweepPhase phase : phases_) {
-    for (int32_t depth : depths_) {
+  for (SweepPhase phase : record_.phases) {
+    for (int32_t depth : record_.depths) {
       if (interrupted()) break;
       Result<DepthRun> r = make_error(ErrorCode::kInternal, "not run");
       if (phase == SweepPhase::kTierPinned && tier_skip) {
@@ -732,8 +396,8 @@ int DepthSweep::run() {
         r = run_one(phase, depth);
       }
       if (!r) {
-        error_ = std::string(phase_name(phase)) + " depth " + std::to_string(depth) + ": " +
-                 r.error().message;
+        record_.error = std::string(phase_name(phase)) + " depth " + std::to_string(depth) + ": " +
+                        r.error().message;
         break;
       }
       if (r->skipped) {
@@ -748,11 +412,12 @@ int DepthSweep::run() {
             " prompt), flood " + format_count(r->flood_requests) + " requests evicted " +
             format_count(r->evicted_pages) + " pages in " + format_duration(r->flood_s));
       }
-      runs_.push_back(std::move(*r));
+      record_.runs.push_back(std::move(*r));
       ++runs_done_;
-      (void)write_outputs(checks());  // partial results survive a later failure
+      (void)write_sweep_outputs(
+          o_, record_, sweep_checks(o_, record_));  // partial results survive a later failure
     }
-    if (!error_.empty() || interrupted()) break;
+    if (!record_.error.empty() || interrupted()) break;
   }
   progress_.finish();
   if (!pinned_here_.empty()) {
@@ -760,19 +425,17 @@ int DepthSweep::run() {
     (void)ServerClient(o_.target.url, o_.target.api_key)
         .post_json("/cache/unpin", json{{"block_hashes", pinned_here_}});
   }
-  if (interrupted() && error_.empty()) error_ = "interrupted";
-  const std::vector<Check> all = checks();
-  if (auto st = write_outputs(all); !st) {
+  if (interrupted() && record_.error.empty()) record_.error = "interrupted";
+  const std::vector<Check> all = sweep_checks(o_, record_);
+  if (auto st = write_sweep_outputs(o_, record_, all); !st) {
     std::cerr << "strata bench depth-sweep: " << st.error().message << "\n";
     return 2;
   }
-  std::cout << "\ndepth-sweep on " << model_ << " (" << machine_line(machine_) << ")\n"
-            << to_text(summary_table());
-  for (SweepPhase p : phases_) {
-    std::vector<double> ttfts;
-    for (const DepthRun& r : runs_) {
-      if (r.phase == p && !r.skipped) ttfts.push_back(r.ttft_s);
-    }
+  std::cout << "\ndepth-sweep on " << record_.model << " (" << machine_line(record_.machine)
+            << ")\n"
+            << to_text(sweep_summary_table(record_));
+  for (SweepPhase p : record_.phases) {
+    const std::vector<double> ttfts = phase_ttfts(record_, p);
     if (!ttfts.empty()) {
       std::cout << phase_name(p) << ": TTFT max/min across depths "
                 << format_ratio(max_over_min(ttfts)) << "\n";
@@ -780,8 +443,8 @@ int DepthSweep::run() {
   }
   std::cout << "\n"
             << format_checks(all) << "results: " << (out_ / "results.json").string() << "\n";
-  if (!error_.empty()) {
-    std::cerr << "strata bench depth-sweep: " << error_ << "\n";
+  if (!record_.error.empty()) {
+    std::cerr << "strata bench depth-sweep: " << record_.error << "\n";
     return 2;
   }
   return all_passed(all) ? 0 : 1;

@@ -1,6 +1,6 @@
 #include "server/request_parsing.h"
 
-#include "model/tokenizer/utf8.h"
+#include "text/tokenizer/utf8.h"
 
 #include <cctype>
 #include <cerrno>

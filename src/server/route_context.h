@@ -27,8 +27,8 @@
 #include "http/exchange.h"
 #include "http/message.h"
 #include "http/server.h"
-#include "model/jinja/chat_template.h"
-#include "model/tokenizer/tokenizer.h"
+#include "text/jinja/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
 #include "server/conversations.h"
 #include "server/metrics.h"
 

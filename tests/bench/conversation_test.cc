@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "model/tokenizer/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace strata::bench {
 namespace {

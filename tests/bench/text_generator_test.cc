@@ -5,7 +5,7 @@
 #include <set>
 #include <string>
 
-#include "model/tokenizer/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace strata::bench {
 namespace {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "storage/redis_test_server.h"
+#include "testing/redis_test_server.h"
 
 namespace strata {
 namespace {

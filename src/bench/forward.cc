@@ -1,0 +1,357 @@
+// `strata bench forward`: prefill tokens/s at the given prompt lengths (one forward pass
+// per prompt, best of --repeats), single-sequence decode tokens/s, batched decode
+// tokens/s, and where the time goes (per-phase wall time), on the `bench` preset made on
+// the fly or on --model. In process: no server, no scheduler, only the model.
+#include "bench/forward.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+#include "model/make_model.h"
+#include "model/model.h"
+
+namespace strata::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct ForwardBenchOptions {
+  std::string model_dir;
+  std::string preset = "bench";
+  std::string arch = "llama";
+  int threads = 2;
+  std::vector<int64_t> prompt_tokens = {512, 2048};
+  int64_t chunk_tokens = 0;  // 0: each prompt in one forward call
+  int64_t decode_tokens = 128;
+  int64_t decode_context = 0;
+  std::vector<int64_t> decode_batches = {8, 32};
+  int64_t batch_context = 512;
+  std::string kv_dtype = "f32";
+  std::string weight_dtype = "auto";
+  int32_t page_size = 16;
+  int repeats = 3;
+  bool json = false;
+};
+
+struct Measurement {
+  double seconds = 0;
+  ForwardProfile profile;
+};
+
+nlohmann::json profile_json(const ForwardProfile& p) {
+  return {{"embed_s", p.embed_s},         {"rmsnorm_s", p.norm_s},
+          {"qkv_proj_s", p.qkv_s},        {"rope_kv_store_s", p.rope_store_s},
+          {"attention_s", p.attention_s}, {"o_proj_s", p.o_proj_s},
+          {"gate_up_s", p.gate_up_s},     {"silu_mul_s", p.silu_s},
+          {"down_proj_s", p.down_s},      {"logits_s", p.logits_s},
+          {"total_s", p.total_s()}};
+}
+
+// Deterministic pseudo-random prompt ids.
+std::vector<int32_t> prompt_ids(int64_t n, int32_t vocab, uint64_t salt) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  uint64_t x = 0x9e3779b97f4a7c15ull ^ salt;
+  for (int32_t& id : ids) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    id = static_cast<int32_t>(x % static_cast<uint64_t>(vocab));
+  }
+  return ids;
+}
+
+class ForwardBench {
+ public:
+  ForwardBench(Model& model, KvPool& pool, const ForwardBenchOptions& o)
+      : model_(model), pool_(pool), o_(o) {}
+
+  // Pages [first, first + count) as a page table.
+  std::vector<PageId> table(int32_t first, int64_t positions) const {
+    std::vector<PageId> t;
+    for (int64_t p = 0; p * o_.page_size < positions; ++p) {
+      t.push_back(make_page_id(first + static_cast<int32_t>(p)));
+    }
+    return t;
+  }
+
+  Result<Measurement> prefill(int64_t tokens) {
+    const std::vector<int32_t> ids = prompt_ids(tokens, model_.config().vocab_size, 1);
+    const std::vector<PageId> pages = table(0, tokens);
+    const int64_t chunk = o_.chunk_tokens > 0 ? o_.chunk_tokens : tokens;
+    std::optional<Measurement> best;
+    for (int r = 0; r < o_.repeats; ++r) {
+      model_.reset_profile();
+      const auto start = Clock::now();
+      for (int64_t done = 0; done < tokens; done += chunk) {
+        const int64_t n = std::min(chunk, tokens - done);
+        ForwardSequence seq{
+            std::span(ids).subspan(static_cast<size_t>(done), static_cast<size_t>(n)), done, pages,
+            true};
+        if (auto s = model_.forward(std::span(&seq, 1), pool_, logits_); !s) {
+          return std::unexpected(s.error());
+        }
+      }
+      const double t = seconds_since(start);
+      if (!best || t < best->seconds) best = Measurement{t, model_.profile()};
+    }
+    return *best;
+  }
+
+  // Greedy decode of decode_tokens tokens after a prompt of decode_context tokens.
+  Result<Measurement> decode() {
+    const int64_t context = std::max<int64_t>(o_.decode_context, 1);
+    const std::vector<PageId> pages = table(0, context + o_.decode_tokens);
+    const std::vector<int32_t> prompt = prompt_ids(context, model_.config().vocab_size, 2);
+    std::optional<Measurement> best;
+    for (int r = 0; r < o_.repeats; ++r) {
+      ForwardSequence first{prompt, 0, pages, true};
+      if (auto s = model_.forward(std::span(&first, 1), pool_, logits_); !s) {
+        return std::unexpected(s.error());
+      }
+      model_.reset_profile();
+      const auto start = Clock::now();
+      int32_t token = 0;
+      for (int64_t i = 0; i < o_.decode_tokens; ++i) {
+        token = static_cast<int32_t>(std::max_element(logits_.begin(), logits_.end()) -
+                                     logits_.begin());
+        ForwardSequence seq{std::span(&token, 1), context + i, pages, true};
+        if (auto s = model_.forward(std::span(&seq, 1), pool_, logits_); !s) {
+          return std::unexpected(s.error());
+        }
+      }
+      const double t = seconds_since(start);
+      if (!best || t < best->seconds) best = Measurement{t, model_.profile()};
+    }
+    return *best;
+  }
+
+  // `batch` sequences of batch_context tokens each decode one token per step.
+  Result<Measurement> batched_decode(int64_t batch) {
+    const int64_t steps = std::max<int64_t>(8, o_.decode_tokens / 4);
+    const int64_t per_seq_pages = (o_.batch_context + steps + o_.page_size - 1) / o_.page_size;
+    std::vector<std::vector<PageId>> tables;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < batch; ++b) {
+      tables.push_back(table(static_cast<int32_t>(b * per_seq_pages), o_.batch_context + steps));
+      prompts.push_back(prompt_ids(o_.batch_context, model_.config().vocab_size, 100 + b));
+    }
+    std::optional<Measurement> best;
+    std::vector<int32_t> next(static_cast<size_t>(batch), 1);
+    std::vector<ForwardSequence> seqs(static_cast<size_t>(batch));
+    for (int r = 0; r < o_.repeats; ++r) {
+      for (int64_t b = 0; b < batch; ++b) {
+        ForwardSequence seq{prompts[static_cast<size_t>(b)], 0, tables[static_cast<size_t>(b)],
+                            false};
+        if (auto s = model_.forward(std::span(&seq, 1), pool_, logits_); !s) {
+          return std::unexpected(s.error());
+        }
+      }
+      model_.reset_profile();
+      const auto start = Clock::now();
+      for (int64_t step = 0; step < steps; ++step) {
+        for (int64_t b = 0; b < batch; ++b) {
+          seqs[static_cast<size_t>(b)] =
+              ForwardSequence{std::span(&next[static_cast<size_t>(b)], 1), o_.batch_context + step,
+                              tables[static_cast<size_t>(b)], true};
+        }
+        if (auto s = model_.forward(seqs, pool_, logits_); !s) return std::unexpected(s.error());
+        const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+        for (int64_t b = 0; b < batch; ++b) {
+          auto row = logits_.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(b) * vocab);
+          next[static_cast<size_t>(b)] = static_cast<int32_t>(
+              std::max_element(row, row + static_cast<std::ptrdiff_t>(vocab)) - row);
+        }
+      }
+      const double t = seconds_since(start) / static_cast<double>(steps);
+      if (!best || t < best->seconds) best = Measurement{t, model_.profile()};
+    }
+    return *best;
+  }
+
+ private:
+  Model& model_;
+  KvPool& pool_;
+  const ForwardBenchOptions& o_;
+  std::vector<float> logits_;
+};
+
+int run_forward_bench(const ForwardBenchOptions& o) {
+  auto fail = [](const std::string& message) {
+    std::cerr << "strata bench forward: " << message << "\n";
+    return 2;
+  };
+  ModelOptions model_options;
+  model_options.num_threads = o.threads;
+  if (o.weight_dtype == "f32") {
+    model_options.weight_dtype = WeightDtype::kF32;
+  } else if (o.weight_dtype == "bf16") {
+    model_options.weight_dtype = WeightDtype::kBF16;
+  } else if (o.weight_dtype != "auto") {
+    return fail("--weight-dtype must be auto, f32 or bf16");
+  }
+  auto kv_dtype = parse_kv_dtype(o.kv_dtype);
+  if (!kv_dtype) return fail(kv_dtype.error().message);
+  if (o.json) set_log_level("warn");  // keep stdout one JSON object
+
+  const auto load_start = Clock::now();
+  Result<std::unique_ptr<Model>> model = make_error(ErrorCode::kInternal, "no model");
+  std::string source;
+  if (!o.model_dir.empty()) {
+    model = Model::load(o.model_dir, model_options);
+    source = o.model_dir;
+  } else {
+    auto preset = parse_model_preset(o.preset);
+    if (!preset) return fail(preset.error().message);
+    auto arch = parse_architecture(o.arch);
+    if (!arch) return fail(arch.error().message);
+    model = make_preset_model(*preset, *arch, 0, model_options);
+    source = "preset " + o.preset + " (" + o.arch + ", random weights, seed 0)";
+  }
+  if (!model) return fail(model.error().message);
+  Model& m = **model;
+  m.set_profiling(true);
+  const double load_s = seconds_since(load_start);
+
+  int64_t max_prompt = 0;
+  for (int64_t p : o.prompt_tokens) max_prompt = std::max(max_prompt, p);
+  const int64_t decode_positions = std::max<int64_t>(o.decode_context, 1) + o.decode_tokens;
+  int64_t max_batch = 0;
+  for (int64_t b : o.decode_batches) max_batch = std::max(max_batch, b);
+  const int64_t batch_steps = std::max<int64_t>(8, o.decode_tokens / 4);
+  const int64_t batch_pages =
+      max_batch * ((o.batch_context + batch_steps + o.page_size - 1) / o.page_size);
+  const int64_t pages =
+      std::max({(max_prompt + o.page_size - 1) / o.page_size,
+                (decode_positions + o.page_size - 1) / o.page_size, batch_pages}) +
+      1;
+  auto pool = m.make_kv_pool(static_cast<int32_t>(pages), o.page_size, *kv_dtype);
+  if (!pool) return fail(pool.error().message);
+
+  const ModelConfig& c = m.config();
+  nlohmann::json report = {
+      {"model", source},
+      {"architecture", std::string(architecture_class_name(c.architecture))},
+      {"hidden_size", c.hidden_size},
+      {"num_layers", c.num_layers},
+      {"num_heads", c.num_heads},
+      {"num_kv_heads", c.num_kv_heads},
+      {"intermediate_size", c.intermediate_size},
+      {"vocab_size", c.vocab_size},
+      {"weights", std::string(weight_dtype_name(m.weights().layers[0].qkv.dtype()))},
+      {"kv_dtype", std::string(kv_dtype_name(*kv_dtype))},
+      {"threads", m.num_threads()},
+      {"page_size", o.page_size},
+      {"repeats", o.repeats},
+      {"load_s", load_s}};
+  if (!o.json) {
+    std::printf(
+        "model: %s\n  %s, hidden %d, %d layers, %d heads, %d KV heads, FFN %d, vocab %d\n"
+        "  weights %s, KV %s, %d threads, page size %d, best of %d runs\n",
+        source.c_str(), std::string(architecture_class_name(c.architecture)).c_str(), c.hidden_size,
+        c.num_layers, c.num_heads, c.num_kv_heads, c.intermediate_size, c.vocab_size,
+        std::string(weight_dtype_name(m.weights().layers[0].qkv.dtype())).c_str(),
+        std::string(kv_dtype_name(*kv_dtype)).c_str(), m.num_threads(), o.page_size, o.repeats);
+  }
+  ForwardBench bench(m, **pool, o);
+  nlohmann::json results = nlohmann::json::array();
+  auto print = [&](const std::string& name, double tokens_per_s, double seconds,
+                   const ForwardProfile& profile) {
+    results.push_back({{"scenario", name},
+                       {"tokens_per_s", tokens_per_s},
+                       {"seconds", seconds},
+                       {"phases", profile_json(profile)}});
+    if (!o.json) {
+      std::printf("\n%-28s %10.1f tokens/s  (%.3f s)\n%s", name.c_str(), tokens_per_s, seconds,
+                  profile.to_string().c_str());
+    }
+  };
+  for (int64_t p : o.prompt_tokens) {
+    auto r = bench.prefill(p);
+    if (!r) return fail(r.error().message);
+    print("prefill " + std::to_string(p), static_cast<double>(p) / r->seconds, r->seconds,
+          r->profile);
+  }
+  if (o.decode_tokens > 0) {
+    auto r = bench.decode();
+    if (!r) return fail(r.error().message);
+    print("decode " + std::to_string(o.decode_tokens) + " (context " +
+              std::to_string(std::max<int64_t>(o.decode_context, 1)) + ")",
+          static_cast<double>(o.decode_tokens) / r->seconds, r->seconds, r->profile);
+    for (int64_t b : o.decode_batches) {
+      if (b <= 0) continue;  // "--decode-batches ''" parses as one 0
+      auto br = bench.batched_decode(b);
+      if (!br) return fail(br.error().message);
+      print("batched decode x" + std::to_string(b) + " (context " +
+                std::to_string(o.batch_context) + ")",
+            static_cast<double>(b) / br->seconds, br->seconds, br->profile);
+    }
+  }
+  report["results"] = results;
+  if (o.json) std::cout << report.dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_forward(CLI::App& bench, int& exit_code) {
+  auto o = std::make_shared<ForwardBenchOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "forward", "Prefill and decode throughput of the forward pass, with a per-phase breakdown");
+  cmd->add_option("--model", o->model_dir, "Model folder (default: the preset, made in memory)");
+  cmd->add_option("--preset", o->preset, "Preset when no --model: tiny | demo | bench")
+      ->capture_default_str();
+  cmd->add_option("--arch", o->arch, "Architecture of the preset: llama | qwen3 | qwen2 | mistral")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "Compute threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt lengths to prefill")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--chunk-tokens", o->chunk_tokens,
+                  "Prefill in chunks of this many tokens (0: one forward pass per prompt)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_option("--decode-tokens", o->decode_tokens, "Tokens to decode (0: skip decoding)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--decode-context", o->decode_context,
+                  "Tokens in the context before decoding starts")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--decode-batches", o->decode_batches,
+                  "Batched decode: sequences per step (comma-separated; empty: skip)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--batch-context", o->batch_context, "Context of each batched sequence")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: f32 | f16 | bf16")
+      ->capture_default_str();
+  cmd->add_option("--weight-dtype", o->weight_dtype,
+                  "In-memory weights: auto (the checkpoint's) | f32 | bf16")
+      ->capture_default_str();
+  cmd->add_option("--page-size", o->page_size, "Tokens per KV page")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--repeats", o->repeats, "Runs per scenario; the best is reported")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  cmd->callback([o, &exit_code] { exit_code = run_forward_bench(*o); });
+}
+
+}  // namespace strata::bench

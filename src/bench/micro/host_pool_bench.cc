@@ -1,0 +1,202 @@
+// Micro-benchmarks of the host KV pool's copies, per host layout, next to plain memcpy of
+// the same number of bytes in the same run:
+//   - restore (host -> device, copy_to_device and layer by layer), the latency on a hit in
+//     the host tier; the target is >= 80 % of memcpy for layer_first and page_first_direct;
+//   - offload (device -> host, copy_from_device), the write-back cost.
+// Shape: a Qwen3-8B-like page (28 layers, 8 KV heads, head_dim 128, page 16, BF16, paired
+// layout): 1.75 MiB a page, 256 pages = 448 MiB a batch, far beyond the caches. Host
+// pages are a fixed shuffle (as the radix tree hands them out); all memory is touched
+// before timing.
+// Run: build/src/bench/micro/bench_host_pool
+#include <benchmark/benchmark.h>
+
+#include <sys/mman.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "memory/host_kv_pool.h"
+#include "memory/kv_pool.h"
+
+namespace strata {
+namespace {
+
+constexpr int32_t kPages = 256;
+
+KvPoolShape bench_shape() {
+  return KvPoolShape{28, 8, 128, kPages, 16, KvDtype::kBF16};
+}
+
+// A touched, huge-page advised buffer for the memcpy baseline, allocated like the pools.
+class Buffer {
+ public:
+  explicit Buffer(size_t bytes) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) std::abort();
+    madvise(p, bytes, MADV_HUGEPAGE);
+    data_ = static_cast<std::byte*>(p);
+    std::memset(data_, 0x5a, bytes);
+  }
+  ~Buffer() { munmap(data_, bytes_); }
+  std::byte* data() { return data_; }
+
+ private:
+  size_t bytes_;
+  std::byte* data_;
+};
+
+struct Fixture {
+  std::unique_ptr<KvPool> device;
+  std::vector<PageId> device_pages;
+  std::vector<PageId> host_pages;
+  std::map<HostLayout, std::unique_ptr<HostKvPool>> hosts;
+
+  Fixture() {
+    device = std::move(*KvPool::create(bench_shape()));
+    std::mt19937 gen(11);
+    std::vector<std::byte> page(device->page_bytes());
+    for (int32_t p = 0; p < kPages; ++p) {
+      for (std::byte& b : page) b = static_cast<std::byte>(gen() & 0xff);
+      device->copy_page_in(make_page_id(p), page);
+      device_pages.push_back(make_page_id(p));
+      host_pages.push_back(make_page_id(p));
+    }
+    std::shuffle(host_pages.begin(), host_pages.end(), gen);
+  }
+
+  // The host pool of `layout`, holding a copy of every device page (made on first use).
+  HostKvPool& host(HostLayout layout) {
+    auto& slot = hosts[layout];
+    if (!slot) {
+      slot = std::move(*HostKvPool::create(bench_shape(), layout));
+      slot->copy_from_device(*device, device_pages, host_pages);
+    }
+    return *slot;
+  }
+
+  size_t batch_bytes() const { return device->page_bytes() * kPages; }
+};
+
+Fixture& fixture() {
+  static Fixture f;
+  return f;
+}
+
+// Thread CPU time: the machine may be shared, and preemption is not bandwidth.
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// The memcpy baseline: two touched buffers of one batch.
+struct Baseline {
+  Buffer src{fixture().batch_bytes()};
+  Buffer dst{fixture().batch_bytes()};
+};
+
+Baseline& baseline() {
+  static Baseline b;
+  return b;
+}
+
+void BM_Memcpy(benchmark::State& state) {
+  const size_t bytes = fixture().batch_bytes();
+  Baseline& b = baseline();
+  for (auto _ : state) {
+    std::memcpy(b.dst.data(), b.src.data(), bytes);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+
+// memcpy in the pools' copy unit (one page's K or V in one layer, 32 KiB), which is what
+// layer_first and page_first_direct do: shows what the chunking alone costs.
+void BM_MemcpyBlocks(benchmark::State& state) {
+  Fixture& f = fixture();
+  const size_t bytes = f.batch_bytes();
+  const size_t block = f.device->block_elements() * f.device->element_size_bytes();
+  Baseline& b = baseline();
+  for (auto _ : state) {
+    for (size_t off = 0; off < bytes; off += block) {
+      std::memcpy(b.dst.data() + off, b.src.data() + off, block);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+
+// Runs `copy` once per iteration, each time right after an untimed memcpy of the same
+// number of bytes, and reports the pair's bandwidth ratio as `of_memcpy` (1.0 = memcpy
+// speed): the two see the same machine state even when other work shares it.
+template <typename Copy>
+void run_against_memcpy(benchmark::State& state, Copy copy) {
+  const size_t bytes = fixture().batch_bytes();
+  Baseline& b = baseline();
+  double memcpy_seconds = 0;
+  double copy_seconds = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    const double t0 = thread_cpu_seconds();
+    std::memcpy(b.dst.data(), b.src.data(), bytes);
+    benchmark::ClobberMemory();
+    const double t1 = thread_cpu_seconds();
+    state.ResumeTiming();
+    copy();
+    benchmark::ClobberMemory();
+    copy_seconds += thread_cpu_seconds() - t1;
+    memcpy_seconds += t1 - t0;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+  state.counters["of_memcpy"] = copy_seconds > 0 ? memcpy_seconds / copy_seconds : 0;
+}
+
+void BM_Restore(benchmark::State& state, HostLayout layout) {
+  Fixture& f = fixture();
+  HostKvPool& host = f.host(layout);
+  run_against_memcpy(state, [&] { host.copy_to_device(f.host_pages, *f.device, f.device_pages); });
+}
+
+void BM_RestoreLayerByLayer(benchmark::State& state, HostLayout layout) {
+  Fixture& f = fixture();
+  HostKvPool& host = f.host(layout);
+  run_against_memcpy(state, [&] {
+    for (int32_t layer = 0; layer < f.device->num_layers(); ++layer) {
+      host.copy_layer_to_device(layer, f.host_pages, *f.device, f.device_pages);
+    }
+  });
+}
+
+void BM_Offload(benchmark::State& state, HostLayout layout) {
+  Fixture& f = fixture();
+  HostKvPool& host = f.host(layout);
+  run_against_memcpy(state,
+                     [&] { host.copy_from_device(*f.device, f.device_pages, f.host_pages); });
+}
+
+BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MemcpyBlocks)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Restore, layer_first, HostLayout::kLayerFirst)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Restore, page_first, HostLayout::kPageFirst)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Restore, page_first_direct, HostLayout::kPageFirstDirect)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_RestoreLayerByLayer, layer_first, HostLayout::kLayerFirst)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_RestoreLayerByLayer, page_first, HostLayout::kPageFirst)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_RestoreLayerByLayer, page_first_direct, HostLayout::kPageFirstDirect)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Offload, layer_first, HostLayout::kLayerFirst)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Offload, page_first, HostLayout::kPageFirst)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Offload, page_first_direct, HostLayout::kPageFirstDirect)
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace strata
+
+BENCHMARK_MAIN();
