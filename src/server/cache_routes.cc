@@ -2,7 +2,7 @@
 // block hash or by content), evict blocks, flush, and the cache's state; and the seed's
 // paths (/hicache/pin_blocks, /hicache/unpin_blocks, /flush_cache). Each runs on the HTTP
 // worker pool, translates JSON into a cache-control command (engine/cache_control.h) and
-// its answer back; errors map to statuses in one table (route_context.cc, http_status).
+// its answer back; errors map to statuses in one table (responses.cc, http_status).
 #include "server/request_parsing.h"
 #include "server/routes.h"
 

@@ -27,10 +27,11 @@
 #include "http/exchange.h"
 #include "http/message.h"
 #include "http/server.h"
-#include "text/jinja/chat_template.h"
-#include "text/tokenizer/tokenizer.h"
 #include "server/conversations.h"
 #include "server/metrics.h"
+#include "server/responses.h"
+#include "text/jinja/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace strata {
 
@@ -70,13 +71,6 @@ struct RouteContext {
   ChatRenderOptions render_options(const nlohmann::ordered_json* tools, bool add_generation_prompt,
                                    const nlohmann::ordered_json& template_kwargs) const;
 };
-
-// The HTTP status of an error code (4xx for the client's errors, 5xx for the server's).
-int http_status(ErrorCode code);
-
-http::Response json_response(int status, const nlohmann::json& body);
-http::Response error_response(int status, const std::string& message, const std::string& code);
-http::Response error_response(const Error& e);
 
 // A blocking handler: runs on the HTTP worker pool (it may wait on the engine) and
 // returns the whole answer.
