@@ -442,6 +442,16 @@ void Scheduler::flush_events() {
   events_.events.clear();
 }
 
+int64_t Scheduler::running_reserve() const {
+  const int64_t ps = options_.page_size;
+  int64_t reserve = 0;
+  for (const auto& seq : running_) {
+    const int64_t need = (static_cast<int64_t>(seq->tokens.size()) + ps) / ps;  // +1 slot
+    reserve += std::max<int64_t>(0, need - static_cast<int64_t>(seq->pages.size()));
+  }
+  return reserve;
+}
+
 bool Scheduler::ensure_pages(Seq& seq, int64_t positions) {
   const int64_t need = (positions + options_.page_size - 1) / options_.page_size -
                        static_cast<int64_t>(seq.pages.size());
@@ -564,7 +574,9 @@ Scheduler::Admission Scheduler::try_admit(Seq& seq) {
   }
   const int64_t available =
       allocator_->num_free() + stats.cached_pages - stats.protected_pages - newly_protected;
-  if (available < remaining_pages) return Admission::kNoRoom;
+  // The running requests keep what they still need to finish their prompts (and one decode
+  // slot): a request admitted into that room would lock its prefix and starve them.
+  if (available - running_reserve() < remaining_pages) return Admission::kNoRoom;
   seq.receipt = tree_->lock(m.last_node);
   if (seq.load_receipt.valid()) {
     STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
@@ -675,17 +687,26 @@ bool Scheduler::step() {
       count = std::min(pending, prefill_budget);
       prefill_budget -= count;
     }
-    if (!ensure_pages(seq, seq.computed + count)) {
-      // Backups in flight free device pages when they land: wait for them.
-      if (tree_->io_pending()) continue;
-      // Not even eviction helps: retract the newest request (possibly this one).
+    bool fits = ensure_pages(seq, seq.computed + count);
+    // Backups in flight free device pages when they land: wait for them.
+    if (!fits && tree_->io_pending()) continue;
+    // Not even eviction helps: retract the newest requests, one at a time, until this one
+    // fits (their computed pages stay cached, their locks go). Retracting only one and
+    // giving up on the step let admit() take it back at once: a livelock (the fuzz suite's
+    // tests/fuzz/repro_scheduler_livelock.mjs).
+    bool retracted_self = false;
+    while (!fits) {
       Seq& victim = *running_.back();
       retract(victim);
       waiting_.push_front(std::move(running_.back()));
       running_.pop_back();
-      if (&victim == &seq) break;
-      if (!ensure_pages(seq, seq.computed + count)) break;
+      if (&victim == &seq) {
+        retracted_self = true;
+        break;
+      }
+      fits = ensure_pages(seq, seq.computed + count);
     }
+    if (retracted_self) break;
     plan.push_back(Planned{&seq, seq.computed, count});
   }
   if (plan.empty()) return false;

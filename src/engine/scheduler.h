@@ -82,6 +82,9 @@ class Scheduler {
   enum class Admission : uint8_t { kAdmitted, kNoRoom, kParked };
   Admission try_admit(Seq& seq);
   bool ensure_pages(Seq& seq, int64_t positions);
+  // Device pages the running requests still need to finish their prompts, plus one decode
+  // slot each; admission leaves them this room.
+  int64_t running_reserve() const;
   void cache_computed_pages(Seq& seq);
   void finish(Seq& seq, FinishReason reason, std::string error = {}, int32_t stop_token = -1);
   void retract(Seq& seq);

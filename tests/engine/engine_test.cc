@@ -141,6 +141,34 @@ TEST_F(EngineTest, TightPoolEvictsAndRetractsButFinishesEverything) {
   expect_pages_accounted(*engine);
 }
 
+TEST_F(EngineTest, LockedPrefixesNeverLivelockTheScheduler) {
+  // The fuzz suite's livelock (tests/fuzz/repro_scheduler_livelock.mjs): 128 pages; 8
+  // cached 12-page prefixes; 8 concurrent requests on them, the first adding 50 pages and
+  // the others 2 to 4. Retracting one request per step and re-admitting it at once used
+  // to stall every request; now each finishes (drain() fails after 60 s).
+  auto engine = start(EngineOptions{.page_size = 16,
+                                    .kv_cache_tokens = 2048,
+                                    .max_running_requests = 8,
+                                    .chunked_prefill_size = 2048});
+  std::vector<std::vector<int32_t>> prefixes;
+  for (int k = 0; k < 8; ++k) prefixes.push_back(prompt(16 * 12, 2000 + k));
+  for (int round = 0; round < 10; ++round) {
+    for (const auto& p : prefixes) drain(**engine->submit(greedy(p, 1)));
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int k = 0; k < 8; ++k) {
+      std::vector<int32_t> p = prefixes[static_cast<size_t>(k)];
+      const auto more = prompt(k == 0 ? 16 * 50 : 16 * (2 + (k + round) % 3), 3000 + round * 8 + k);
+      p.insert(p.end(), more.begin(), more.end());
+      streams.push_back(*engine->submit(greedy(p, 4)));
+    }
+    for (auto& s : streams) {
+      const Outcome o = drain(*s);
+      ASSERT_EQ(o.reason, FinishReason::kLength) << "round " << round << ": " << o.error;
+    }
+  }
+  expect_pages_accounted(*engine);
+}
+
 TEST_F(EngineTest, PinsNeverDeadlockTheScheduler) {
   auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 128});
   // Fill the pool with a pinned prompt, then send one that needs most of the pool.

@@ -246,12 +246,9 @@ function message(rng, role) {
   return m;
 }
 
-// Known bugs the quick run steers around until their issues land (set
-// STRATA_FUZZ_KNOWN_BUGS=1 to hit them; see tests/fuzz/README.md):
-//  - issue 16: the scheduler livelocks when running requests' locked prefixes leave the
-//    oldest request's next chunk no room (tests/fuzz/repro_scheduler_livelock.mjs); the
-//    quick run uses a 16,384-token pool instead of 4,096.
-const KNOWN_BUGS = process.env.STRATA_FUZZ_KNOWN_BUGS === '1';
+// The two bugs this suite found in the engine are fixed (tests/fuzz/README.md): the
+// scheduler livelock under locked prefixes (so the pool is the tight 4,096 tokens again)
+// and the soft-pin TTL inheritance.
 // Long TTLs mixed with the clients' capped ones: each soft pin keeps its own TTL
 // (cache/pin_table.h), so an admin's unpin leaves a client's pin to expire on its own cap.
 const LONG_TTLS = [1, 2, 600, 365 * 24 * 3600];
@@ -1182,7 +1179,7 @@ async function stopServer(server, ms = 20000) {
 // ------------------------------------------------------------------ main
 
 const COMMON = ['--admin-api-key', KEY, '--max-client-pin-ttl-s', String(CLIENT_PIN_TTL_S),
-  '--http-header-timeout-s', '1', '--http-body-timeout-s', '1', '--kv-cache-tokens', KNOWN_BUGS ? '4096' : '16384',
+  '--http-header-timeout-s', '1', '--http-body-timeout-s', '1', '--kv-cache-tokens', '4096',
   '--default-max-tokens', '16'];
 const RUNS = [
   { name: 'admin', args: [...COMMON], http: 900, raw: 600 },
