@@ -23,13 +23,13 @@
 #include "app/commands.h"
 #include "common/log.h"
 #include "engine/engine.h"
-#include "text/jinja/chat_template.h"
 #include "model/make_model.h"
 #include "model/model.h"
-#include "text/tokenizer/tokenizer.h"
 #include "server/api_server.h"
 #include "server/kv_event_publisher.h"
 #include "server/metrics.h"
+#include "text/jinja/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
 
 #ifndef STRATA_SOURCE_DIR
 #define STRATA_SOURCE_DIR "."

@@ -222,7 +222,9 @@ class TierHarness {
     return n;
   }
   bool busy(BlockHash h) const { return copies_covering(h) + writes_covering(h) > 0; }
-  bool loading(BlockHash h) const { return copies_covering(h, TransferDirection::kHostToDevice) > 0; }
+  bool loading(BlockHash h) const {
+    return copies_covering(h, TransferDirection::kHostToDevice) > 0;
+  }
   bool has_child(BlockHash h, const std::function<bool(BlockHash)>& where) const {
     for (const auto& [b, rb] : blocks_) {
       if (rb.parent == h && where(b)) return true;
@@ -464,7 +466,8 @@ class TierHarness {
         }
       }
     }
-    if (c.request.direction == TransferDirection::kHostToDevice) lock_by_id(c.lock_id)->use = LockUse::kFree;
+    if (c.request.direction == TransferDirection::kHostToDevice)
+      lock_by_id(c.lock_id)->use = LockUse::kFree;
   }
 
   void op_release() {
