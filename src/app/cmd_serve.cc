@@ -121,6 +121,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     std::string weight_dtype = "auto";
     int32_t max_running_requests = 32;
     int32_t chunked_prefill_size = 2048;
+    double itl_target_ms = 0.0;
+    int32_t min_prefill_tokens = 64;
+    int64_t priority_aging_ms = 100;
     double max_pinned_ratio = 0.8;
     int64_t max_client_pin_ttl_s = 300;
     double max_client_pinned_ratio = 0.2;
@@ -179,8 +182,22 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size,
-                  "Prefill tokens per scheduler step")
+                  "Prefill tokens per scheduler step, at most")
       ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--itl-target-ms", o->itl_target_ms,
+                  "Inter-token latency target: a step that decodes carries only as much prefill "
+                  "as fits it (0: auto, twice the measured decode step)")
+      ->check(CLI::Range(0.0, 60'000.0))
+      ->capture_default_str();
+  cmd->add_option("--min-prefill-tokens", o->min_prefill_tokens,
+                  "Prefill tokens every step may carry whatever the latency target says, so "
+                  "that prefill always progresses (at most --chunked-prefill-size)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--priority-aging-ms", o->priority_aging_ms,
+                  "Waiting time worth one point of request priority (no request starves)")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
       ->capture_default_str();
   cmd->add_option("--max-pinned-ratio", o->max_pinned_ratio, "Pinned pages / pool pages, in [0, 1]")
       ->check(CLI::Range(0.0, 1.0))
@@ -352,6 +369,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     eo.kv_dtype = *kv_dtype;
     eo.max_running_requests = o->max_running_requests;
     eo.chunked_prefill_size = std::max(o->chunked_prefill_size, o->page_size);
+    eo.itl_target_ms = o->itl_target_ms;
+    eo.min_prefill_tokens = o->min_prefill_tokens;
+    eo.priority_aging_ms = o->priority_aging_ms;
     eo.max_pinned_ratio = o->max_pinned_ratio;
     eo.max_client_pin_ttl_ms = o->max_client_pin_ttl_s * 1000;
     eo.max_client_pinned_ratio = o->max_client_pinned_ratio;

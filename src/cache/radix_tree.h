@@ -287,6 +287,10 @@ class RadixTree {
   // its soft pins. Each chosen block loses all its pins. Returns the blocks unpinned, in
   // order. Scans the tree: for rare use only.
   std::vector<BlockHash> release_pins_for(int64_t pages);
+  // True when the first full page of `tokens` is cached with an operator's pin: a hard
+  // pin, or a soft pin above the lowest priority (a client's own pins are soft at the
+  // lowest, engine/pin_policy.h). The scheduler gives such requests a class of their own.
+  bool operator_pinned_prefix(std::span<const TokenId> tokens, std::string_view cache_salt) const;
 
   // Evicts least-recently-used unprotected device leaves until at least `num_pages` device
   // pages were freed or nothing evictable remains. num_pages <= 0 evicts nothing. With a

@@ -150,4 +150,15 @@ uint32_t RadixTree::pin_count(BlockHash hash) const {
   return it->second.node->pin_counts[static_cast<size_t>(it->second.offset)];
 }
 
+bool RadixTree::operator_pinned_prefix(std::span<const TokenId> tokens,
+                                       std::string_view cache_salt) const {
+  if (pins_.pinned_blocks() == 0 || static_cast<int32_t>(tokens.size()) < page_size()) return false;
+  const std::vector<BlockHash> first =
+      block_hashes_of(tokens.first(static_cast<size_t>(page_size())), cache_salt);
+  if (first.empty()) return false;
+  const BlockHash h = first.front();
+  if (pins_.hard_count(h) > 0) return true;
+  return pins_.soft_count(h) > 0 && pins_.priority(h) > PinPriority::lowest();
+}
+
 }  // namespace strata

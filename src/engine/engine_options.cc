@@ -23,6 +23,11 @@ Status validate(const EngineOptions& o) {
   if (o.chunked_prefill_size < o.page_size) {
     return bad("--chunked-prefill-size must be at least the page size");
   }
+  if (!(o.itl_target_ms >= 0.0 && o.itl_target_ms <= 60'000.0)) {
+    return bad("--itl-target-ms must be in [0, 60000] (0: auto)");
+  }
+  if (o.min_prefill_tokens < 1) return bad("--min-prefill-tokens must be >= 1");
+  if (o.priority_aging_ms < 1) return bad("--priority-aging-ms must be >= 1");
   if (!(o.max_pinned_ratio >= 0.0 && o.max_pinned_ratio <= 1.0)) {
     return bad("--max-pinned-ratio must be in [0, 1]");
   }

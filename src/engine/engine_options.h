@@ -37,8 +37,14 @@ struct EngineOptions {
   int32_t kv_cache_tokens = 65'536;      // device pool size in tokens (rounded down to pages)
   KvDtype kv_dtype = KvDtype::kF32;      // device pool dtype
   int32_t max_running_requests = 32;     // requests in the running batch, >= 1
-  int32_t chunked_prefill_size = 2'048;  // prefill tokens per step, >= page_size
-  double max_pinned_ratio = 0.8;         // pinned pages / pool pages, in [0, 1]
+  int32_t chunked_prefill_size = 2'048;  // prefill tokens per step at most, >= page_size
+  // Step budgeting (engine/step_budget.h, docs/scheduling.md): a step that decodes carries
+  // as much prefill as keeps it within the inter-token latency target, and at least
+  // min_prefill_tokens. 0: auto (twice the measured decode step).
+  double itl_target_ms = 0.0;       // --itl-target-ms, >= 0
+  int32_t min_prefill_tokens = 64;  // --min-prefill-tokens, >= 1 (at most the chunk)
+  int64_t priority_aging_ms = 100;  // --priority-aging-ms: waiting worth one priority point
+  double max_pinned_ratio = 0.8;    // pinned pages / pool pages, in [0, 1]
   // Pins a client makes without the admin key (a message's cache_control): always soft,
   // their TTL capped, inside a budget of their own (engine/pin_policy.h).
   int64_t max_client_pin_ttl_ms = 300'000;  // --max-client-pin-ttl-s, >= 1 s
@@ -73,6 +79,9 @@ struct EngineCounters {
   uint64_t prefetch_timeouts = 0;        // requests that stopped waiting for a prefetch
   uint64_t tool_sessions_expired = 0;    // offloaded sessions released by the TTL
   uint64_t session_records_dropped = 0;  // idle tool-session records dropped (cap, TTL)
+  uint64_t requests_preempted = 0;       // running requests retracted for a better class
+  uint64_t restores_made_room = 0;       // tool_end restores that retracted requests for room
+  int64_t prefill_budget_tokens = 0;     // gauge: the last step's prefill budget
   int64_t running = 0;                   // gauge
   int64_t waiting = 0;                   // gauge
 };

@@ -27,6 +27,10 @@ struct EngineState {
   int64_t request_private_pages = 0;
   // Audits "every page is free, in the tree, or owned by exactly one request".
   std::function<Status()> audit_pages;
+  // A restore found no device room: retract running requests (worst first, never one
+  // resuming a session) until `pages` device pages are free or evictable. Returns the
+  // requests retracted.
+  std::function<int32_t(int64_t pages)> make_device_room;
   // Hierarchical cache (null / 0 without it).
   PageAllocator* host_pages = nullptr;
   StorageBackend* storage = nullptr;

@@ -26,6 +26,9 @@ struct RequestSpec {
   int32_t max_tokens = 256;  // generated tokens, >= 1 (capped by the context)
   std::string cache_salt;    // tenant isolation: enters the first block hash
   std::string session_id;    // optional: the conversation this turn belongs to
+  // Scheduling priority as in vLLM: lower is served earlier, in [-100, 100]
+  // (engine/queue_order.h; the cache's own classes come first).
+  int32_t priority = 0;
 };
 
 enum class FinishReason { kStop, kLength, kCancelled, kError };

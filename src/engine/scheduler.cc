@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "common/check.h"
@@ -47,6 +48,9 @@ struct Scheduler::Seq {
   int64_t park_deadline_ms = 0;  // parked for a prefetch: stop waiting then (0: never)
   int32_t host_tokens = 0;       // prompt tokens loaded back from the host
   int32_t storage_tokens = 0;    // of which first read from storage
+  // Scheduling (queue_order.h): set when the request reaches the scheduler thread.
+  SchedClass cls = SchedClass::kNormal;
+  int64_t arrival_ms = 0;
 };
 
 Result<std::unique_ptr<Scheduler>> Scheduler::create(
@@ -73,7 +77,10 @@ Scheduler::Scheduler(Model* model, EngineOptions options,
     : model_(model),
       options_(options),
       publish_(std::move(publish)),
-      clock_(clock != nullptr ? clock : &SteadyClock::instance()) {
+      clock_(clock != nullptr ? clock : &SteadyClock::instance()),
+      budget_(StepBudgetOptions{.itl_target_ms = options.itl_target_ms,
+                                .min_prefill_tokens = options.min_prefill_tokens,
+                                .max_prefill_tokens = options.chunked_prefill_size}) {
   num_pages_ = options_.kv_cache_tokens / options_.page_size;
   allocator_ = std::make_unique<PageAllocator>(num_pages_);
   tree_ = std::make_unique<RadixTree>(RadixTreeOptions{options_.page_size}, allocator_.get(),
@@ -276,6 +283,11 @@ Result<std::shared_ptr<RequestStream>> Scheduler::submit(RequestSpec spec) {
   }
   if (spec.max_tokens < 1)
     return make_error(ErrorCode::kInvalidArgument, "max_tokens must be >= 1");
+  if (spec.priority < kMinRequestPriority || spec.priority > kMaxRequestPriority) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "priority must be in [" + std::to_string(kMinRequestPriority) + ", " +
+                          std::to_string(kMaxRequestPriority) + "] (lower is served first)");
+  }
   const int64_t context = cfg.max_position_embeddings;
   if (static_cast<int64_t>(spec.prompt.size()) >= context) {
     return make_error(ErrorCode::kInvalidArgument,
@@ -292,6 +304,12 @@ Result<std::shared_ptr<RequestStream>> Scheduler::submit(RequestSpec spec) {
                       "the prompt needs " + std::to_string(pages_needed) +
                           " KV pages; the device pool has " + std::to_string(num_pages_));
   }
+  // Nor at the pool's size: the KV of prompt + output (all but the last token) must fit
+  // the device pool, or the request could never finish. It ends with kLength there.
+  const int64_t pool_tokens = static_cast<int64_t>(num_pages_) * options_.page_size;
+  // (A retracted request re-admits with one free slot: prompt + max_tokens <= pool.)
+  spec.max_tokens = static_cast<int32_t>(
+      std::min<int64_t>(spec.max_tokens, pool_tokens - static_cast<int64_t>(spec.prompt.size())));
   if (auto st = validate_sampling_params(spec.sampling); !st) return std::unexpected(st.error());
   for (int32_t t : spec.sampling.stop_token_ids) {
     if (t < 0 || t >= cfg.vocab_size) {
@@ -336,6 +354,7 @@ EngineState Scheduler::make_state() {
     s.request_private_pages += static_cast<int64_t>(seq->pages.size()) - seq->tree_pages;
   }
   s.audit_pages = [this] { return audit_pages(); };
+  s.make_device_room = [this](int64_t pages) { return make_room_for_restore(pages); };
   return s;
 }
 
@@ -376,7 +395,14 @@ void Scheduler::run() {
       stop = stopping_;
     }
     for (auto& seq : arrived) {
-      if (!seq->spec.session_id.empty()) sessions_->on_request_arrived(seq->spec.session_id);
+      seq->arrival_ms = clock_->now_ms();
+      if (!seq->spec.session_id.empty()) {
+        if (sessions_->on_request_arrived(seq->spec.session_id)) seq->cls = SchedClass::kResume;
+      }
+      if (seq->cls == SchedClass::kNormal &&
+          tree_->operator_pinned_prefix(seq->tokens, seq->spec.cache_salt)) {
+        seq->cls = SchedClass::kVip;
+      }
       waiting_.push_back(std::move(seq));
     }
     poll_io();
@@ -605,9 +631,68 @@ Scheduler::Admission Scheduler::try_admit(Seq& seq) {
   return Admission::kAdmitted;
 }
 
+QueueKey Scheduler::queue_key(const Seq& seq) const {
+  return QueueKey{seq.cls, seq.spec.priority, seq.arrival_ms, seq.id};
+}
+
+void Scheduler::order_queues() {
+  const int64_t now = clock_->now_ms();
+  const int64_t aging = options_.priority_aging_ms;
+  auto before = [&](const std::unique_ptr<Seq>& a, const std::unique_ptr<Seq>& b) {
+    return goes_before(queue_key(*a), queue_key(*b), now, aging);
+  };
+  std::sort(waiting_.begin(), waiting_.end(), before);
+  std::sort(running_.begin(), running_.end(), before);
+}
+
+int64_t Scheduler::reclaimable_pages() const {
+  const TreeStats st = tree_->stats();
+  return allocator_->num_free() + st.cached_pages - st.protected_pages;
+}
+
+std::ptrdiff_t Scheduler::worst_running(const std::function<bool(const Seq&)>& eligible) const {
+  const int64_t now = clock_->now_ms();
+  std::ptrdiff_t worst = -1;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (!eligible(*running_[i])) continue;
+    if (worst < 0 || goes_before(queue_key(*running_[static_cast<size_t>(worst)]),
+                                 queue_key(*running_[i]), now, options_.priority_aging_ms)) {
+      worst = static_cast<std::ptrdiff_t>(i);
+    }
+  }
+  return worst;
+}
+
+void Scheduler::step_back(std::ptrdiff_t index) {
+  retract(*running_[static_cast<size_t>(index)]);
+  waiting_.push_back(std::move(running_[static_cast<size_t>(index)]));
+  running_.erase(running_.begin() + index);
+  ++counters_.requests_preempted;
+}
+
+int32_t Scheduler::make_room_for_restore(int64_t pages) {
+  int32_t retracted = 0;
+  while (reclaimable_pages() < pages) {
+    const std::ptrdiff_t w =
+        worst_running([](const Seq& s) { return s.cls != SchedClass::kResume; });
+    if (w < 0) break;
+    step_back(w);
+    ++retracted;
+  }
+  if (retracted > 0) ++counters_.restores_made_room;
+  return retracted;
+}
+
+bool Scheduler::preempt_for(const Seq& head) {
+  const std::ptrdiff_t w = worst_running([&](const Seq& s) { return s.cls > head.cls; });
+  if (w < 0) return false;
+  step_back(w);
+  return true;
+}
+
 void Scheduler::admit() {
-  while (!waiting_.empty() &&
-         static_cast<int32_t>(running_.size()) < options_.max_running_requests) {
+  order_queues();
+  while (!waiting_.empty()) {
     Seq& seq = *waiting_.front();
     if (seq.stream->cancelled()) {
       if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
@@ -621,6 +706,11 @@ void Scheduler::admit() {
       waiting_.pop_front();
       continue;
     }
+    if (static_cast<int32_t>(running_.size()) >= options_.max_running_requests) {
+      // The batch is full: a request of a better class takes the worst one's place.
+      if (preempt_for(seq)) continue;
+      break;
+    }
     const Admission a = try_admit(seq);
     if (a == Admission::kParked) {
       parked_.push_back(std::move(waiting_.front()));
@@ -628,9 +718,14 @@ void Scheduler::admit() {
       continue;
     }
     if (a == Admission::kNoRoom) {
+      // A request of a better class (a resumed session, VIP traffic) does not wait for
+      // requests of a worse one to finish: they step back (their pages stay cached).
+      if (preempt_for(seq)) continue;
       if (running_.empty() && !tree_->io_pending()) {
-        // Nothing runs and the head cannot start: only pins can be in the way (the
-        // prompt fits the pool, checked at submit). Unpin as few as needed.
+        // Nothing runs and the head cannot start: only pins and restored sessions' device
+        // holds can be in the way (the prompt fits the pool, checked at submit). Holds end
+        // by themselves within resume_hold_ms: wait for them. Else unpin as few as needed.
+        if (sessions_->holds_device()) break;
         const int32_t ps = options_.page_size;
         const int64_t need = (static_cast<int64_t>(seq.tokens.size()) + ps) / ps;
         const TreeStats st = tree_->stats();
@@ -667,6 +762,7 @@ bool Scheduler::step() {
   }
   admit();
   if (running_.empty()) return false;
+  order_queues();  // requests admitted just now may rank better than older ones
 
   // Plan the batch: every decoding request contributes one token; prefilling requests
   // share the chunk budget in arrival order.
@@ -676,7 +772,15 @@ bool Scheduler::step() {
     int64_t count;
   };
   std::vector<Planned> plan;
-  int64_t prefill_budget = options_.chunked_prefill_size;
+  // running_ is in rank order (admit): the better requests get the prefill budget first,
+  // and running_.back() is the one to retract first. The budget keeps the decoding
+  // requests' inter-token latency steady (step_budget.h).
+  int64_t decoding = 0;
+  for (const auto& seq : running_) {
+    decoding += static_cast<int64_t>(seq->tokens.size()) - seq->computed == 1 ? 1 : 0;
+  }
+  int64_t prefill_budget = budget_.prefill_tokens(decoding);
+  counters_.prefill_budget_tokens = prefill_budget;
   for (size_t i = 0; i < running_.size(); ++i) {
     Seq& seq = *running_[i];
     const int64_t pending = static_cast<int64_t>(seq.tokens.size()) - seq.computed;
@@ -722,7 +826,18 @@ bool Scheduler::step() {
     fs.want_logits = p.start + p.count == static_cast<int64_t>(p.seq->tokens.size());
     batch.push_back(fs);
   }
+  int64_t step_prefill = 0;
+  int64_t step_decode = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const bool decode =
+        plan[i].count == 1 && plan[i].start + 1 == static_cast<int64_t>(plan[i].seq->tokens.size());
+    (decode ? step_decode : step_prefill) += plan[i].count;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
   Status st = model_->forward(batch, *kv_pool_, logits_);
+  budget_.observe(
+      step_prefill, step_decode,
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   ++counters_.forward_steps;
   if (!st) {
     // The batch was validated at submit; a failure here is a fault: end those requests.

@@ -28,7 +28,9 @@
 #include "common/result.h"
 #include "engine/engine_options.h"
 #include "engine/engine_state.h"
+#include "engine/queue_order.h"
 #include "engine/request.h"
+#include "engine/step_budget.h"
 #include "engine/tool_sessions.h"
 #include "memory/host_kv_pool.h"
 #include "memory/kv_pool.h"
@@ -51,8 +53,10 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Validates and queues a request. kInvalidArgument for an empty prompt, token ids out
-  // of the vocabulary, max_tokens < 1, or prompt + max_tokens beyond the context;
-  // kResourceExhausted for a prompt the device pool can never hold.
+  // of the vocabulary, max_tokens < 1, a priority outside [-100, 100], or a prompt
+  // beyond the context; kResourceExhausted for a prompt the device pool can never hold.
+  // max_tokens is capped by the context and by the device pool (prompt + output must fit
+  // it): a request that reaches the cap ends with kLength, never with an error.
   Result<std::shared_ptr<RequestStream>> submit(RequestSpec spec);
 
   // Runs `fn` on the scheduler thread between steps and returns its result.
@@ -88,6 +92,23 @@ class Scheduler {
   void cache_computed_pages(Seq& seq);
   void finish(Seq& seq, FinishReason reason, std::string error = {}, int32_t stop_token = -1);
   void retract(Seq& seq);
+  // Orders running_ best first (queue_order.h), so that running_.back() is the request to
+  // retract first; waiting_ likewise, so that front() is the next to admit.
+  void order_queues();
+  QueueKey queue_key(const Seq& seq) const;
+  // A tool_end restore found no device room: retracts running requests (worst first,
+  // never a kResume one) until `pages` device pages are free or evictable. Returns the
+  // requests retracted.
+  int32_t make_room_for_restore(int64_t pages);
+  // A request of a better class than `head` waits: the worst running request of a worse
+  // class steps back (retracted, queued again). False when there is none.
+  bool preempt_for(const Seq& head);
+  // The index in running_ of the worst-ranked request `eligible` accepts, or -1.
+  std::ptrdiff_t worst_running(const std::function<bool(const Seq&)>& eligible) const;
+  // Retracts running_[index] and queues it again (counted as preempted).
+  void step_back(std::ptrdiff_t index);
+  // Device pages that are free or held only by the cache (evictable now).
+  int64_t reclaimable_pages() const;
   void release_seq_pages(Seq& seq);
   void flush_events();
   Status audit_pages() const;
@@ -140,6 +161,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
   std::vector<float> logits_;
+  StepBudget budget_;
   EngineCounters counters_;
   int64_t last_expiry_check_ms_ = 0;
 

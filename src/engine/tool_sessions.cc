@@ -35,12 +35,13 @@ std::string_view tool_session_state_name(ToolSessionState state) {
 }
 
 ToolSessions::ToolSessions(RadixTree& tree, const Clock& clock, int64_t ttl_ms,
-                           int64_t max_idle_records, int64_t idle_ttl_ms)
+                           int64_t max_idle_records, int64_t idle_ttl_ms, int64_t resume_hold_ms)
     : tree_(tree),
       clock_(clock),
       ttl_ms_(ttl_ms),
       max_idle_records_(max_idle_records),
-      idle_ttl_ms_(idle_ttl_ms) {}
+      idle_ttl_ms_(idle_ttl_ms),
+      resume_hold_ms_(resume_hold_ms) {}
 
 ToolSessions::Session& ToolSessions::touch(const std::string& id) {
   auto [it, fresh] = sessions_.try_emplace(id);
@@ -105,14 +106,51 @@ void ToolSessions::release(Session& s) {
   }
 }
 
-void ToolSessions::on_request_arrived(const std::string& id) {
+void ToolSessions::drop_hold(Session& s) {
+  if (s.state == ToolSessionState::kRunnable && s.restore_lock.valid()) {
+    STRATA_CHECK(tree_.release(s.restore_lock).has_value());
+    s.restore_lock = LockReceipt{};
+  }
+  held_.erase(s.id);
+}
+
+bool ToolSessions::holds_device() const {
+  if (!held_.empty()) return true;
+  for (const std::string& id : not_runnable_) {
+    if (sessions_.at(id).restore_lock.valid()) return true;
+  }
+  return false;
+}
+
+void ToolSessions::settle_restore(Session& s) {
+  if (s.state != ToolSessionState::kRestoring || !path_all(s, true)) return;
+  // Restored: the host copy is no longer protected, but the device copy stays locked
+  // until the session's next request arrives (at most resume_hold_ms), so that other
+  // traffic cannot evict what the agent is about to use.
+  const LockReceipt hold = s.restore_lock;
+  s.restore_lock = LockReceipt{};
+  release(s);
+  s.restore_lock = hold;
+  s.hold_until_ms = clock_.now_ms() + resume_hold_ms_;
+  held_.insert(s.id);
+  set_state(s, ToolSessionState::kRunnable);
+}
+
+bool ToolSessions::on_request_arrived(const std::string& id) {
   Session& s = touch(id);
   ++s.running;
+  bool resumes = s.resume_pending || s.state == ToolSessionState::kRestoring;
+  s.resume_pending = false;
+  // The restored KV was held on the device for this request: it locks its own prefix
+  // when admitted (first, as a kResume request).
+  drop_hold(s);
   if (s.state == ToolSessionState::kOffloading || s.state == ToolSessionState::kOffloaded) {
     // The agent came back without tool_end: its request loads the KV like any hit.
     release(s);
     set_state(s, ToolSessionState::kRunnable);
+    resumes = true;
   }
+  return resumes;
 }
 
 void ToolSessions::on_request_finished(const std::string& id, std::span<const int32_t> tokens,
@@ -167,6 +205,7 @@ Result<ToolSessionView> ToolSessions::tool_start(const std::string& id) {
   if (s.running > 0) {
     return make_error(ErrorCode::kBusy, "a request of session '" + id + "' is still running");
   }
+  drop_hold(s);
   int64_t moved = 0;
   RadixNode* node = s.has_kv ? tree_.node_ending_at(s.last_hash) : nullptr;
   if (node != nullptr) {
@@ -228,6 +267,7 @@ Result<ToolSessionView> ToolSessions::tool_end(const std::string& id, uint64_t e
     release(s);
     set_state(s, ToolSessionState::kRunnable);
   }
+  s.resume_pending = true;
   ToolSessionView v = view(s);
   v.moved_tokens = restored;
   return v;
@@ -243,14 +283,18 @@ int32_t ToolSessions::tick() {
   int32_t expired = 0;
   const int64_t now = clock_.now_ms();
   // Only sessions in a transitional or offloaded state have anything to advance.
+  const std::vector<std::string> held(held_.begin(), held_.end());
+  for (const std::string& id : held) {
+    Session& s = sessions_.at(id);
+    if (now >= s.hold_until_ms) drop_hold(s);
+  }
   const std::vector<std::string> ids(not_runnable_.begin(), not_runnable_.end());
   for (const std::string& id : ids) {
     Session& s = sessions_.at(id);
     if (s.state == ToolSessionState::kOffloading && path_all(s, false)) {
       set_state(s, ToolSessionState::kOffloaded);
-    } else if (s.state == ToolSessionState::kRestoring && path_all(s, true)) {
-      release(s);
-      set_state(s, ToolSessionState::kRunnable);
+    } else {
+      settle_restore(s);
     }
     if ((s.state == ToolSessionState::kOffloading || s.state == ToolSessionState::kOffloaded) &&
         now - s.changed_ms >= ttl_ms_) {

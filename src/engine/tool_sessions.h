@@ -39,11 +39,15 @@ class ToolSessions {
   // `ttl_ms`: an offloaded session without tool_end is released after it. Records of
   // sessions that hold nothing (RUNNABLE, no request running) are kept at most
   // `max_idle_records` (least recently used dropped) and at most `idle_ttl_ms`.
+  // `resume_hold_ms`: a restored session's device copy stays locked until its next
+  // request arrives, at most this long.
   ToolSessions(RadixTree& tree, const Clock& clock, int64_t ttl_ms, int64_t max_idle_records,
-               int64_t idle_ttl_ms);
+               int64_t idle_ttl_ms, int64_t resume_hold_ms = 10'000);
 
-  // A request of the session arrived: an offloaded session comes back with it.
-  void on_request_arrived(const std::string& id);
+  // A request of the session arrived: an offloaded session comes back with it. True when
+  // the request resumes the session (the first since tool_end, or it brings the session
+  // back itself): the scheduler serves it first (engine/queue_order.h, kResume).
+  bool on_request_arrived(const std::string& id);
   // A request of the session ended; `tokens` have their KV in the tree.
   void on_request_finished(const std::string& id, std::span<const int32_t> tokens,
                            const std::string& cache_salt);
@@ -61,6 +65,10 @@ class ToolSessions {
   uint64_t dropped_total() const { return dropped_total_; }
   // Sessions whose host copy is protected now (for invariant checks).
   int64_t protected_count() const;
+  // Whether a restoring or just-restored session holds device pages: such holds end by
+  // themselves (the restore lands; the next turn arrives or resume_hold_ms passes), so
+  // the no-deadlock rule waits for them instead of failing a request.
+  bool holds_device() const;
 
  private:
   struct Session {
@@ -73,12 +81,14 @@ class ToolSessions {
     std::vector<int32_t> token_ids;  // full pages only
     std::string salt;
     BlockHash last_hash = 0;
-    bool has_kv = false;       // at least one full page
-    bool protected_ = false;   // host_ref taken on the node ending at last_hash
-    LockReceipt restore_lock;  // held while RESTORING
-    int32_t running = 0;       // requests of the session in the engine
-    int64_t since_ms = 0;      // wall clock
-    int64_t changed_ms = 0;    // engine clock (TTL)
+    bool has_kv = false;          // at least one full page
+    bool protected_ = false;      // host_ref taken on the node ending at last_hash
+    LockReceipt restore_lock;     // held while RESTORING
+    int32_t running = 0;          // requests of the session in the engine
+    bool resume_pending = false;  // restored by tool_end; its next request resumes it
+    int64_t hold_until_ms = 0;    // RUNNABLE with restore_lock: the device hold ends then
+    int64_t since_ms = 0;         // wall clock
+    int64_t changed_ms = 0;       // engine clock (TTL)
   };
   // The session's record, created when new, marked used.
   Session& touch(const std::string& id);
@@ -87,7 +97,9 @@ class ToolSessions {
   // Drops records beyond the cap and idle past the TTL (least recently used first).
   void trim();
   void set_state(Session& s, ToolSessionState state);
-  void release(Session& s);  // drops protection and restore lock
+  void release(Session& s);         // drops protection and restore lock
+  void drop_hold(Session& s);       // a restored session's device lock, if any
+  void settle_restore(Session& s);  // RESTORING -> RUNNABLE (held) once all on the device
   std::string tier_of(const Session& s) const;
   bool path_all(const Session& s, bool on_device) const;
   ToolSessionView view(const Session& s) const;
@@ -100,6 +112,8 @@ class ToolSessions {
   std::unordered_map<std::string, Session> sessions_;
   std::list<std::string> lru_;                    // every session id, most recently used first
   std::unordered_set<std::string> not_runnable_;  // ids in a state tick() must advance
+  std::unordered_set<std::string> held_;          // RUNNABLE ids whose device copy is held
+  int64_t resume_hold_ms_;
   uint64_t expired_total_ = 0;
   uint64_t dropped_total_ = 0;
 };

@@ -37,6 +37,11 @@ CacheGaugeValues cache_gauges(const CacheState& s, const EngineCounters& c) {
                    {"prefetch_timeouts", c.prefetch_timeouts},
                    {"tool_sessions_expired", c.tool_sessions_expired},
                    {"session_records_dropped", c.session_records_dropped}};
+  g.scheduler_events = {{"retracted", c.requests_retracted},
+                        {"preempted", c.requests_preempted},
+                        {"restores_made_room", c.restores_made_room},
+                        {"forward_steps", c.forward_steps}};
+  g.prefill_budget_tokens = c.prefill_budget_tokens;
   return g;
 }
 

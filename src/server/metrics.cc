@@ -97,6 +97,18 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                  "Hierarchical cache and tool-session events since start "
                                  "(pages moved, storage faults, sessions expired, ...)")
                              .Register(*registry_);
+  scheduler_events_family_ = &BuildGauge()
+                                  .Name("strata_scheduler_events_total")
+                                  .Help(
+                                      "Scheduler events since start: requests retracted for "
+                                      "pages, preempted for a better class, restores that made "
+                                      "room, forward steps")
+                                  .Register(*registry_);
+  prefill_budget_ = &BuildGauge()
+                         .Name("strata_prefill_budget_tokens")
+                         .Help("Prefill tokens the last step could carry (step budgeting)")
+                         .Register(*registry_)
+                         .Add({});
   http_open_ = &BuildGauge()
                     .Name("strata_http_open_connections")
                     .Help("Open HTTP connections")
@@ -171,6 +183,10 @@ void Metrics::set_cache(const CacheGaugeValues& v) {
   for (const auto& [state, n] : v.host_pages) {
     host_pages_family_->Add({{"state", state}}).Set(static_cast<double>(n));
   }
+  for (const auto& [event, n] : v.scheduler_events) {
+    scheduler_events_family_->Add({{"event", event}}).Set(static_cast<double>(n));
+  }
+  prefill_budget_->Set(static_cast<double>(v.prefill_budget_tokens));
   for (const auto& [event, n] : v.tier_events) {
     tier_events_family_->Add({{"event", event}}).Set(static_cast<double>(n));
   }

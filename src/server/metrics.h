@@ -37,6 +37,10 @@ struct CacheGaugeValues {
   // event (strata_host_kv_pages{state}, strata_tier_events_total{event}).
   std::vector<std::pair<std::string, int64_t>> host_pages;
   std::vector<std::pair<std::string, uint64_t>> tier_events;
+  // The scheduler (docs/scheduling.md): strata_scheduler_events_total{event} and the
+  // last step's prefill budget.
+  std::vector<std::pair<std::string, uint64_t>> scheduler_events;
+  int64_t prefill_budget_tokens = 0;
 };
 
 class Metrics {
@@ -78,6 +82,8 @@ class Metrics {
   prometheus::Gauge* expired_pins_;
   prometheus::Family<prometheus::Gauge>* host_pages_family_;
   prometheus::Family<prometheus::Gauge>* tier_events_family_;
+  prometheus::Family<prometheus::Gauge>* scheduler_events_family_;
+  prometheus::Gauge* prefill_budget_;
   prometheus::Gauge* conversations_;
   prometheus::Family<prometheus::Gauge>* conversations_dropped_family_;
   prometheus::Gauge* http_open_;

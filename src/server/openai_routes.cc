@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "server/request_parsing.h"
+#include "server/request_timing.h"
 #include "server/routes.h"
 #include "server/text_stream.h"
 
@@ -143,14 +144,16 @@ Result<std::vector<int32_t>> encode_prompt(const RouteContext& ctx, std::string_
 
 // A chat request's prompt: its messages rendered by the chat template, encoded within the
 // prompt limit.
-Result<std::vector<int32_t>> chat_prompt(const RouteContext& ctx, const Prepared& p) {
+Result<std::vector<int32_t>> chat_prompt(const RouteContext& ctx, const Prepared& p,
+                                         RequestTiming& timing) {
   auto ids = ctx.chat_tokens(p.messages, p.tools ? &*p.tools : nullptr, true, p.template_kwargs,
-                             prompt_limit(ctx));
+                             prompt_limit(ctx), [&timing] { timing.rendered(); });
   if (!ids && ids.error().code == ErrorCode::kResourceExhausted) return prompt_too_long(ctx);
   return ids;
 }
 
-Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat) {
+Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat,
+                         RequestTiming& timing) {
   const std::string& raw = req.body;
   auto body = parse_json_object(raw);
   if (!body) return std::unexpected(body.error());
@@ -182,10 +185,11 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat)
       }
       p.template_kwargs = std::move(full["chat_template_kwargs"]);
     }
+    timing.parsed();
     if (auto continued = continue_session(ctx, p)) {
       p.spec.prompt = std::move(*continued);
     } else {
-      auto tokens = chat_prompt(ctx, p);
+      auto tokens = chat_prompt(ctx, p, timing);
       if (!tokens) return std::unexpected(tokens.error());
       p.spec.prompt = std::move(*tokens);
     }
@@ -193,6 +197,7 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat)
   } else {
     auto prompt = parse_completion_prompt(*body);
     if (!prompt) return std::unexpected(prompt.error());
+    timing.parsed();
     if (prompt->text) {
       auto tokens = encode_prompt(ctx, *prompt->text, /*add_special_tokens=*/true);
       if (!tokens) return std::unexpected(tokens.error());
@@ -201,6 +206,7 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat)
       p.spec.prompt = std::move(prompt->token_ids);
     }
   }
+  timing.tokenized();
   // Token-id prompts and continued sessions were not encoded within the limit.
   if (p.spec.prompt.size() > prompt_limit(ctx)) return prompt_too_long(ctx);
   p.spec.sampling = p.params.sampling;
@@ -212,6 +218,7 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat)
       ctx.options.default_max_tokens > 0 ? ctx.options.default_max_tokens : context));
   p.spec.cache_salt = p.params.cache_salt;
   p.spec.session_id = p.params.session_id;
+  p.spec.priority = p.params.priority;
   p.prompt_tokens = p.spec.prompt;
   return p;
 }
@@ -277,6 +284,12 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
   }
 }
 
+// Whether a finished turn leaves after_finish anything to do (a session to record or offload,
+// a message's pin): most requests have none and skip the round trip to the worker pool.
+bool has_after_finish(const Prepared& p) {
+  return !p.params.session_id.empty() || (p.msg_info && p.msg_info->pin_through >= 0);
+}
+
 // Holds an engine request for its handler: routes its results to the handler's waker, and
 // on every way out (answered, client gone, abandoned, exception) detaches and cancels
 // what has not finished, so that its pages go back at the scheduler's next step.
@@ -334,6 +347,15 @@ struct Ids {
   bool chat;
 };
 
+// At debug level (`--log-level debug`): where the request's time went, the answer written.
+// spdlog::debug rather than STRATA_LOG_DEBUG, which release builds compile out: this line
+// is for measuring release builds.
+void log_timing(RequestTiming& timing, const Ids& ids) {
+  if (!spdlog::should_log(spdlog::level::debug)) return;
+  timing.written();
+  spdlog::debug("{} timing (ms): {}", ids.id, timing.log_line());
+}
+
 // A token's logprob entry: its text and the top alternatives (chat: a list of objects;
 // completions: an object text -> logprob).
 std::pair<std::string, json> logprob_entry(const RouteContext& ctx, const GeneratedToken& t,
@@ -352,7 +374,8 @@ std::pair<std::string, json> logprob_entry(const RouteContext& ctx, const Genera
 }
 
 awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepared& p,
-                             RequestGuard& req, const Ids& ids, WallClock::time_point t_start) {
+                             RequestGuard& req, const Ids& ids, WallClock::time_point t_start,
+                             RequestTiming& timing) {
   const bool chat = ids.chat;
   const bool want_logprobs = p.params.sampling.logprobs;
   TextStream text(ctx.tokenizer, p.params.stop);
@@ -392,6 +415,7 @@ awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepar
     if (!fin && !co_await ex.wait(kPollInterval)) co_return;  // client gone: cancelled
   }
   req.finished();
+  timing.woken();
   if (fin->finish == FinishReason::kError) {
     co_await ex.respond(error_response(500, "generation failed: " + fin->error, "internal"));
     co_return;
@@ -399,7 +423,9 @@ awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepar
   out += text.finish();
   const std::string reason = text.stopped() ? "stop" : finish_name(*fin->finish);
   timer.finish(fin->usage);
-  co_await ex.offload([&] { after_finish(ctx, p, *fin, generated, out, text.stopped()); });
+  if (has_after_finish(p)) {
+    co_await ex.offload([&] { after_finish(ctx, p, *fin, generated, out, text.stopped()); });
+  }
   json choice;
   if (chat) {
     choice = json{{"index", 0},
@@ -423,7 +449,10 @@ awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepar
                               {"model", ids.model},
                               {"choices", json::array({choice})},
                               {"usage", usage_json(fin->usage)}});
+  timing.answered();
+  answer.headers.emplace_back("Server-Timing", timing.server_timing());
   co_await ex.respond(std::move(answer));
+  log_timing(timing, ids);
 }
 
 json chunk(const Ids& ids, json delta_or_text, const json& finish, const json& logprobs) {
@@ -448,7 +477,8 @@ std::string sse(const json& j) {
 
 // Server-sent events, one chunk per piece of text.
 awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Prepared& p,
-                                RequestGuard& req, const Ids& ids, WallClock::time_point t_start) {
+                                RequestGuard& req, const Ids& ids, WallClock::time_point t_start,
+                                RequestTiming& timing) {
   const bool chat = ids.chat;
   const bool want_logprobs = p.params.sampling.logprobs;
   http::Headers headers{{"Cache-Control", "no-cache"}};
@@ -489,6 +519,7 @@ awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Pre
     }
     if (fin) {
       req.finished();
+      timing.woken();
       if (*fin->finish == FinishReason::kError) {
         out += sse(json{{"error",
                          {{"message", "generation failed: " + fin->error},
@@ -506,22 +537,28 @@ awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Pre
           out += sse(u);
         }
         timer.finish(fin->usage);
-        co_await ex.offload(
-            [&] { after_finish(ctx, p, *fin, generated, all_text, text.stopped()); });
+        if (has_after_finish(p)) {
+          co_await ex.offload(
+              [&] { after_finish(ctx, p, *fin, generated, all_text, text.stopped()); });
+        }
       }
       out += "data: [DONE]\n\n";
+      timing.answered();
     }
     if (!out.empty() && !ex.send(std::move(out))) co_return;  // gone, or reading too slowly
     if (fin) break;
     if (!co_await ex.wait(kPollInterval)) co_return;
   }
   co_await ex.end_stream();
+  log_timing(timing, ids);
 }
 
 awaitable<void> completions(RouteContext& ctx, http::Exchange& ex, bool chat) {
   const auto t_start = WallClock::now();
+  RequestTiming timing(ex.request());
   auto prepared = co_await ex.offload([&] {
-    auto p = prepare(ctx, ex.request(), chat);
+    timing.worker_started();
+    auto p = prepare(ctx, ex.request(), chat, timing);
     // A refused prompt's parse, render and tokens are gone now; an accepted one's body and
     // DOMs too (what it keeps is its messages and tokens, freed when it finishes).
     release_memory_after(ex.request().body.size());
@@ -531,22 +568,29 @@ awaitable<void> completions(RouteContext& ctx, http::Exchange& ex, bool chat) {
     co_await ex.respond(error_response(prepared.error()));
     co_return;
   }
+  timing.resumed();
   const Prepared& p = *prepared;
   auto submitted = ctx.engine.submit(RequestSpec(p.spec));
   if (!submitted) {
     co_await ex.respond(error_response(submitted.error()));
     co_return;
   }
-  RequestGuard req(*submitted, ex.waker());
+  timing.submitted();
+  // The listener stamps the engine's results as they come (scheduler thread); `timing`
+  // outlives it (the guard clears it first).
+  RequestGuard req(*submitted, [&timing, wake = ex.waker()] {
+    timing.item_pushed();
+    wake();
+  });
   const Ids ids{
       .id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string((*submitted)->id()),
       .created = unix_time_s(),
       .model = ctx.options.model_name,
       .chat = chat};
   if (p.params.stream) {
-    co_await streamed_answer(ctx, ex, p, req, ids, t_start);
+    co_await streamed_answer(ctx, ex, p, req, ids, t_start, timing);
   } else {
-    co_await whole_answer(ctx, ex, p, req, ids, t_start);
+    co_await whole_answer(ctx, ex, p, req, ids, t_start, timing);
   }
 }
 

@@ -196,6 +196,8 @@ Result<GenerationParams> parse_generation_params(const nlohmann::json& body, boo
   }
   STRATA_TRY_ASSIGN(salt, get_string(body, "cache_salt"));
   if (salt) p.cache_salt = *salt;
+  STRATA_TRY_ASSIGN(priority, get_int(body, "priority", -100, 100));
+  if (priority) p.priority = static_cast<int32_t>(*priority);
   STRATA_TRY_ASSIGN(session, get_string(body, "session_id"));
   if (session) {
     if (session->empty() || session->size() > 256) {

@@ -29,6 +29,7 @@ struct GenerationParams {
   std::string cache_salt;
   std::string session_id;
   std::string model;
+  int32_t priority = 0;  // lower is served first, [-100, 100] (vLLM's field)
 };
 
 // `chat` selects the chat form of logprobs (bool + top_logprobs) over the completions

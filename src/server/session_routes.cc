@@ -90,12 +90,13 @@ awaitable<void> tool_session(RouteContext& ctx, http::Exchange& ex, bool start) 
                        .get();
   };
   auto r = co_await ex.offload(once);
-  // A restore that found no device room now (running requests hold the pool) is retried
-  // for a while as their pages come back; the session stays OFFLOADED in between.
+  // The engine makes room for a restore by retracting running requests; a restore that
+  // still finds none (only other resuming sessions hold the pool) is retried for a while
+  // as their pages come back; the session stays OFFLOADED in between.
   const auto retry_until = SteadyClock::now() + std::chrono::seconds(10);
   while (!start && !r && r.error().code == ErrorCode::kOutOfPages &&
          SteadyClock::now() < retry_until && !ex.abandoned()) {
-    co_await ex.sleep(std::chrono::milliseconds(20));
+    co_await ex.sleep(std::chrono::milliseconds(5));
     r = co_await ex.offload(once);
   }
   if (!r) {

@@ -38,6 +38,10 @@ const CASES = [
   ['chat: top_logprobs without logprobs', '/v1/chat/completions', chat({ top_logprobs: 2 }), 400],
   ['chat: n 2', '/v1/chat/completions', chat({ n: 2 }), 400],
   ['chat: session_id a number', '/v1/chat/completions', chat({ session_id: 123 }), 400],
+  ['chat: priority 101', '/v1/chat/completions', chat({ priority: 101 }), 400],
+  ['chat: priority -1000', '/v1/chat/completions', chat({ priority: -1000 }), 400],
+  ['chat: priority a string', '/v1/chat/completions', chat({ priority: 'high' }), 400],
+  ['chat: priority fractional', '/v1/chat/completions', chat({ priority: 1.5 }), 400],
   ['chat: cache_salt an object', '/v1/chat/completions', chat({ cache_salt: {} }), 400],
   ['chat: stream_options a string', '/v1/chat/completions', chat({ stream_options: 'x' }), 400],
   ['chat: seed a string', '/v1/chat/completions', chat({ seed: 'abc' }), 400],
@@ -107,4 +111,18 @@ test('unknown block hashes are skipped and counted, not an error', async () => {
   assert.equal(r.json.unknown_count, 2);
   const u = await server.post('/hicache/unpin_blocks', { block_hashes: [12345] }, ADMIN);
   assert.equal(u.json.unpinned_count, 0);
+});
+
+// Found by the request fuzzer: without max_tokens a request asks for the rest of the
+// context, which is larger than this server's 2,048-token pool; it used to fail with
+// 500 "the request cannot fit the KV pool". Output is capped by the pool: it ends with
+// finish_reason "length" once prompt + output fill the pool.
+test('a request without max_tokens on a pool smaller than the context ends with length', async () => {
+  const r = await server.post('/v1/completions', { prompt: words(40, 3), ignore_eos: true });
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  assert.equal(r.json.choices[0].finish_reason, 'length');
+  const u = r.json.usage;
+  assert.equal(u.prompt_tokens + u.completion_tokens, 2048);
+  const ok = await server.post('/v1/completions', { prompt: 'hi', max_tokens: 2, priority: -100 });
+  assert.equal(ok.status, 200);
 });
