@@ -1,5 +1,6 @@
 #include "memory/transfer_engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -51,6 +52,33 @@ void TransferEngine::check_issued(TransferTicket ticket) const {
                    "transfer ticket " + std::to_string(ticket) + " was never issued");
 }
 
+namespace {
+
+bool shares_a_page(const TransferJob& a, const TransferJob& b) {
+  auto overlap = [](const std::vector<PageId>& x, const std::vector<PageId>& y) {
+    for (PageId p : x) {
+      if (std::find(y.begin(), y.end(), p) != y.end()) return true;
+    }
+    return false;
+  };
+  return overlap(a.device_pages, b.device_pages) || overlap(a.host_pages, b.host_pages);
+}
+
+}  // namespace
+
+size_t TransferEngine::queue_position(const TransferJob& job) const {
+  size_t at = queue_.size();
+  if (job.direction != TransferDirection::kHostToDevice) return at;
+  // A load goes ahead of the queued backups it does not depend on (a request or an agent
+  // waits on a load; a backup only frees pages later), behind other loads.
+  while (at > 0) {
+    const TransferJob& before = queue_[at - 1].job;
+    if (before.direction == TransferDirection::kHostToDevice || shares_a_page(before, job)) break;
+    --at;
+  }
+  return at;
+}
+
 TransferTicket TransferEngine::submit(TransferJob job) {
   check_job(job);
   TransferTicket ticket;
@@ -58,7 +86,8 @@ TransferTicket TransferEngine::submit(TransferJob job) {
     std::lock_guard lock(mutex_);
     ticket = next_ticket_++;
     pending_.emplace(ticket, 0);
-    queue_.push_back(QueuedJob{ticket, std::move(job)});
+    const auto at = static_cast<std::ptrdiff_t>(queue_position(job));
+    queue_.insert(queue_.begin() + at, QueuedJob{ticket, std::move(job)});
   }
   work_cv_.notify_one();
   return ticket;

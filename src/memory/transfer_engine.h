@@ -12,7 +12,9 @@
 // a ticket may be waited for before or after take_completed() returned it. The scheduler
 // is expected to poll take_completed(): the list of finished tickets grows until it does.
 //
-// Ordering: with one copy thread jobs run one at a time in submission order; with more
+// Ordering: a load (host -> device) goes ahead of the queued backups that share no page
+// with it (a request or an agent waits on a load; a backup only frees pages later).
+// Otherwise, with one copy thread, jobs run one at a time in submission order; with more
 // they run concurrently in any order. Two jobs that touch the same page (device or host)
 // must be ordered by the caller (wait for the first before submitting the second), as
 // must the forward pass's reads and writes of pages that a pending job copies.
@@ -91,6 +93,8 @@ class TransferEngine {
   void check_job(const TransferJob& job) const;
   void check_issued(TransferTicket ticket) const;
   void run_copy_thread();
+  // Where a new job enters queue_ (mutex_ held).
+  size_t queue_position(const TransferJob& job) const;
   void execute(const QueuedJob& queued);
   void finish(const QueuedJob& queued, double seconds);
 

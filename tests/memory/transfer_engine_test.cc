@@ -260,5 +260,36 @@ TEST(TransferEngineDeathTest, BadJobsFailOnTheCallersThread) {
       "never issued");
 }
 
+// A load waits for no backup it does not depend on: one copy thread, twenty queued
+// backups of 4 MiB each, then a load of other pages: it lands second (right after the
+// backup already running), and the backups still all land.
+TEST(TransferEngineOrderTest, ALoadGoesAheadOfQueuedBackupsItDoesNotDependOn) {
+  const KvPoolShape shape{32, 8, 128, 64, 16, KvDtype::kBF16};  // 2 MiB a page
+  KvPool device(shape);
+  auto host = HostKvPool::create(shape, HostLayout::kLayerFirst);
+  ASSERT_TRUE(host.has_value());
+  TransferEngine engine(device, **host);
+  std::vector<TransferTicket> backups;
+  for (int32_t first = 0; first < 40; first += 2) {
+    backups.push_back(engine.submit(TransferJob{
+        TransferDirection::kDeviceToHost, pages({first, first + 1}), pages({first, first + 1})}));
+  }
+  const TransferTicket load = engine.submit(
+      TransferJob{TransferDirection::kHostToDevice, pages({60, 61}), pages({60, 61})});
+  // A load that reads a page a queued backup writes stays behind that backup.
+  const TransferTicket dependent = engine.submit(
+      TransferJob{TransferDirection::kHostToDevice, pages({62, 63}), pages({38, 39})});
+  engine.wait(backups.back());
+  engine.wait(load);
+  engine.wait(dependent);
+  const std::vector<TransferTicket> order = engine.take_completed();
+  ASSERT_EQ(order.size(), backups.size() + 2);
+  const auto at = [&](TransferTicket t) {
+    return std::find(order.begin(), order.end(), t) - order.begin();
+  };
+  EXPECT_LE(at(load), 1);
+  EXPECT_GT(at(dependent), at(backups.back()));
+}
+
 }  // namespace
 }  // namespace strata
