@@ -141,6 +141,25 @@ void add_tool_calls(CLI::App& bench, int& exit_code) {
   cmd->add_option("--background-concurrency", o->background_concurrency,
                   "Users of the other traffic")
       ->capture_default_str();
+  cmd->add_option("--pressure-cycles", o->pressure_cycles,
+                  "The pressured variant: fresh-prompt requests during every tool pause, which "
+                  "lasts until this many device pools were evicted (the server's eviction "
+                  "counter); 0: off")
+      ->capture_default_str();
+  cmd->add_option("--pressure-concurrency", o->pressure_concurrency,
+                  "Simultaneous pressure requests")
+      ->capture_default_str();
+  cmd->add_option("--pressure-prompt-tokens", o->pressure_prompt_tokens,
+                  "Each pressure request's fresh prompt in tokens (at most a quarter of the "
+                  "device pool)")
+      ->capture_default_str();
+  cmd->add_option("--pressure-timeout-s", o->pressure_timeout_s,
+                  "The longest a pause waits for its pool cycles (the check then fails)")
+      ->capture_default_str();
+  cmd->add_flag("--check", o->run.check,
+                "Exit 1 when a target is missed: resumed turn with/without p50 <= 1.0 and "
+                "tool_end p50 <= 100 ms, or with --pressure-cycles <= 0.3 (the pool-cycled "
+                "check always counts)");
   cmd->callback([o, cmd, pause, &exit_code] {
     using F = std::function<void(ToolCallsOptions&, const ToolCallsOptions&)>;
     if (pause->size() == 2) {
@@ -160,7 +179,11 @@ void add_tool_calls(CLI::App& bench, int& exit_code) {
          {"--agent-system-tokens",
           F([](auto& a, const auto& b) { a.agent_system_tokens = b.agent_system_tokens; })},
          {"--background-concurrency",
-          F([](auto& a, const auto& b) { a.background_concurrency = b.background_concurrency; })}});
+          F([](auto& a, const auto& b) { a.background_concurrency = b.background_concurrency; })},
+         {"--pressure-prompt-tokens",
+          F([](auto& a, const auto& b) { a.pressure_prompt_tokens = b.pressure_prompt_tokens; })},
+         {"--pressure-timeout-s",
+          F([](auto& a, const auto& b) { a.pressure_timeout_s = b.pressure_timeout_s; })}});
     exit_code = run_tool_calls(*o);
   });
 }

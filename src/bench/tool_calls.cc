@@ -6,11 +6,12 @@
 #include <iostream>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "bench/progress.h"
 #include "bench/report.h"
 #include "bench/stats.h"
-#include "bench/svg_chart.h"
+#include "bench/tool_calls_results.h"
 #include "bench/traffic.h"
 
 namespace strata::bench {
@@ -19,23 +20,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 using ojson = nlohmann::ordered_json;
-
-// One resumed turn.
-struct Resumed {
-  int32_t agent = 0;
-  int32_t call = 0;
-  bool with_api = false;
-  double pause_s = 0;
-  double tool_start_s = 0;  // latency of POST /session/tool_start
-  double tool_end_s = 0;    // latency of POST /session/tool_end
-  json tool_start;          // the answers
-  json tool_end;
-  bool restore_failed = false;  // tool_end answered 503
-  double ttft_s = 0;
-  int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;
-  CachedTiers cached;
-};
 
 // 404 on the session API: the server lacks it (the session exists: we just made it).
 std::string missing_api_message(const std::string& path, const HttpResponse& r) {
@@ -67,17 +51,143 @@ Result<json> session_call(const ServerClient& client, const std::string& path, c
   return session_answer(path, *r);
 }
 
+// The eviction counters of GET /cache/state.
+struct EvictionCounters {
+  int64_t evicted_pages = 0;  // device pages freed or demoted
+  int64_t demoted_pages = 0;  // device pages demoted to the host
+  int64_t host_evicted_pages = 0;
+};
+
+Result<EvictionCounters> read_evictions(const ServerClient& client) {
+  auto s = read_cache_state(client);
+  if (!s) return std::unexpected(s.error());
+  EvictionCounters c;
+  c.evicted_pages = s->evicted_pages_total;
+  if (auto e = s->raw.find("evictions"); e != s->raw.end() && e->is_object()) {
+    c.demoted_pages = e->value("demoted_pages_total", int64_t{0});
+    c.host_evicted_pages = e->value("host_evicted_pages_total", int64_t{0});
+  }
+  return c;
+}
+
+// The pressured variant's traffic: requests with fresh prompts (conversation i of the
+// "pressure" stream is a one-turn conversation whose system prompt starts the prompt, so no
+// two share a page) and one generated token, sent only while at least one pause asks for
+// them (demand > 0), at most `request_cap` in all.
+//
+// Threads: start() runs `concurrency` workers; add_demand() and totals() from any thread;
+// stop() from the owner (requests in flight run to their end).
+class PoolPressure {
+ public:
+  static constexpr int64_t kMaxErrors = 5;  // failed requests before the pressure gives up
+
+  PoolPressure(ServerClient client, ConversationSource& source, std::string model,
+               int32_t concurrency, int64_t request_cap)
+      : client_(std::move(client)),
+        source_(source),
+        model_(std::move(model)),
+        concurrency_(concurrency),
+        request_cap_(request_cap) {}
+  ~PoolPressure() { stop(); }
+  PoolPressure(const PoolPressure&) = delete;
+  PoolPressure& operator=(const PoolPressure&) = delete;
+
+  void start() {
+    for (int32_t i = 0; i < concurrency_; ++i) workers_.emplace_back([this] { worker(); });
+  }
+  void stop() {
+    stop_.store(true);
+    for (std::thread& t : workers_) t.join();
+    workers_.clear();
+  }
+  void add_demand(int32_t delta) { demand_.fetch_add(delta); }
+  // True once kMaxErrors requests failed (the workers have stopped sending).
+  bool broken() const { return failed_.load() >= kMaxErrors; }
+  int64_t completed() const { return completed_.load(); }
+  PressureTotals totals() const {
+    std::lock_guard lock(mutex_);
+    PressureTotals t = totals_;
+    t.request_cap = request_cap_;
+    t.requests = completed_.load();
+    t.failed = failed_.load();
+    return t;
+  }
+
+ private:
+  void worker();
+  void record_failure(const std::string& message) {
+    failed_.fetch_add(1);
+    std::lock_guard lock(mutex_);
+    if (totals_.first_error.empty()) totals_.first_error = message;
+  }
+
+  const ServerClient client_;
+  ConversationSource& source_;
+  const std::string model_;
+  const int32_t concurrency_;
+  const int64_t request_cap_;
+  std::atomic<int32_t> demand_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> next_{0};
+  std::atomic<int64_t> completed_{0};
+  std::atomic<int64_t> failed_{0};
+  std::vector<std::thread> workers_;
+  mutable std::mutex mutex_;
+  PressureTotals totals_;  // GUARDED_BY(mutex_): prompt and cached tokens, first error
+};
+
+void PoolPressure::worker() {
+  while (!stop_.load() && !broken()) {
+    if (demand_.load() <= 0 || interrupted() || next_.load() >= request_cap_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    const int64_t index = next_.fetch_add(1);
+    if (index >= request_cap_) continue;
+    auto c = source_.get(static_cast<uint64_t>(index));
+    if (!c) {
+      record_failure(c.error().message);
+      continue;
+    }
+    auto reply = client_.chat(chat_request(model_, chat_messages(**c, 0, true), 1, false));
+    if (!reply) {
+      record_failure(reply.error().message);
+      continue;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      totals_.prompt_tokens += reply->first.prompt_tokens;
+      totals_.cached_tokens += reply->first.cached_tokens;
+    }
+    completed_.fetch_add(1);
+  }
+}
+
+// Holds one unit of the pressure's demand for its lifetime.
+class PressureDemand {
+ public:
+  explicit PressureDemand(PoolPressure& p) : p_(p) { p_.add_demand(1); }
+  ~PressureDemand() { p_.add_demand(-1); }
+  PressureDemand(const PressureDemand&) = delete;
+  PressureDemand& operator=(const PressureDemand&) = delete;
+
+ private:
+  PoolPressure& p_;
+};
+
 class ToolCalls {
  public:
-  ToolCalls(const ToolCallsOptions& o, const ServerClient& client, std::string model)
-      : o_(o), client_(client), model_(std::move(model)) {}
+  // `pressure` is null without the pressured variant; it outlives this object.
+  ToolCalls(const ToolCallsOptions& o, const ServerClient& client, std::string model, PoolSize pool,
+            PoolPressure* pressure)
+      : o_(o), client_(client), model_(std::move(model)), pool_(pool), pressure_(pressure) {}
 
   Status preflight();
-  // Runs agent `index` to its end; records into results_.
+  // Runs agent `index` to its end; records into turns_.
   void agent(int32_t index, const Conversation& c);
-  std::vector<Resumed> results() const {
+  std::vector<ResumedTurn> turns() const {
     std::lock_guard lock(mutex_);
-    return results_;
+    return turns_;
   }
   std::string error() const {
     std::lock_guard lock(mutex_);
@@ -91,14 +201,20 @@ class ToolCalls {
     if (error_.empty()) error_ = message;
   }
   bool sleep_for(double seconds) const;
+  // The pause between tool_start and tool_end (or the same wait without them): at least
+  // r.drawn_pause_s and, under pressure, until the device pool was cycled (at most
+  // pressure_timeout_s). Fills r.pause_s and r.evictions; false on an error or interrupt.
+  bool pause(ResumedTurn& r);
 
   const ToolCallsOptions& o_;
   const ServerClient client_;
   const std::string model_;
+  const PoolSize pool_;
+  PoolPressure* const pressure_;
   std::atomic<int64_t> done_{0};
   mutable std::mutex mutex_;
-  std::vector<Resumed> results_;  // GUARDED_BY(mutex_)
-  std::string error_;             // GUARDED_BY(mutex_)
+  std::vector<ResumedTurn> turns_;  // GUARDED_BY(mutex_)
+  std::string error_;               // GUARDED_BY(mutex_)
 };
 
 Status ToolCalls::preflight() {
@@ -126,6 +242,48 @@ bool ToolCalls::sleep_for(double seconds) const {
   return true;
 }
 
+bool ToolCalls::pause(ResumedTurn& r) {
+  const double start = monotonic_s();
+  auto before = read_evictions(client_);
+  if (!before) {
+    fail(before.error().message);
+    return false;
+  }
+  PauseEvictions& e = r.evictions;
+  e.target_pages = pressure_ ? pressure_target_pages(o_.pressure_cycles, pool_.device_pages) : 0;
+  if (e.target_pages > 0) {
+    PressureDemand demand(*pressure_);
+    while (monotonic_s() - start < o_.pressure_timeout_s) {
+      if (interrupted() || !error().empty()) return false;
+      if (pressure_->broken()) {
+        fail("pressure requests failed: " + pressure_->totals().first_error);
+        return false;
+      }
+      auto now = read_evictions(client_);
+      if (!now) {
+        fail(now.error().message);
+        return false;
+      }
+      if (now->evicted_pages - before->evicted_pages >= e.target_pages) {
+        e.cycled_after_s = monotonic_s() - start;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  if (!sleep_for(r.drawn_pause_s - (monotonic_s() - start))) return false;
+  auto after = read_evictions(client_);
+  if (!after) {
+    fail(after.error().message);
+    return false;
+  }
+  e.evicted_pages = after->evicted_pages - before->evicted_pages;
+  e.demoted_pages = after->demoted_pages - before->demoted_pages;
+  e.host_evicted_pages = after->host_evicted_pages - before->host_evicted_pages;
+  r.pause_s = monotonic_s() - start;
+  return true;
+}
+
 void ToolCalls::agent(int32_t index, const Conversation& c) {
   const bool with_api = index % 2 == 0;
   const std::string session =
@@ -142,11 +300,11 @@ void ToolCalls::agent(int32_t index, const Conversation& c) {
   auto reply = send();
   if (!reply) return fail(reply.error().message);
   for (int32_t call = 0; call < o_.tool_calls; ++call) {
-    Resumed r;
+    ResumedTurn r;
     r.agent = index;
     r.call = call;
     r.with_api = with_api;
-    r.pause_s = pauses.uniform(o_.pause_min_s, o_.pause_max_s);
+    r.drawn_pause_s = pauses.uniform(o_.pause_min_s, o_.pause_max_s);
     int64_t epoch = 0;
     if (with_api) {
       const double t0 = monotonic_s();
@@ -156,7 +314,7 @@ void ToolCalls::agent(int32_t index, const Conversation& c) {
       r.tool_start = *s;
       epoch = s->value("epoch", int64_t{0});
     }
-    if (!sleep_for(r.pause_s)) return;
+    if (!pause(r)) return;
     if (with_api) {
       const double t0 = monotonic_s();
       auto e = client_.post("/session/tool_end", json{{"session_id", session}, {"epoch", epoch}});
@@ -184,71 +342,22 @@ void ToolCalls::agent(int32_t index, const Conversation& c) {
     r.cached = reply->usage.cached;
     {
       std::lock_guard lock(mutex_);
-      results_.push_back(std::move(r));
+      turns_.push_back(std::move(r));
     }
     done_.fetch_add(1);
   }
 }
 
-json resumed_json(const Resumed& r) {
-  return {{"agent", r.agent},
-          {"call", r.call},
-          {"with_tool_api", r.with_api},
-          {"pause_s", r.pause_s},
-          {"tool_start_s", r.tool_start_s},
-          {"tool_end_s", r.tool_end_s},
-          {"tool_start", r.tool_start},
-          {"tool_end", r.tool_end},
-          {"restore_failed", r.restore_failed},
-          {"ttft_s", r.ttft_s},
-          {"prompt_tokens", r.prompt_tokens},
-          {"cached_tokens", r.cached_tokens},
-          {"cached_tokens_details",
-           {{"device", r.cached.device}, {"host", r.cached.host}, {"storage", r.cached.storage}}}};
-}
-
-struct Arm {
-  std::string name;
-  Summary ttft;
-  Summary resume;  // tool_end + TTFT
-  Summary tool_end;
-  double cached_fraction = 0;
-  double host_cached_mean = 0;
-  int64_t failed_restores = 0;
-};
-
-Arm summarize_arm(const std::vector<Resumed>& all, bool with_api) {
-  Arm a;
-  a.name = with_api ? "with tool_start/tool_end" : "without";
-  std::vector<double> ttft, resume, tool_end;
-  int64_t prompt = 0, cached = 0, host = 0, n = 0;
-  for (const Resumed& r : all) {
-    if (r.with_api != with_api) continue;
-    ttft.push_back(r.ttft_s);
-    resume.push_back(r.ttft_s + r.tool_end_s);
-    tool_end.push_back(r.tool_end_s);
-    prompt += r.prompt_tokens;
-    cached += r.cached_tokens;
-    host += r.cached.host;
-    a.failed_restores += r.restore_failed ? 1 : 0;
-    ++n;
+// The pool sizes of a /cache/state answer.
+PoolSize pool_size(const CacheState& s) {
+  PoolSize p;
+  p.page_size = s.page_size;
+  p.device_pages = s.capacity_pages;
+  if (s.has_host) {
+    p.host_pages = s.raw.at("host").value("capacity_pages", int64_t{0});
+    if (p.host_pages <= 0) p.host_pages = s.host_capacity_tokens / s.page_size;
   }
-  a.ttft = summarize(ttft);
-  a.resume = summarize(resume);
-  a.tool_end = summarize(tool_end);
-  a.cached_fraction = prompt > 0 ? static_cast<double>(cached) / prompt : 0;
-  a.host_cached_mean = n > 0 ? static_cast<double>(host) / n : 0;
-  return a;
-}
-
-json arm_json(const Arm& a) {
-  return {{"arm", a.name},
-          {"ttft_s", to_json(a.ttft)},
-          {"resume_s", to_json(a.resume)},
-          {"tool_end_s", to_json(a.tool_end)},
-          {"cached_fraction", a.cached_fraction},
-          {"host_cached_tokens_mean", a.host_cached_mean},
-          {"failed_restores", a.failed_restores}};
+  return p;
 }
 
 }  // namespace
@@ -272,6 +381,8 @@ void apply_quick(ToolCallsOptions& o) {
                                          .assistant_max_tokens = 80,
                                          .min_turns = 3,
                                          .max_turns = 6};
+  o.pressure_prompt_tokens = 256;
+  o.pressure_timeout_s = 60;
 }
 
 Status validate(const ToolCallsOptions& o) {
@@ -297,6 +408,18 @@ Status validate(const ToolCallsOptions& o) {
   if (o.background_concurrency < 0) {
     return make_error(ErrorCode::kInvalidArgument, "--background-concurrency must be >= 0");
   }
+  if (!(o.pressure_cycles >= 0) || o.pressure_cycles > 1000) {
+    return make_error(ErrorCode::kInvalidArgument, "--pressure-cycles must be in [0, 1000]");
+  }
+  if (o.pressure_concurrency < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "--pressure-concurrency must be >= 1");
+  }
+  if (o.pressure_prompt_tokens < 16) {
+    return make_error(ErrorCode::kInvalidArgument, "--pressure-prompt-tokens must be >= 16");
+  }
+  if (!(o.pressure_timeout_s > 0)) {
+    return make_error(ErrorCode::kInvalidArgument, "--pressure-timeout-s must be > 0");
+  }
   return validate(o.background_shape);
 }
 
@@ -318,7 +441,35 @@ int run_tool_calls(const ToolCallsOptions& o) {
   auto state0 = read_cache_state(client);
   if (!state0) return fail(state0.error().message);
 
-  ToolCalls scenario(o, client, *model);
+  ToolCallsRecord record;
+  record.model = *model;
+  record.machine = machine_info();
+  record.server = {{"url", server->url}, {"argv", server->argv()}, {"log", server->log_path}};
+  record.first_state = state0->raw;
+  record.pool = pool_size(*state0);
+
+  // The pressure: fresh one-turn conversations whose system prompt is the whole prompt.
+  const bool pressured = o.pressure_cycles > 0;
+  const int64_t pressure_tokens =
+      pressure_prompt_tokens(o.pressure_prompt_tokens, state0->capacity_tokens);
+  const ConversationShape pressure_shape{.system_min_tokens = pressure_tokens,
+                                         .system_max_tokens = pressure_tokens,
+                                         .user_min_tokens = 4,
+                                         .user_max_tokens = 8,
+                                         .assistant_min_tokens = 1,
+                                         .assistant_max_tokens = 1,
+                                         .min_turns = 1,
+                                         .max_turns = 1};
+  ConversationSource pressure_source(o.run.seed, "pressure", pressure_shape, *counter);
+  std::unique_ptr<PoolPressure> pressure;
+  if (pressured) {
+    pressure = std::make_unique<PoolPressure>(
+        client, pressure_source, *model, o.pressure_concurrency,
+        pressure_request_cap(o.pressure_cycles, state0->capacity_tokens, pressure_tokens,
+                             static_cast<int64_t>(o.agents) * o.tool_calls));
+  }
+
+  ToolCalls scenario(o, client, *model, record.pool, pressure.get());
   if (auto st = scenario.preflight(); !st) return fail(st.error().message);
 
   // The agents' conversations: a system prompt, the task, then one tool answer per call.
@@ -347,24 +498,35 @@ int run_tool_calls(const ToolCallsOptions& o) {
     background = std::make_unique<TrafficRun>(client, background_source, to);
     background->start();
   }
+  if (pressure) pressure->start();
   ProgressDisplay progress(stderr, stderr_is_terminal());
   std::vector<std::thread> agents;
   for (int32_t i = 0; i < o.agents; ++i) {
     agents.emplace_back(
         [&scenario, &convs, i] { scenario.agent(i, convs[static_cast<size_t>(i)]); });
   }
-  const double total = static_cast<double>(o.agents) * o.tool_calls;
-  while (scenario.done() < static_cast<int64_t>(total) && scenario.error().empty() &&
-         !interrupted()) {
+  const int64_t total = static_cast<int64_t>(o.agents) * o.tool_calls;
+  while (scenario.done() < total && scenario.error().empty() && !interrupted()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    progress.update(
-        static_cast<double>(scenario.done()) / total,
-        "tool-calls: " + std::to_string(scenario.done()) + "/" +
-            std::to_string(static_cast<int64_t>(total)) + " resumed turns" +
-            (background ? ", background " + std::to_string(background->completed()) + " requests"
-                        : ""));
+    std::string status = "tool-calls: ";
+    status += std::to_string(scenario.done());
+    status += "/";
+    status += std::to_string(total);
+    status += " resumed turns";
+    if (background) {
+      status += ", background ";
+      status += std::to_string(background->completed());
+      status += " requests";
+    }
+    if (pressure) {
+      status += ", pressure ";
+      status += std::to_string(pressure->completed());
+      status += " requests";
+    }
+    progress.update(static_cast<double>(scenario.done()) / static_cast<double>(total), status);
   }
   for (std::thread& t : agents) t.join();
+  if (pressure) pressure->stop();
   if (background) {
     background->request_stop();
     background->join();
@@ -374,74 +536,35 @@ int run_tool_calls(const ToolCallsOptions& o) {
   if (error.empty() && background && background->failed() > 0) {
     error = "background traffic failed: " + background->first_error();
   }
+  if (pressure) {
+    record.pressure = pressure->totals();
+    if (error.empty() && record.pressure.failed > 0) {
+      error = "pressure requests failed: " + record.pressure.first_error;
+    }
+  }
+  record.pressure.prompt_tokens_target = pressure_tokens;
   if (interrupted() && error.empty()) error = "interrupted";
-  auto state1 = read_cache_state(client);
+  if (auto state1 = read_cache_state(client)) {
+    record.evicted_pages_during_run = state1->evicted_pages_total - state0->evicted_pages_total;
+  }
+  record.background_requests = background ? background->completed() : 0;
+  record.turns = scenario.turns();
+  record.error = error;
 
-  const std::vector<Resumed> all = scenario.results();
-  const Arm without = summarize_arm(all, false);
-  const Arm with = summarize_arm(all, true);
-  json turns = json::array();
-  for (const Resumed& r : all) turns.push_back(resumed_json(r));
-  const json results{
-      {"scenario", "tool-calls"},
-      {"finished_at", utc_timestamp()},
-      {"parameters",
-       {{"agents", o.agents},
-        {"tool_calls", o.tool_calls},
-        {"tool_pause_s", {o.pause_min_s, o.pause_max_s}},
-        {"tool_pause_distribution", "uniform"},
-        {"agent_max_tokens", o.agent_max_tokens},
-        {"agent_system_tokens", o.agent_system_tokens},
-        {"tool_result_tokens", {o.tool_result_min_tokens, o.tool_result_max_tokens}},
-        {"background_concurrency", o.background_concurrency},
-        {"background_max_tokens", o.background_max_tokens},
-        {"seed", o.run.seed},
-        {"quick", o.run.quick},
-        {"url", o.target.url},
-        {"spawn", o.target.spawn},
-        {"model_dir", o.target.model_dir},
-        {"server_args", split_args(o.target.server_args)}}},
-      {"machine", machine_info()},
-      {"model", *model},
-      {"server", {{"url", server->url}, {"argv", server->argv()}, {"log", server->log_path}}},
-      {"server_cache_state", state0->raw},
-      {"evicted_pages_during_run",
-       state1 ? state1->evicted_pages_total - state0->evicted_pages_total : -1},
-      {"background_requests", background ? background->completed() : 0},
-      {"arms", {arm_json(without), arm_json(with)}},
-      {"resumed_turns", turns},
-      {"error", error.empty() ? json(nullptr) : json(error)},
-      {"passed", error.empty()}};
-  Table t;
-  t.header = {"Arm",          "Resumed turns", "TTFT p50", "TTFT p90",           "TTFT mean",
-              "tool_end p50", "Resume p50",    "Cached",   "Host-cached (mean)", "Failed restores"};
-  for (const Arm& a : {without, with}) {
-    t.rows.push_back({a.name, std::to_string(a.ttft.count), format_ms(a.ttft.p50),
-                      format_ms(a.ttft.p90), format_ms(a.ttft.mean), format_ms(a.tool_end.p50),
-                      format_ms(a.resume.p50), format_percent(a.cached_fraction),
-                      format_count(static_cast<int64_t>(a.host_cached_mean)),
-                      std::to_string(a.failed_restores)});
-  }
-  BarChart chart{.title = "Tool calls: latency of the resumed turn",
-                 .y_label = "milliseconds",
-                 .categories = {"TTFT p50", "TTFT p90", "TTFT mean", "tool_end + TTFT p50"},
-                 .series = {without.name, with.name},
-                 .values = {{without.ttft.p50 * 1000, without.ttft.p90 * 1000,
-                             without.ttft.mean * 1000, without.resume.p50 * 1000},
-                            {with.ttft.p50 * 1000, with.ttft.p90 * 1000, with.ttft.mean * 1000,
-                             with.resume.p50 * 1000}}};
-  Status written = write_file(out / "results.json", results.dump(2) + "\n");
-  if (written) written = write_file(out / "tool_calls_ttft.svg", render_bar_chart(chart));
-  if (written) {
-    written =
-        write_file(out / "summary.md", "Model `" + *model + "`; machine " +
-                                           machine_line(machine_info()) + ".\n\n" + to_markdown(t));
-  }
-  if (!written) return fail(written.error().message);
-  std::cout << "\ntool-calls on " << *model << "\n"
-            << to_text(t) << "results: " << (out / "results.json").string() << "\n";
+  const std::vector<Check> cycled = cycle_checks(o, record);
+  const std::vector<Check> targets = target_checks(o, record);
+  std::vector<Check> checks = cycled;
+  checks.insert(checks.end(), targets.begin(), targets.end());
+  if (auto st = write_tool_calls_outputs(o, record, checks); !st) return fail(st.error().message);
+  const ArmSummary without = summarize_arm(record.turns, record.pool, false);
+  const ArmSummary with = summarize_arm(record.turns, record.pool, true);
+  std::cout << "\ntool-calls on " << *model << (pressured ? " under pressure" : "") << "\n"
+            << to_text(arms_table({without, with})) << "\n"
+            << format_checks(checks) << "results: " << (out / "results.json").string() << "\n";
   if (server->process) (void)server->process->stop();
   if (!error.empty()) return fail(error);
+  if (!all_passed(cycled)) return 1;
+  if (o.run.check && !all_passed(targets)) return 1;
   return 0;
 }
 

@@ -75,8 +75,8 @@ TEST(StepBudgetTest, AnExplicitTargetBoundsEveryMixedStep) {
   EXPECT_GT(mean, 60.0 * 0.8) << "the budget should use the room the target leaves";
 }
 
-TEST(StepBudgetTest, AutoTargetIsTwiceTheDecodeStep) {
-  StepBudget b(StepBudgetOptions{.max_prefill_tokens = 2048});
+TEST(StepBudgetTest, AutoTargetIsAMultipleOfTheDecodeStep) {
+  StepBudget b(StepBudgetOptions{.auto_factor = 2.0, .max_prefill_tokens = 2048});
   FakeCost cost;
   // Decode-only steps teach the decode cost: 20 + 1.5 x 8 = 32 ms.
   for (int i = 0; i < 10; ++i) b.observe(0, 8, cost.step(0, 8));
