@@ -1,5 +1,6 @@
 #include "cache/eviction_policy.h"
 
+#include <iterator>
 #include <string>
 
 #include "common/check.h"
@@ -27,7 +28,14 @@ RadixNode* LruEvictionPolicy::victim(EvictionSet set,
 
 RadixNode* LruEvictionPolicy::victim(EvictionSet set) const {
   const std::set<Key>& s = of(set);
-  return s.empty() ? nullptr : s.begin()->node;
+  if (s.empty()) return nullptr;
+  // An eviction takes the victims one after the other: start loading the next one's
+  // node now, so that it is in the cache when its turn comes (a pure hint).
+  if (const auto next = std::next(s.begin()); next != s.end()) {
+    const char* p = reinterpret_cast<const char*>(next->node);
+    for (size_t at = 0; at < sizeof(RadixNode); at += 64) __builtin_prefetch(p + at);
+  }
+  return s.begin()->node;
 }
 
 bool LruEvictionPolicy::contains(EvictionSet set, const RadixNode* node) const {

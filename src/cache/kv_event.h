@@ -36,7 +36,9 @@ struct AllBlocksCleared {};
 
 using KvEvent = std::variant<BlockStored, BlockRemoved, AllBlocksCleared>;
 
-// Receives the tree's events, in order, on the thread that changes the tree.
+// Receives the tree's events, in order, on the thread that changes the tree. on_event runs
+// in the middle of a change (an eviction emits before its index entries are erased): it
+// must not call back into the tree.
 class KvEventSink {
  public:
   virtual ~KvEventSink() = default;

@@ -28,6 +28,40 @@ bool same_tokens(const TokenId* a, const TokenId* b, int32_t n) {
   return std::memcmp(a, b, sizeof(TokenId) * static_cast<size_t>(n)) == 0;
 }
 
+// Index entries prefetched ahead of the one being used: enough misses in flight to hide
+// the memory latency, few enough that the lines are still there when their turn comes.
+constexpr size_t kPrefetchAhead = 16;
+
+// The node pool's bounds: how many removed nodes wait for reuse, and the largest vectors
+// a waiting node keeps (a bigger node gives its memory back), so that the pool holds at
+// most a few MiB whatever the tree held before.
+constexpr size_t kMaxSpareNodes = 256;
+constexpr size_t kMaxSpareTokens = 4096;
+
+// Under AddressSanitizer removed nodes are freed, not reused, so that a stale node pointer
+// is still reported as a use after free.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kReuseNodes = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kReuseNodes = false;
+#else
+constexpr bool kReuseNodes = true;
+#endif
+#else
+constexpr bool kReuseNodes = true;
+#endif
+
+// Empties `v`, keeping its capacity unless it is larger than a spare node may keep.
+template <typename T>
+void clear_keeping(std::vector<T>& v, size_t max_capacity) {
+  if (v.capacity() > max_capacity) {
+    std::vector<T>().swap(v);
+  } else {
+    v.clear();
+  }
+}
+
 }  // namespace
 
 RadixTree::RadixTree(RadixTreeOptions options, PageAllocator* device_pages, KvEventSink* events,
@@ -51,6 +85,72 @@ RadixTree::~RadixTree() = default;
 
 std::string RadixTree::describe(const RadixNode* node) {
   return "node " + std::to_string(node->id);
+}
+
+std::unique_ptr<RadixNode> RadixTree::new_node() {
+  if (spare_nodes_.empty()) return std::make_unique<RadixNode>();
+  std::unique_ptr<RadixNode> node = std::move(spare_nodes_.back());
+  spare_nodes_.pop_back();
+  return node;
+}
+
+void RadixTree::recycle_node(std::unique_ptr<RadixNode> node) {
+  STRATA_CHECK(node != nullptr && node->is_leaf());
+  if (!kReuseNodes || spare_nodes_.size() >= kMaxSpareNodes) return;  // destroyed here
+  // Every field back to its default, the vectors' capacity kept: a fresh node takes over
+  // the emptied vectors, then replaces the old state wholesale.
+  const size_t max_tokens = kMaxSpareTokens;
+  const size_t max_pages = kMaxSpareTokens / static_cast<size_t>(options_.page_size) + 1;
+  RadixNode fresh;
+  clear_keeping(node->tokens, max_tokens);
+  clear_keeping(node->hashes, max_pages);
+  clear_keeping(node->pin_counts, max_pages);
+  clear_keeping(node->device_pages, max_pages);
+  clear_keeping(node->host_pages, max_pages);
+  clear_keeping(node->in_storage, max_pages);
+  fresh.tokens.swap(node->tokens);
+  fresh.hashes.swap(node->hashes);
+  fresh.pin_counts.swap(node->pin_counts);
+  fresh.device_pages.swap(node->device_pages);
+  fresh.host_pages.swap(node->host_pages);
+  fresh.in_storage.swap(node->in_storage);
+  *node = std::move(fresh);
+  spare_nodes_.push_back(std::move(node));
+}
+
+void RadixTree::index_pages(RadixNode* node) {
+  const std::vector<BlockHash>& hs = node->hashes;
+  const size_t n = hs.size();
+  for (size_t k = 0; k < std::min(n, kPrefetchAhead); ++k) index_.prefetch(hs[k]);
+  for (size_t k = 0; k < n; ++k) {
+    if (k + kPrefetchAhead < n) index_.prefetch(hs[k + kPrefetchAhead]);
+    index_.insert_or_assign(hs[k], Loc{node, static_cast<int32_t>(k)});
+  }
+}
+
+bool RadixTree::begin_unindex_batch() {
+  if (unindex_batch_open_) return false;
+  unindex_batch_open_ = true;
+  return true;
+}
+
+void RadixTree::end_unindex_batch(bool opened) {
+  if (!opened) return;
+  unindex(unindex_batch_);
+  unindex_batch_.clear();
+  // A flush can batch the whole tree's blocks: keep a bounded scratch only.
+  constexpr size_t kMaxKeptBatch = 64 * 1024;
+  if (unindex_batch_.capacity() > kMaxKeptBatch) std::vector<BlockHash>().swap(unindex_batch_);
+  unindex_batch_open_ = false;
+}
+
+void RadixTree::unindex(std::span<const BlockHash> hashes) {
+  const size_t n = hashes.size();
+  for (size_t k = 0; k < std::min(n, kPrefetchAhead); ++k) index_.prefetch(hashes[k]);
+  for (size_t k = 0; k < n; ++k) {
+    if (k + kPrefetchAhead < n) index_.prefetch(hashes[k + kPrefetchAhead]);
+    index_.erase(hashes[k]);
+  }
 }
 
 void RadixTree::emit(KvEvent event) {
@@ -153,12 +253,11 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
   STRATA_CHECK(node != root_.get());
   STRATA_CHECK(at > 0 && at < node->num_pages());
   const int32_t ps = options_.page_size;
-  const int32_t total = node->num_pages();
   const Acct before = acct(node);
   erase_evictable(node);
   erase_host_evictable(node);
 
-  auto upper_owned = std::make_unique<RadixNode>();
+  std::unique_ptr<RadixNode> upper_owned = new_node();
   RadixNode* upper = upper_owned.get();
   upper->id = next_node_id_++;
   upper->parent = node->parent;
@@ -205,10 +304,8 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
   node->index_in_parent = 0;
   upper->children.push_back(std::move(lower));
 
-  for (int32_t k = 0; k < at; ++k) index_[upper->hashes[static_cast<size_t>(k)]] = Loc{upper, k};
-  for (int32_t k = 0; k < total - at; ++k) {
-    index_[node->hashes[static_cast<size_t>(k)]] = Loc{node, k};
-  }
+  index_pages(upper);
+  index_pages(node);
 
   ++num_nodes_;
   if (upper->lock_ref > 0) ++locked_nodes_;
@@ -348,6 +445,7 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
   const bool device = in.medium == Medium::kDevice;
   const int32_t ps = options_.page_size;
   const int32_t n_pages = static_cast<int32_t>(tokens.size() / static_cast<size_t>(ps));
+  result.block_hashes.reserve(static_cast<size_t>(n_pages));
   const auto page_of = [&](int32_t k) { return in.pages[static_cast<size_t>(k - in.first_page)]; };
   const std::string extra = first_page_extra_keys(cache_salt);
   const uint64_t tick = ++tick_;
@@ -397,22 +495,31 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
     return result;
   }
 
-  // A new leaf under `node` with pages i..n_pages, hashes chained from node's last.
-  auto leaf_owned = std::make_unique<RadixNode>();
+  // A new leaf under `node` with pages i..n_pages, hashes chained from node's last; it
+  // stops before the first hash the index already has.
+  std::unique_ptr<RadixNode> leaf_owned = new_node();
   RadixNode* leaf = leaf_owned.get();
   BlockHash parent_hash = last_hash(node);
-  int32_t count = 0;
+  leaf->hashes.resize(static_cast<size_t>(n_pages - i));
   for (int32_t k = i; k < n_pages; ++k) {
-    const BlockHash h =
+    parent_hash =
         hash_block(parent_hash, tokens.subspan(static_cast<size_t>(k) * ps, ps),
                    (node == root_.get() && k == i) ? std::string_view(extra) : std::string_view());
-    if (index_.contains(h)) break;
-    leaf->hashes.push_back(h);
-    parent_hash = h;
+    leaf->hashes[static_cast<size_t>(k - i)] = parent_hash;
+    // Each new entry is a cache miss: start them all while hashing the rest.
+    index_.prefetch(parent_hash);
+  }
+  int32_t count = 0;
+  while (count < n_pages - i &&
+         index_.try_emplace(leaf->hashes[static_cast<size_t>(count)], Loc{leaf, count}).second) {
     ++count;
   }
+  leaf->hashes.resize(static_cast<size_t>(count));
   for (int32_t k = i + count; k < n_pages; ++k) result.rejected_pages.push_back(page_of(k));
-  if (count == 0) return result;
+  if (count == 0) {
+    recycle_node(std::move(leaf_owned));
+    return result;
+  }
 
   leaf->id = next_node_id_++;
   leaf->parent = node;
@@ -431,7 +538,6 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
   if (node == root_.get()) leaf->first_page_extra = extra;
   leaf->last_access_tick = tick;
   leaf->last_access_ms = now_ms;
-  for (int32_t k = 0; k < count; ++k) index_[leaf->hashes[static_cast<size_t>(k)]] = Loc{leaf, k};
   leaf->index_in_parent = static_cast<uint32_t>(node->children.size());
   node->children.push_back(std::move(leaf_owned));
   update_sets(node);  // no longer a leaf

@@ -354,6 +354,20 @@ class RadixTree {
   InsertResult insert_blocks(std::span<const TokenId> tokens, std::string_view cache_salt,
                              const InsertPages& in);
   static std::string describe(const RadixNode* node);  // for check messages
+  // Nodes come from a small pool of removed nodes that keep their vectors' capacity, so
+  // that the steady state of insert and evict allocates nothing (new_node, recycle_node).
+  std::unique_ptr<RadixNode> new_node();
+  void recycle_node(std::unique_ptr<RadixNode> node);
+  // The hash index, with the entries' memory prefetched ahead of use: a block's entry is
+  // almost always a cache miss, and the misses of a run overlap instead of queuing.
+  // Points the index at every page of `node` (entries that exist or not).
+  void index_pages(RadixNode* node);
+  void unindex(std::span<const BlockHash> hashes);
+  // Within evict() and evict_host() the removed nodes' entries are erased in one run at the
+  // end (a long run keeps many misses in flight): nothing there looks up a removed block.
+  // Returns whether this call opened the batch; only that one closes (and runs) it.
+  bool begin_unindex_batch();
+  void end_unindex_batch(bool opened);
   // Split `node` so that its first `at` pages become a new parent node. Returns the new
   // (upper) node; `node` keeps the rest, its children and its identity.
   RadixNode* split(RadixNode* node, int32_t at);
@@ -443,6 +457,11 @@ class RadixTree {
   uint64_t loaded_pages_total_ = 0;
   uint64_t host_evicted_pages_total_ = 0;
   uint64_t backups_skipped_total_ = 0;
+
+  // Scratch of the hot paths (new_node, recycle_node, the unindex batch).
+  std::vector<std::unique_ptr<RadixNode>> spare_nodes_;  // removed nodes, emptied, for reuse
+  bool unindex_batch_open_ = false;       // remove_leaf leaves its erasures to the batch
+  std::vector<BlockHash> unindex_batch_;  // removed blocks still in the index
 };
 
 }  // namespace strata

@@ -75,7 +75,11 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
     host_pages_->free(leaf->host_pages);
     host_evicted_pages_total_ += static_cast<uint64_t>(leaf->num_pages());
   }
-  for (BlockHash h : leaf->hashes) index_.erase(h);
+  if (unindex_batch_open_) {
+    unindex_batch_.insert(unindex_batch_.end(), leaf->hashes.begin(), leaf->hashes.end());
+  } else {
+    unindex(leaf->hashes);
+  }
   if (n > 0 && had_host) emit(BlockRemoved{leaf->hashes, Medium::kDevice});
   // The leaf is destroyed below: its hash vector moves into the last event.
   if (events_ != nullptr) {
@@ -88,11 +92,13 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
   auto& siblings = parent->children;
   const uint32_t at = leaf->index_in_parent;
   STRATA_CHECK_MSG(at < siblings.size() && siblings[at].get() == leaf, "stale index_in_parent");
+  std::unique_ptr<RadixNode> owned = std::move(siblings[at]);
   if (at + 1 != siblings.size()) {
     siblings[at] = std::move(siblings.back());
     siblings[at]->index_in_parent = at;
   }
-  siblings.pop_back();  // destroys leaf
+  siblings.pop_back();
+  recycle_node(std::move(owned));  // `leaf` is gone from here on
   update_sets(parent);
   restore_pin_tail(parent);
   try_demote(parent);
@@ -101,6 +107,7 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
 
 EvictResult RadixTree::evict(int32_t num_pages) {
   EvictResult result;
+  const bool batch = begin_unindex_batch();
   std::unordered_set<const RadixNode*> skipped;  // pinned nodes with no host room
   while (result.evicted_pages < num_pages) {
     RadixNode* leaf = skipped.empty()
@@ -131,6 +138,7 @@ EvictResult RadixTree::evict(int32_t num_pages) {
     }
     ++result.evicted_nodes;
   }
+  end_unindex_batch(batch);
   return result;
 }
 

@@ -108,6 +108,7 @@ void RadixTree::try_demote(RadixNode* node) {
 }
 
 int32_t RadixTree::evict_host(int32_t num_pages) {
+  const bool batch = begin_unindex_batch();
   int32_t freed = 0;
   while (freed < num_pages) {
     RadixNode* leaf = eviction_->victim(EvictionSet::kHostOnly);
@@ -115,6 +116,7 @@ int32_t RadixTree::evict_host(int32_t num_pages) {
     freed += leaf->num_pages();
     remove_leaf(leaf);
   }
+  end_unindex_batch(batch);
   return freed;
 }
 

@@ -69,6 +69,7 @@ struct EngineCounters {
   uint64_t cached_prompt_tokens = 0;
   uint64_t auto_unpinned_blocks = 0;
   uint64_t forward_steps = 0;
+  uint64_t prompt_logits_hits = 0;     // full hits sampled from remembered logits (no forward)
   uint64_t cached_host_tokens = 0;     // prompt tokens loaded back from the host
   uint64_t cached_storage_tokens = 0;  // prompt tokens prefetched from storage
   uint64_t loads_failed = 0;           // load-backs refused for want of device pages

@@ -406,6 +406,13 @@ void Scheduler::run() {
       waiting_.push_back(std::move(seq));
     }
     poll_io();
+    // Tool sessions advance as their copies land, before the commands run: a restore that
+    // landed during the last step is RUNNABLE to the kv_meta that asks now, not a step later.
+    if (const int64_t now_ms = clock_->now_ms(); now_ms - last_session_tick_ms_ >= 5) {
+      counters_.tool_sessions_expired += static_cast<uint64_t>(sessions_->tick());
+      counters_.session_records_dropped = sessions_->dropped_total();
+      last_session_tick_ms_ = now_ms;
+    }
     if (!commands.empty()) {
       EngineState state = make_state();
       for (auto& cmd : commands) cmd(state);
@@ -428,11 +435,6 @@ void Scheduler::run() {
     if (now_ms - last_expiry_check_ms_ >= 100) {
       tree_->expire_soft_pins();
       last_expiry_check_ms_ = now_ms;
-    }
-    if (now_ms - last_session_tick_ms_ >= 5) {
-      counters_.tool_sessions_expired += static_cast<uint64_t>(sessions_->tick());
-      counters_.session_records_dropped = sessions_->dropped_total();
-      last_session_tick_ms_ = now_ms;
     }
     progressed = step();
     submit_transfers();
@@ -690,6 +692,58 @@ bool Scheduler::preempt_for(const Seq& head) {
   return true;
 }
 
+// Samples the next token from `logits` and hands it to the stream; finishes the request at
+// a stop token or max_tokens. Returns true when it finished (the caller drops it from
+// running_).
+bool Scheduler::emit_token(Seq& seq, std::span<const float> logits) {
+  GeneratedToken tok = seq.sampler->sample(logits);
+  if (tok.is_stop) {
+    finish(seq, FinishReason::kStop, {}, tok.token);
+    return true;
+  }
+  seq.tokens.push_back(tok.token);
+  ++seq.generated;
+  ++counters_.generated_tokens;
+  seq.stream->push(StreamItem{{std::move(tok)}, std::nullopt, {}, {}});
+  if (seq.generated >= seq.spec.max_tokens) {
+    finish(seq, FinishReason::kLength);
+    return true;
+  }
+  return false;
+}
+
+// Full prefix hits (docs/full-hit.md): a request just admitted whose cached prefix covers
+// every full page of its prompt but the last token's, and whose prompt's last-position
+// logits are remembered, samples its first token now, without a forward pass. The tail
+// the tree does not hold (under one page, ending with the last prompt token) is computed
+// with the request's next token, by the same prefill path as any pending tokens; a request
+// with max_tokens 1 never runs it. Returns true when a token was sampled.
+bool Scheduler::sample_full_hits() {
+  const int64_t ps = options_.page_size;
+  bool sampled = false;
+  for (size_t i = 0; i < running_.size();) {
+    Seq& seq = *running_[i];
+    const int64_t n = static_cast<int64_t>(seq.tokens.size());
+    std::span<const float> logits;
+    if (seq.generated == 0 && n == seq.prompt_len && seq.computed > 0 &&
+        seq.computed == (n - 1) / ps * ps) {
+      logits = prompt_logits_.find(seq.tokens, seq.spec.cache_salt);
+    }
+    if (logits.empty()) {
+      ++i;
+      continue;
+    }
+    sampled = true;
+    ++counters_.prompt_logits_hits;
+    if (emit_token(seq, logits)) {
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  return sampled;
+}
+
 void Scheduler::admit() {
   order_queues();
   while (!waiting_.empty()) {
@@ -761,7 +815,8 @@ bool Scheduler::step() {
     }
   }
   admit();
-  if (running_.empty()) return false;
+  const bool sampled_hits = sample_full_hits();
+  if (running_.empty()) return sampled_hits;
   order_queues();  // requests admitted just now may rank better than older ones
 
   // Plan the batch: every decoding request contributes one token; prefilling requests
@@ -858,24 +913,15 @@ bool Scheduler::step() {
       cache_computed_pages(seq);
       continue;
     }
-    const float* logits = logits_.data() + row * static_cast<size_t>(vocab);
+    const std::span<const float> logits(logits_.data() + row * static_cast<size_t>(vocab),
+                                        static_cast<size_t>(vocab));
     ++row;
-    GeneratedToken tok =
-        seq.sampler->sample(std::span<const float>(logits, static_cast<size_t>(vocab)));
+    // The prompt's last position: remembered for the next full hit of the same prompt.
+    if (seq.generated == 0 && seq.prompt_len > options_.page_size) {
+      prompt_logits_.put(seq.tokens, seq.spec.cache_salt, logits);
+    }
     cache_computed_pages(seq);
-    if (tok.is_stop) {
-      done.push_back(&seq);
-      finish(seq, FinishReason::kStop, {}, tok.token);
-      continue;
-    }
-    seq.tokens.push_back(tok.token);
-    ++seq.generated;
-    ++counters_.generated_tokens;
-    seq.stream->push(StreamItem{{std::move(tok)}, std::nullopt, {}, {}});
-    if (seq.generated >= seq.spec.max_tokens) {
-      done.push_back(&seq);
-      finish(seq, FinishReason::kLength);
-    }
+    if (emit_token(seq, logits)) done.push_back(&seq);
   }
   if (!done.empty()) {
     std::erase_if(running_, [&](const std::unique_ptr<Seq>& s) {

@@ -37,6 +37,7 @@
 #include "memory/page_allocator.h"
 #include "memory/transfer_engine.h"
 #include "model/model.h"
+#include "model/prompt_logits_cache.h"
 #include "storage/storage_backend.h"
 
 namespace strata {
@@ -92,6 +93,8 @@ class Scheduler {
   void cache_computed_pages(Seq& seq);
   void finish(Seq& seq, FinishReason reason, std::string error = {}, int32_t stop_token = -1);
   void retract(Seq& seq);
+  bool emit_token(Seq& seq, std::span<const float> logits);
+  bool sample_full_hits();
   // Orders running_ best first (queue_order.h), so that running_.back() is the request to
   // retract first; waiting_ likewise, so that front() is the next to admit.
   void order_queues();
@@ -161,6 +164,9 @@ class Scheduler {
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
   std::vector<float> logits_;
+  // The last-position logits of recent prompts (full hits sample from them): 32 MiB holds
+  // ~230 prompts of 3,000 tokens with a 32,000-token vocabulary, ~50 with Qwen3's.
+  PromptLogitsCache prompt_logits_{size_t{32} << 20};
   StepBudget budget_;
   EngineCounters counters_;
   int64_t last_expiry_check_ms_ = 0;

@@ -2,6 +2,7 @@
 // values with no Beast types, so that route files need not include Beast.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -20,6 +21,10 @@ struct Request {
   Headers headers;     // in arrival order, names as sent
   std::string body;
   std::string remote;  // the peer's address, "ip:port"
+  // When the request's first byte was read (or found already buffered), and when its last
+  // byte was: a handler's latency accounting starts here (server-side timing).
+  std::chrono::steady_clock::time_point first_byte_at;
+  std::chrono::steady_clock::time_point read_at;
 
   // The first header of that name (names compare case-insensitively), or "" when absent.
   std::string_view header(std::string_view name) const;

@@ -57,6 +57,7 @@ net::awaitable<void> Connection::run() {
     parser.body_limit(static_cast<std::uint64_t>(o.max_body_bytes));
 
     // Between requests (or before the first): wait for a first byte.
+    auto first_byte_at = SteadyClock::now();
     if (buffer_.size() == 0) {
       if (first) {
         stream_.expires_at(header_deadline);
@@ -72,7 +73,8 @@ net::awaitable<void> Connection::run() {
         break;
       }
       buffer_.commit(n);
-      if (!first) header_deadline = SteadyClock::now() + seconds(o.header_timeout_s);
+      first_byte_at = SteadyClock::now();
+      if (!first) header_deadline = first_byte_at + seconds(o.header_timeout_s);
     } else if (!first) {
       header_deadline = SteadyClock::now() + seconds(o.header_timeout_s);
     }
@@ -120,6 +122,8 @@ net::awaitable<void> Connection::run() {
     }
     request_.body = std::move(message.body());
     request_.remote = remote_;
+    request_.first_byte_at = first_byte_at;
+    request_.read_at = SteadyClock::now();
 
     co_await serve_request();
     if (gone_ || write_failed_ || close_after_ || !keep_alive_ || abandoned_by_server_) {

@@ -5,10 +5,13 @@
 // - m >= blas_min_rows: OpenBLAS cblas_sgemm, the columns of C split into one contiguous
 //   range per thread of our pool, each calling single-threaded OpenBLAS (the model sets
 //   OpenBLAS to one thread, so its own workers never compete with ours).
-// - m < blas_min_rows (decode): our kernel, bound by reading W once from memory; it
-//   streams W one row at a time (one sequential stream per thread) against up to 4 rows
-//   of A held in cache. BLAS's GEMM packs W before multiplying, which for one row costs
-//   more than the product itself.
+// - m < blas_min_rows (decode, batched decode, short prefills such as a full prefix hit's
+//   last partial page): our kernel, bound by reading W once from memory; it streams W one
+//   row at a time (one sequential stream per thread) against up to 4 rows of A held in
+//   cache, or 4 rows of W at a time against every row of A from 4 rows of A on. BLAS's
+//   GEMM packs W before multiplying, which for one row costs more than the product itself,
+//   and measured 2-2.6x slower than our kernel for every m from 8 to 64
+//   (docs/full-hit.md).
 // BF16 weights (packed, weights.h), any m: A is rounded to BF16 once, then our kernel
 // multiplies 12-row tiles of A by 32-row panels of W with vdpbf16ps (two products per
 // lane and instruction: twice the F32 FMA rate) where the CPU has AVX512-BF16, and an
@@ -26,7 +29,7 @@ namespace strata {
 
 class Matmul {
  public:
-  static constexpr int64_t kDefaultBlasMinRows = 8;
+  static constexpr int64_t kDefaultBlasMinRows = 64;
 
   // F32 products with fewer than blas_min_rows rows of A use our kernel.
   explicit Matmul(int num_threads, int64_t blas_min_rows = kDefaultBlasMinRows);

@@ -40,7 +40,8 @@ CacheGaugeValues cache_gauges(const CacheState& s, const EngineCounters& c) {
   g.scheduler_events = {{"retracted", c.requests_retracted},
                         {"preempted", c.requests_preempted},
                         {"restores_made_room", c.restores_made_room},
-                        {"forward_steps", c.forward_steps}};
+                        {"forward_steps", c.forward_steps},
+                        {"prompt_logits_hits", c.prompt_logits_hits}};
   g.prefill_budget_tokens = c.prefill_budget_tokens;
   return g;
 }

@@ -50,10 +50,9 @@ ChatRenderOptions RouteContext::render_options(const ojson* tools, bool add_gene
   return o;
 }
 
-Result<std::vector<int32_t>> RouteContext::chat_tokens(const ojson& messages, const ojson* tools,
-                                                       bool add_generation_prompt,
-                                                       const ojson& template_kwargs,
-                                                       size_t max_tokens) const {
+Result<std::vector<int32_t>> RouteContext::chat_tokens(
+    const ojson& messages, const ojson* tools, bool add_generation_prompt,
+    const ojson& template_kwargs, size_t max_tokens, const std::function<void()>& rendered) const {
   if (chat == nullptr) {
     return make_error(ErrorCode::kInvalidArgument,
                       "this model has no chat template: use /v1/completions");
@@ -62,6 +61,7 @@ Result<std::vector<int32_t>> RouteContext::chat_tokens(const ojson& messages, co
   if (!text) {
     return make_error(ErrorCode::kInvalidArgument, "chat template: " + text.error().message);
   }
+  if (rendered) rendered();
   // The template writes the special tokens itself (as transformers' apply_chat_template).
   return tokenizer.encode(*text,
                           EncodeOptions{.add_special_tokens = false, .max_tokens = max_tokens});

@@ -62,12 +62,14 @@ struct RouteContext {
 
   // Renders and tokenizes messages (with tools, add_generation_prompt) into ids; the
   // template writes the special tokens itself. With `max_tokens` > 0, kResourceExhausted
-  // as soon as the ids are known to exceed it (the encoding stops there).
+  // as soon as the ids are known to exceed it (the encoding stops there). `rendered`, when
+  // given, is called between rendering and tokenizing (timing).
   Result<std::vector<int32_t>> chat_tokens(const nlohmann::ordered_json& messages,
                                            const nlohmann::ordered_json* tools,
                                            bool add_generation_prompt,
                                            const nlohmann::ordered_json& template_kwargs,
-                                           size_t max_tokens = 0) const;
+                                           size_t max_tokens = 0,
+                                           const std::function<void()>& rendered = {}) const;
   ChatRenderOptions render_options(const nlohmann::ordered_json* tools, bool add_generation_prompt,
                                    const nlohmann::ordered_json& template_kwargs) const;
 };

@@ -198,7 +198,7 @@ TEST_P(MatmulTest, MatchesDoubleForEveryPath) {
         const std::vector<float> row = random_vector(rng, static_cast<size_t>(k));
         w.set_row(r, row.data());
       }
-      for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 33}) {
+      for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 33, 64, 65}) {
         const int64_t lda = k + 3;
         const int64_t ldc = n + 2;
         const std::vector<float> a = random_vector(rng, static_cast<size_t>(m * lda));
