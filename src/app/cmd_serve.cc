@@ -187,7 +187,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--itl-target-ms", o->itl_target_ms,
                   "Inter-token latency target: a step that decodes carries only as much prefill "
-                  "as fits it (0: auto, three times the measured decode step)")
+                  "as fits it (0: auto, 4.5 times the measured decode forward pass)")
       ->check(CLI::Range(0.0, 60'000.0))
       ->capture_default_str();
   cmd->add_option("--min-prefill-tokens", o->min_prefill_tokens,

@@ -40,7 +40,7 @@ struct EngineOptions {
   int32_t chunked_prefill_size = 2'048;  // prefill tokens per step at most, >= page_size
   // Step budgeting (engine/step_budget.h, docs/scheduling.md): a step that decodes carries
   // as much prefill as keeps it within the inter-token latency target, and at least
-  // min_prefill_tokens. 0: auto (three times the measured decode step).
+  // min_prefill_tokens. 0: auto (4.5 times the measured decode forward pass).
   double itl_target_ms = 0.0;       // --itl-target-ms, >= 0
   int32_t min_prefill_tokens = 64;  // --min-prefill-tokens, >= 1 (at most the chunk)
   int64_t priority_aging_ms = 100;  // --priority-aging-ms: waiting worth one priority point
