@@ -64,8 +64,8 @@ class SchedulingTest : public ::testing::Test {
     EXPECT_TRUE(stream.has_value());
     if (!stream) return nullptr;
     auto st = *stream;
-    st->set_listener([this, st, name] {
-      // Runs under the stream's lock: peek by counting finishes seen so far.
+    st->set_listener([this, name] {
+      // Runs under the stream's lock; the first item (a token or the finish) records it.
       std::lock_guard lock(order_mutex_);
       if (std::find(order_.begin(), order_.end(), name) == order_.end()) order_.push_back(name);
     });
