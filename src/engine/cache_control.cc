@@ -157,15 +157,24 @@ std::future<Result<ToolSessionView>> CacheControl::tool_end(std::string session_
                                                             uint64_t epoch) {
   return scheduler_.call([id = std::move(session_id), epoch](EngineState& s) {
     auto r = s.sessions->tool_end(id, epoch);
-    if (r || r.error().code != ErrorCode::kOutOfPages || !s.make_device_room) return r;
-    // The device is held by running requests: a restoring agent goes first. They step
-    // back (their computed pages stay cached, demoted or evicted like any other) and the
-    // restore runs now instead of waiting for them to finish (docs/scheduling.md).
-    auto meta = s.sessions->kv_meta(id);
-    if (!meta) return r;
-    const int64_t ps = s.options.page_size;
-    if (s.make_device_room((meta->tokens + ps - 1) / ps + 1) == 0) return r;
-    return s.sessions->tool_end(id, epoch);
+    if (!r && r.error().code == ErrorCode::kOutOfPages && s.make_device_room) {
+      // The device is held by running requests: a restoring agent goes first. They step
+      // back (their computed pages stay cached, demoted or evicted like any other) and the
+      // restore runs now instead of waiting for them to finish (docs/scheduling.md).
+      auto meta = s.sessions->kv_meta(id);
+      if (!meta) return r;
+      const int64_t ps = s.options.page_size;
+      if (s.make_device_room((meta->tokens + ps - 1) / ps + 1) == 0) return r;
+      r = s.sessions->tool_end(id, epoch);
+    }
+    if (!r || r->state != ToolSessionState::kRestoring || !s.land_loads) return r;
+    // The copies take far less than a step: land them now, so that the answer (and the
+    // agent's next request) need not wait for the scheduler's next iteration.
+    s.land_loads();
+    auto now = s.sessions->kv_meta(id);
+    if (!now) return now;
+    now->moved_tokens = r->moved_tokens;
+    return now;
   });
 }
 

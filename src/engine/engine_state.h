@@ -31,6 +31,9 @@ struct EngineState {
   // resuming a session) until `pages` device pages are free or evictable. Returns the
   // requests retracted.
   std::function<int32_t(int64_t pages)> make_device_room;
+  // Waits for the host -> device copies in flight to land and advances the tool sessions
+  // (a restore started by this command is then RUNNABLE). Does nothing without a host tier.
+  std::function<void()> land_loads;
   // Hierarchical cache (null / 0 without it).
   PageAllocator* host_pages = nullptr;
   StorageBackend* storage = nullptr;

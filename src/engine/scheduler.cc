@@ -152,6 +152,17 @@ void Scheduler::submit_transfers(uint64_t load_for_seq) {
   }
 }
 
+void Scheduler::land_loads() {
+  if (!transfers_) return;
+  submit_transfers();
+  for (const auto& [ticket, pending] : pending_transfers_) {
+    if (pending.request.direction == TransferDirection::kHostToDevice) transfers_->wait(ticket);
+  }
+  poll_io();
+  counters_.tool_sessions_expired += static_cast<uint64_t>(sessions_->tick());
+  last_session_tick_ms_ = clock_->now_ms();
+}
+
 void Scheduler::unpark(uint64_t seq_id) {
   for (size_t i = 0; i < parked_.size(); ++i) {
     if (parked_[i]->id != seq_id) continue;
@@ -355,6 +366,7 @@ EngineState Scheduler::make_state() {
   }
   s.audit_pages = [this] { return audit_pages(); };
   s.make_device_room = [this](int64_t pages) { return make_room_for_restore(pages); };
+  s.land_loads = [this] { land_loads(); };
   return s;
 }
 

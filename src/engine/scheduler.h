@@ -103,6 +103,10 @@ class Scheduler {
   // never a kResume one) until `pages` device pages are free or evictable. Returns the
   // requests retracted.
   int32_t make_room_for_restore(int64_t pages);
+  // Waits for the host -> device copies in flight (a restore's pages: a copy per page, far
+  // shorter than a step) and lets the tool sessions advance, so that a tool_end answers
+  // with its session RUNNABLE instead of waiting for the next iteration.
+  void land_loads();
   // A request of a better class than `head` waits: the worst running request of a worse
   // class steps back (retracted, queued again). False when there is none.
   bool preempt_for(const Seq& head);
