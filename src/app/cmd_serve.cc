@@ -419,6 +419,10 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   " is beyond the model's context length (" + std::to_string(context) + ")");
     }
     so.max_prompt_tokens = o->max_prompt_tokens > 0 ? o->max_prompt_tokens : context;
+    if (publisher) {
+      so.kv_events_endpoint = publisher->endpoint();
+      so.kv_events_replay_endpoint = publisher->replay_endpoint();
+    }
     // Before any server thread starts, so that every thread inherits the mask.
     const sigset_t signals = stop_signals();
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);

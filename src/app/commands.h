@@ -11,5 +11,6 @@ namespace strata::app {
 void add_block_hashes_command(CLI::App& app, int& exit_code);
 void add_make_model_command(CLI::App& app, int& exit_code);
 void add_serve_command(CLI::App& app, int& exit_code);
+void add_route_command(CLI::App& app, int& exit_code);
 
 }  // namespace strata::app

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "strata 0.1.0");
   int exit_code = 0;
   strata::app::add_serve_command(app, exit_code);
+  strata::app::add_route_command(app, exit_code);
   strata::app::add_block_hashes_command(app, exit_code);
   strata::app::add_make_model_command(app, exit_code);
   strata::bench::add_bench_command(app, exit_code);

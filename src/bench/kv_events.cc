@@ -1,6 +1,5 @@
 #include "bench/kv_events.h"
 
-#include <msgpuck.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -11,6 +10,9 @@
 #include <mutex>
 #include <thread>
 #include <unordered_set>
+#include <variant>
+
+#include "router/kv_event_wire.h"
 
 namespace strata::bench {
 
@@ -18,152 +20,38 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-// msgpuck's mp_decode_* and mp_next read without bounds checks. decode_kv_event_batch()
-// therefore first walks the whole payload with skip_checked(); everything after that
-// reads inside a buffer known to hold well-formed msgpack, checking only types.
-
-std::unexpected<Error> corrupt(std::string message) {
-  return make_error(ErrorCode::kCorrupt, std::move(message));
-}
-
-// Moves *cur past one msgpack object, never reading at or past `end`; false when the
-// bytes there are not one complete object. Like mp_check, but msgpuck 1.0.3's mp_check
-// counts the items still to read in an int, so a forged array32/map32 header (e.g.
-// dd ff ff ff ff) wraps the count and a truncated buffer passes. Here the count is 64-bit
-// and may not exceed the bytes left (every item takes at least one), and the reserved
-// byte 0xc1, which mp_check takes for a one-byte item, is refused.
-bool skip_checked(const char** cur, const char* end) {
-  uint64_t pending = 1;
-  while (pending > 0) {
-    if (*cur >= end || static_cast<uint64_t>(end - *cur) < pending) return false;
-    --pending;
-    if (static_cast<uint8_t>(**cur) == 0xc1) return false;
-    switch (mp_typeof(**cur)) {
-      case MP_ARRAY:
-        if (mp_check_array(*cur, end) > 0) return false;
-        pending += mp_decode_array(cur);
-        break;
-      case MP_MAP:
-        if (mp_check_map(*cur, end) > 0) return false;
-        pending += 2 * uint64_t{mp_decode_map(cur)};
-        break;
-      default:
-        // A scalar: mp_check reads exactly this one item, so its counter cannot wrap.
-        if (mp_check(cur, end) != 0) return false;
-        break;
-    }
-  }
-  return true;
-}
-
-// The readers below require *cur inside a payload that skip_checked() accepted. On
-// success they move *cur past the object read; on failure they leave it.
-
-// Any msgpack integer as int64: uints above INT64_MAX wrap, as block hashes do on the wire.
-bool read_int(const char** cur, int64_t* out) {
-  switch (mp_typeof(**cur)) {
-    case MP_UINT:
-      *out = static_cast<int64_t>(mp_decode_uint(cur));
-      return true;
-    case MP_INT:
-      *out = mp_decode_int(cur);
-      return true;
-    default:
-      return false;
-  }
-}
-
-Result<std::string> read_string(const char** cur, const char* what) {
-  if (mp_typeof(**cur) != MP_STR) return corrupt(std::string(what) + " is not a string");
-  uint32_t len = 0;
-  const char* data = mp_decode_str(cur, &len);
-  return std::string(data, len);
-}
-
-Result<std::vector<int64_t>> read_hashes(const char** cur) {
-  if (mp_typeof(**cur) != MP_ARRAY) return corrupt("block_hashes is not an array");
-  const char* p = *cur;
-  const uint32_t n = mp_decode_array(&p);
-  std::vector<int64_t> out(n);  // n <= payload size: skip_checked() bounded it
-  for (int64_t& h : out) {
-    if (!read_int(&p, &h)) return corrupt("a block hash is not an integer");
-  }
-  *cur = p;
-  return out;
-}
-
-Result<KvEventRecord> read_event(const char** cur) {
-  if (mp_typeof(**cur) != MP_ARRAY) return corrupt("an event is not a tagged array");
-  // Fields after those read here (vLLM may add some) are skipped with the event.
-  const char* event_end = *cur;
-  mp_next(&event_end);
-  const char* p = *cur;
-  const uint32_t n = mp_decode_array(&p);
-  if (n == 0) return corrupt("an event is not a tagged array");
-  auto tag = read_string(&p, "the event tag");
-  if (!tag) return std::unexpected(tag.error());
+KvEventRecord to_record(const router::KvWireEvent& ev) {
   KvEventRecord r;
-  if (*tag == "AllBlocksCleared") {
+  const auto wire_hashes = [&r](const std::vector<uint64_t>& hashes) {
+    r.block_hashes.reserve(hashes.size());
+    for (uint64_t h : hashes) r.block_hashes.push_back(static_cast<int64_t>(h));
+  };
+  if (const auto* st = std::get_if<router::BlockStoredEvent>(&ev)) {
+    r.kind = KvEventRecord::Kind::kStored;
+    wire_hashes(st->block_hashes);
+    r.medium = std::string(router::tier_wire_name(st->tier));
+  } else if (const auto* rm = std::get_if<router::BlockRemovedEvent>(&ev)) {
+    r.kind = KvEventRecord::Kind::kRemoved;
+    wire_hashes(rm->block_hashes);
+    r.medium = std::string(router::tier_wire_name(rm->tier));
+  } else {
     r.kind = KvEventRecord::Kind::kAllCleared;
-    *cur = event_end;
-    return r;
   }
-  const bool stored = *tag == "BlockStored";
-  if (!stored && *tag != "BlockRemoved") return corrupt("unknown event '" + *tag + "'");
-  // BlockStored: tag, hashes, parent, token_ids, block_size, lora_id, medium.
-  // BlockRemoved: tag, hashes, medium.
-  const uint32_t medium_at = stored ? 6 : 2;
-  if (n <= medium_at) return corrupt(*tag + " has " + std::to_string(n) + " fields");
-  auto hashes = read_hashes(&p);
-  if (!hashes) return std::unexpected(hashes.error());
-  for (uint32_t field = 2; field < medium_at; ++field) mp_next(&p);
-  auto medium = read_string(&p, "medium");
-  if (!medium) return std::unexpected(medium.error());
-  r.kind = stored ? KvEventRecord::Kind::kStored : KvEventRecord::Kind::kRemoved;
-  r.block_hashes = std::move(*hashes);
-  r.medium = std::move(*medium);
-  *cur = event_end;
   return r;
 }
 
 }  // namespace
 
+// The router's decoder, strict: the benchmark checks what Strata itself publishes, so a
+// missing medium or an unknown event or medium is an error here (the router skips them).
 Result<KvEventBatch> decode_kv_event_batch(std::string_view payload) {
-  const char* cur = payload.data();
-  const char* const end = cur + payload.size();
-  const char* object_end = cur;
-  if (!skip_checked(&object_end, end)) {
-    return corrupt("undecodable msgpack: truncated or malformed");
-  }
-  if (object_end != end) {
-    return corrupt("undecodable msgpack: " + std::to_string(end - object_end) +
-                   " bytes after the payload");
-  }
-  if (mp_typeof(*cur) != MP_ARRAY || mp_decode_array(&cur) != 3) {
-    return corrupt("the payload is not [timestamp, events, rank]");
-  }
+  auto decoded = router::decode_kv_event_batch(payload, router::KvWireOptions{.strict = true});
+  if (!decoded) return std::unexpected(decoded.error());
   KvEventBatch batch;
-  switch (mp_typeof(*cur)) {
-    case MP_DOUBLE:
-      batch.timestamp_s = mp_decode_double(&cur);
-      break;
-    case MP_FLOAT:
-      batch.timestamp_s = mp_decode_float(&cur);
-      break;
-    default:
-      return corrupt("the timestamp is not a float");
-  }
-  if (mp_typeof(*cur) != MP_ARRAY) return corrupt("the events are not an array");
-  const uint32_t num_events = mp_decode_array(&cur);
-  batch.events.reserve(num_events);  // num_events <= payload size: skip_checked() bounded it
-  for (uint32_t i = 0; i < num_events; ++i) {
-    auto ev = read_event(&cur);
-    if (!ev) return std::unexpected(ev.error());
-    batch.events.push_back(std::move(*ev));
-  }
-  // vLLM sends nil when data parallelism is off; anything but an integer reads as rank 0.
-  int64_t rank = 0;
-  if (read_int(&cur, &rank)) batch.data_parallel_rank = rank;
+  batch.timestamp_s = decoded->timestamp_s;
+  batch.data_parallel_rank = decoded->data_parallel_rank;
+  batch.events.reserve(decoded->events.size());
+  for (const router::KvWireEvent& ev : decoded->events) batch.events.push_back(to_record(ev));
   return batch;
 }
 

@@ -31,7 +31,8 @@ struct KvEventBatch {
 
 // Decodes one msgpack payload [timestamp, [event...], rank]; kCorrupt names what is wrong.
 // Never reads outside `payload`; bytes after the one object are an error. A rank that is
-// not an integer (vLLM sends nil without data parallelism) reads as 0.
+// not an integer (vLLM sends nil without data parallelism) reads as 0. This is the router's
+// decoder (router/kv_event_wire.h) in its strict mode: Strata's own format, every field.
 Result<KvEventBatch> decode_kv_event_batch(std::string_view payload);
 
 class KvEventSubscriber {

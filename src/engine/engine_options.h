@@ -85,6 +85,9 @@ struct EngineCounters {
   int64_t prefill_budget_tokens = 0;     // gauge: the last step's prefill budget
   int64_t running = 0;                   // gauge
   int64_t waiting = 0;                   // gauge
+  int64_t free_pages = 0;                // gauge: device pages on the free list
+  int64_t evictable_pages = 0;           // gauge: device pages the tree could evict now
+  int64_t queued_prefill_tokens = 0;     // gauge: prompt tokens waiting or still to prefill
 };
 
 }  // namespace strata

@@ -152,6 +152,20 @@ void Scheduler::submit_transfers(uint64_t load_for_seq) {
   }
 }
 
+void Scheduler::publish_load_gauges() {
+  const TreeStats t = tree_->stats();
+  counters_.free_pages = allocator_->num_free();
+  counters_.evictable_pages = t.evictable_pages;
+  int64_t prefill = 0;
+  for (const auto& seq : waiting_) {
+    prefill += static_cast<int64_t>(seq->tokens.size()) - seq->computed;
+  }
+  for (const auto& seq : running_) {
+    if (seq->computed < seq->prompt_len) prefill += seq->prompt_len - seq->computed;
+  }
+  counters_.queued_prefill_tokens = prefill;
+}
+
 void Scheduler::land_loads() {
   if (!transfers_) return;
   submit_transfers();
@@ -453,6 +467,7 @@ void Scheduler::run() {
     flush_events();
     counters_.running = static_cast<int64_t>(running_.size());
     counters_.waiting = static_cast<int64_t>(waiting_.size());
+    publish_load_gauges();
     {
       std::lock_guard lock(mutex_);
       published_counters_ = counters_;

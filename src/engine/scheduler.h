@@ -107,6 +107,9 @@ class Scheduler {
   // shorter than a step) and lets the tool sessions advance, so that a tool_end answers
   // with its session RUNNABLE instead of waiting for the next iteration.
   void land_loads();
+  // The gauges a router reads through GET /load: free and evictable pages, prompt tokens
+  // still to prefill.
+  void publish_load_gauges();
   // A request of a better class than `head` waits: the worst running request of a worse
   // class steps back (retracted, queued again). False when there is none.
   bool preempt_for(const Seq& head);

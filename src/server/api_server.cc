@@ -24,6 +24,7 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
   add_cache_routes(http_, ctx_);
   add_session_routes(http_, ctx_);
   add_health_routes(http_, ctx_);
+  add_worker_info_routes(http_, ctx_);
   http_.on_response([&metrics](const http::Request& req, int status) {
     metrics.requests(req.path.size() > 64 ? "other" : req.path, std::to_string(status)).Increment();
   });

@@ -18,5 +18,7 @@ void add_cache_routes(http::Server& server, RouteContext& ctx);
 void add_session_routes(http::Server& server, RouteContext& ctx);
 // /health, /metrics (health_routes.cc).
 void add_health_routes(http::Server& server, RouteContext& ctx);
+// /server_info, /load: what a router needs to know of a worker (worker_info_routes.cc).
+void add_worker_info_routes(http::Server& server, RouteContext& ctx);
 
 }  // namespace strata

@@ -45,7 +45,7 @@ export async function startServer(args = []) {
     proc,
     stderr: () => stderr,
     async stop() {
-      if (proc.exitCode !== null) return proc.exitCode;
+      if (proc.exitCode !== null || proc.signalCode !== null) return proc.exitCode ?? proc.signalCode;
       const exited = new Promise((r) => proc.on('exit', (code, sig) => r(code ?? sig)));
       process.kill(proc.pid, 'SIGTERM');
       return exited;

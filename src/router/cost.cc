@@ -1,0 +1,253 @@
+#include "router/cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+
+namespace strata::router {
+
+CostWeights default_weights() {
+  return CostWeights{};
+}
+
+namespace {
+
+bool finite_at_least(double v, double lo) {
+  return std::isfinite(v) && v >= lo;
+}
+
+Status invalid(const std::string& what) {
+  return make_error(ErrorCode::kInvalidArgument, "router cost: " + what);
+}
+
+}  // namespace
+
+Status validate(const CostWeights& w) {
+  if (!finite_at_least(w.device, 0.0) || w.device > 1.0) return invalid("device not in [0, 1]");
+  if (!finite_at_least(w.host, 0.0) || w.host > w.device) {
+    return invalid("host not in [0, device]");
+  }
+  if (!finite_at_least(w.storage, 0.0) || w.storage > w.host) {
+    return invalid("storage not in [0, host]");
+  }
+  if (!finite_at_least(w.predicted, 0.0) || w.predicted > 1.0) {
+    return invalid("predicted not in [0, 1]");
+  }
+  if (!finite_at_least(w.eviction_risk, 0.0) || w.eviction_risk > 1.0) {
+    return invalid("eviction_risk not in [0, 1]");
+  }
+  if (!std::isfinite(w.prefill_token) || w.prefill_token <= 0.0) {
+    return invalid("prefill_token must be > 0");
+  }
+  if (!finite_at_least(w.inflight_prefill_token, 0.0)) {
+    return invalid("inflight_prefill_token must be >= 0");
+  }
+  if (!finite_at_least(w.decode_request, 0.0)) return invalid("decode_request must be >= 0");
+  if (!finite_at_least(w.sticky_bonus, 0.0)) return invalid("sticky_bonus must be >= 0");
+  if (!finite_at_least(w.load_floor_bonus, 0.0)) {
+    return invalid("load_floor_bonus must be >= 0");
+  }
+  if (!finite_at_least(w.temperature, 0.0)) return invalid("temperature must be >= 0");
+  if (!std::isfinite(w.busy_threshold) || w.busy_threshold <= 0.0 || w.busy_threshold > 1.0) {
+    return invalid("busy_threshold not in (0, 1]");
+  }
+  return {};
+}
+
+std::string_view route_reason_name(RouteReason reason) {
+  switch (reason) {
+    case RouteReason::kOnly:
+      return "only";
+    case RouteReason::kRandom:
+      return "random";
+    case RouteReason::kSticky:
+      return "sticky";
+    case RouteReason::kLoadFloor:
+      return "load_floor";
+    case RouteReason::kCache:
+      return "cache";
+    case RouteReason::kLoad:
+      return "load";
+  }
+  return "unknown";
+}
+
+CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
+                     const CostWeights& weights, bool request_is_sticky, double mean_assigned) {
+  STRATA_CHECK(request.prompt_tokens >= 0);
+  STRATA_CHECK(w.cached_device_blocks >= 0 && w.cached_host_blocks >= 0 &&
+               w.cached_storage_blocks >= 0);
+  STRATA_CHECK(w.pinned_blocks >= 0 && w.predicted_blocks >= 0);
+  STRATA_CHECK(w.block_size >= 1);
+  STRATA_CHECK(w.inflight_prefill_tokens >= 0 && w.decode_requests >= 0);
+  const int64_t run = w.cached_device_blocks + w.cached_host_blocks + w.cached_storage_blocks;
+  STRATA_CHECK_MSG(w.pinned_blocks + w.predicted_blocks <= run,
+                   "worker " + std::to_string(w.id) + ": pinned + predicted exceed the run");
+
+  CostTerms t;
+  if (run > 0) {
+    t.cached_tokens = std::min(request.prompt_tokens, run * w.block_size);
+    const double n = static_cast<double>(run);
+    const double tier = (weights.device * static_cast<double>(w.cached_device_blocks) +
+                         weights.host * static_cast<double>(w.cached_host_blocks) +
+                         weights.storage * static_cast<double>(w.cached_storage_blocks)) /
+                        n;
+    const double pressure = std::clamp(w.load_fraction, 0.0, 1.0);
+    const int64_t confirmed = run - w.pinned_blocks - w.predicted_blocks;
+    const double certain =
+        static_cast<double>(w.pinned_blocks) +
+        weights.predicted * static_cast<double>(w.predicted_blocks) +
+        (1.0 - weights.eviction_risk * pressure) * static_cast<double>(confirmed);
+    t.credited_tokens = static_cast<double>(t.cached_tokens) * tier * certain / n;
+  }
+  t.prefill_tokens = static_cast<double>(request.prompt_tokens) - t.credited_tokens;
+  t.prefill = t.prefill_tokens * weights.prefill_token;
+  t.load = static_cast<double>(w.inflight_prefill_tokens) * weights.inflight_prefill_token +
+           static_cast<double>(w.decode_requests) * weights.decode_request;
+  if (w.sticky && request_is_sticky) t.sticky = weights.sticky_bonus;
+  if (!request_is_sticky && weights.load_floor_bonus > 0.0) {
+    const double deficit = std::max(0.0, mean_assigned - static_cast<double>(w.sessions_assigned));
+    t.floor = weights.load_floor_bonus * deficit / std::max(1.0, mean_assigned);
+  }
+  t.cost = t.prefill + t.load - t.sticky - t.floor;
+  return t;
+}
+
+namespace {
+
+struct Scored {
+  const WorkerCandidate* worker;
+  CostTerms terms;
+};
+
+// The index of the lowest value of `cost_of` over `pool` (sorted by id: the first minimum
+// is the lowest id).
+template <typename F>
+size_t argmin(const std::vector<Scored>& pool, F cost_of) {
+  size_t best = 0;
+  double best_cost = cost_of(pool[0]);
+  for (size_t i = 1; i < pool.size(); ++i) {
+    const double c = cost_of(pool[i]);
+    if (c < best_cost) {
+      best = i;
+      best_cost = c;
+    }
+  }
+  return best;
+}
+
+// A uniform double in [0, 1) from 53 random bits: exact across standard libraries (the
+// distributions of <random> are not specified bit for bit).
+double uniform01(std::mt19937_64& rng) {
+  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
+}
+
+size_t sample(const std::vector<Scored>& pool, size_t best, double temperature,
+              std::mt19937_64& rng) {
+  const double min_cost = pool[best].terms.cost;
+  std::vector<double> weight(pool.size());
+  double total = 0.0;
+  for (size_t i = 0; i < pool.size(); ++i) {
+    weight[i] = std::exp(-(pool[i].terms.cost - min_cost) / temperature);
+    total += weight[i];
+  }
+  double u = uniform01(rng) * total;
+  for (size_t i = 0; i < pool.size(); ++i) {
+    if (u < weight[i]) return i;
+    u -= weight[i];
+  }
+  return pool.size() - 1;  // rounding left u at the very end
+}
+
+}  // namespace
+
+std::optional<Decision> choose(const RequestFeatures& request,
+                               std::span<const WorkerCandidate> candidates,
+                               const CostWeights& weights, std::mt19937_64& rng) {
+  std::vector<const WorkerCandidate*> eligible;
+  eligible.reserve(candidates.size());
+  double assigned_sum = 0.0;
+  for (const WorkerCandidate& c : candidates) {
+    if (!c.eligible) continue;
+    eligible.push_back(&c);
+    assigned_sum += static_cast<double>(c.sessions_assigned);
+  }
+  if (eligible.empty()) return std::nullopt;
+  std::ranges::sort(eligible, {}, &WorkerCandidate::id);
+  const double mean_assigned = assigned_sum / static_cast<double>(eligible.size());
+
+  Decision d;
+  std::vector<const WorkerCandidate*> members;
+  for (const WorkerCandidate* c : eligible) {
+    if (c->load_fraction <= weights.busy_threshold) members.push_back(c);
+  }
+  if (members.empty()) {
+    members = eligible;
+    d.all_saturated = true;
+  }
+  const bool request_is_sticky =
+      std::ranges::any_of(members, [](const WorkerCandidate* c) { return c->sticky; });
+
+  std::vector<Scored> pool;
+  pool.reserve(members.size());
+  for (const WorkerCandidate* c : members) {
+    pool.push_back({c, cost_terms(request, *c, weights, request_is_sticky, mean_assigned)});
+  }
+
+  const size_t best = argmin(pool, [](const Scored& s) { return s.terms.cost; });
+  size_t chosen = best;
+  if (weights.temperature > 0.0 && pool.size() > 1) {
+    chosen = sample(pool, best, weights.temperature, rng);
+  }
+
+  // A term decided the choice when, without it, a worker that costs more than the chosen
+  // one now would cost as little or less (workers tied with the chosen one, the tie broken
+  // by id, do not count: the term did not separate them).
+  const double chosen_cost = pool[chosen].terms.cost;
+  auto decided_by = [&](auto term_of) {
+    const double without = chosen_cost + term_of(pool[chosen]);
+    for (size_t i = 0; i < pool.size(); ++i) {
+      if (pool[i].terms.cost > chosen_cost && pool[i].terms.cost + term_of(pool[i]) <= without) {
+        return true;
+      }
+    }
+    return false;
+  };
+  if (pool.size() == 1) {
+    d.reason = RouteReason::kOnly;
+  } else if (chosen != best) {
+    d.reason = RouteReason::kRandom;
+  } else if (pool[chosen].terms.sticky > 0.0 &&
+             decided_by([](const Scored& s) { return s.terms.sticky; })) {
+    d.reason = RouteReason::kSticky;
+  } else if (decided_by([](const Scored& s) { return s.terms.floor; })) {
+    d.reason = RouteReason::kLoadFloor;
+  } else if (decided_by([&](const Scored& s) {
+               return s.terms.credited_tokens * weights.prefill_token;
+             })) {
+    d.reason = RouteReason::kCache;
+  } else {
+    d.reason = RouteReason::kLoad;
+  }
+
+  d.worker = pool[chosen].worker->id;
+  d.terms = pool[chosen].terms;
+  d.pool_size = static_cast<int32_t>(pool.size());
+  d.runner_up = d.worker;
+  d.runner_up_cost = d.terms.cost;
+  bool have_other = false;
+  for (size_t i = 0; i < pool.size(); ++i) {
+    if (i == chosen) continue;
+    if (!have_other || pool[i].terms.cost < d.runner_up_cost) {
+      d.runner_up = pool[i].worker->id;
+      d.runner_up_cost = pool[i].terms.cost;
+      have_other = true;
+    }
+  }
+  return d;
+}
+
+}  // namespace strata::router

@@ -1,0 +1,176 @@
+// Choosing a worker for one request: the router's cost (docs/router.md, issue 13).
+//
+// Contract: choose() is a pure function of its arguments (the random generator is used only
+// when temperature > 0). It reads no clock, takes no lock and owns nothing; the router
+// builds one WorkerCandidate per known worker under its own lock and calls it once per
+// request. Deterministic: the same inputs (and the same generator state) give the same
+// Decision.
+//
+// The unit of every term is one token of prefill work: the cost of a worker is roughly
+// how much prefill-equivalent work and waiting the request meets there. Lower wins.
+//
+//   cost(w) = prefill(w) + load(w) - sticky(w) - floor(w)
+//
+//   prefill(w) = (prompt_tokens - credited_tokens(w)) * prefill_token
+//   load(w)    = inflight_prefill_tokens(w) * inflight_prefill_token
+//              + decode_requests(w) * decode_request
+//   sticky(w)  = sticky_bonus                      if the request's session is bound to w
+//   floor(w)   = load_floor_bonus * max(0, mean - assigned(w)) / max(1, mean)
+//                                                  if the request is not sticky (below)
+//
+// Cached credit. The worker's leading cached run of the prompt has n = D + H + S blocks,
+// each counted in its best tier (device, host, storage). Its tokens are
+// cached_tokens = min(prompt_tokens, n * block_size); each is credited with the run's
+// mean tier credit t = (device*D + host*H + storage*S) / n (device 1: nothing to do;
+// host 0.75: a copy to the device remains; storage 0.25: a read remains), times how
+// certain the block is to still be there when the request runs:
+//   pinned blocks              1                           (certain to stay)
+//   blocks only predicted      predicted                   (the router sent a request
+//     by the router                                         there, no event confirmed it)
+//   other confirmed blocks     1 - eviction_risk * min(1, load_fraction)
+//                                                          (a full worker may evict them)
+// credited_tokens = cached_tokens * t * (certainty summed over the n blocks) / n.
+// Pinned and predicted counts carry no tier; they take the run's mean tier credit.
+//
+// Load-floor bonus (the graduated bonus of seeds/003, option Q2.B). assigned(w) is the
+// number of live session bindings on w (SessionTable::sessions_on: bindings within their
+// TTL, so the count decays as sessions end), mean is its mean over the eligible workers.
+// It applies only when the request is not sticky: no candidate in the pool is its
+// session's worker (a new session, a request without a session, an expired binding, or a
+// session whose worker is saturated, ineligible or being migrated away from). A cold
+// worker (assigned 0) gets the full bonus; one a session below a mean of 16 gets 1/16 of
+// it. The default (8192 tokens) dominates a shared boilerplate prefix (a system prompt
+// and tool schemas of a few thousand tokens that every warm worker holds) but not a
+// genuine long prefix (a conversation of tens of thousands of tokens cached on one
+// worker), so new sessions spread to a cold worker until it catches up while cache hits
+// that matter are kept.
+//
+// The pool. Workers that are not eligible (unhealthy, breaker open, draining) are never
+// chosen. A worker whose load_fraction is above busy_threshold is saturated and left out,
+// unless every eligible worker is saturated: then the pool is all eligible workers,
+// Decision::all_saturated is set and the router queues the request (AdmissionQueue)
+// instead of sending it; the decision still names the best worker.
+//
+// Choice. temperature == 0: the minimum cost; equal costs go to the lowest worker id
+// (deterministic, whatever the order of the candidates; the router's own in-flight
+// accounting makes the next request of a burst see the chosen worker as busier). temperature > 0:
+// worker w is drawn with probability proportional to exp(-(cost(w) - min cost) / temperature)
+// (temperature in tokens: 1024 makes a worker 1024 tokens worse e times less likely).
+//
+// Reason (the x-strata-route header), the first that holds. A term "decided" when,
+// without it, a worker that costs more than the chosen one would cost as little or less
+// (workers tied with the chosen one do not count: the id broke that tie):
+//   only       one worker in the pool
+//   random     temperature drew another worker than the minimum
+//   sticky     the sticky bonus decided (the chosen worker is the session's)
+//   load_floor the load-floor bonus decided
+//   cache      the cached credit decided
+//   load       otherwise (the load terms decided)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <string_view>
+
+#include "common/result.h"
+
+namespace strata::router {
+
+// Every field is a `strata route` option (--cost-NAME), validated by validate().
+struct CostWeights {
+  double device = 1.0;         // credit per cached device token, in [0, 1]
+  double host = 0.75;          // credit per cached host token, in [0, device]
+  double storage = 0.25;       // credit per cached storage token, in [0, host]
+  double predicted = 0.5;      // certainty of a block only predicted by the router, [0, 1]
+  double eviction_risk = 0.2;  // loss of an unpinned block's certainty at full load, [0, 1]
+  double prefill_token = 1.0;  // cost per uncached prompt token (the unit), > 0
+  // Per token of prefill already queued on the worker, >= 0. Below 1: a cached token also
+  // saves the cluster work, and queued prefill often overlaps with decode (chunked).
+  double inflight_prefill_token = 0.5;
+  double decode_request = 32.0;      // per running decode stream on the worker, >= 0
+  double sticky_bonus = 1024.0;      // for the worker the session is bound to, >= 0
+  double load_floor_bonus = 8192.0;  // graduated bonus for under-assigned workers, >= 0; 0 = off
+  double temperature = 0.0;          // 0: take the minimum; > 0: sample ~ exp(-cost / T)
+  double busy_threshold = 0.9;       // load_fraction above it = saturated, in (0, 1]
+};
+
+// The defaults above, for 2-16 workers serving agentic multi-turn chat: `--policy default`
+// and `precise` (index from KV events); `approximate` uses them too, with the candidates'
+// cached runs from the router's predicted index only. `round-robin` and `least-loaded`
+// are the router's own and do not call choose().
+CostWeights default_weights();
+
+Status validate(const CostWeights& weights);
+
+// One worker as the router sees it for this request.
+struct WorkerCandidate {
+  uint32_t id = 0;
+  bool eligible = true;  // healthy, circuit breaker allows, not draining
+  // The prompt's leading cached run on this worker, each block counted in its best tier.
+  int64_t cached_device_blocks = 0;
+  int64_t cached_host_blocks = 0;
+  int64_t cached_storage_blocks = 0;
+  int64_t pinned_blocks = 0;            // of the run, pinned (certain to stay)
+  int64_t predicted_blocks = 0;         // of the run, only predicted by the router (no event yet)
+  int32_t block_size = 16;              // tokens per block on this worker, >= 1
+  int64_t inflight_prefill_tokens = 0;  // queued prefill (router's accounting, corrected)
+  int64_t decode_requests = 0;          // running decode streams
+  double load_fraction = 0.0;           // from the worker's reported load, 0..1 (may exceed 1)
+  int64_t sessions_assigned = 0;        // live session bindings (SessionTable::sessions_on)
+  bool sticky = false;                  // this request's session is bound here
+};
+
+// has_session and new_session are for the log; the cost itself asks only whether a worker
+// of the pool is the session's (WorkerCandidate::sticky): the seed gates the floor bonus on
+// stickiness, which covers new sessions, requests without one, and sessions moving away.
+struct RequestFeatures {
+  int64_t prompt_tokens = 0;  // >= 0
+  bool has_session = false;   // the request names a session
+  bool new_session = false;   // ... that has no binding yet
+};
+
+enum class RouteReason : uint8_t { kOnly, kRandom, kSticky, kLoadFloor, kCache, kLoad };
+// "only", "random", "sticky", "load_floor", "cache", "load".
+std::string_view route_reason_name(RouteReason reason);
+
+// The terms of the chosen worker's cost, for the debug log and the metrics.
+struct CostTerms {
+  double cost = 0.0;
+  int64_t cached_tokens = 0;     // the leading cached run in tokens (what the index predicts)
+  double credited_tokens = 0.0;  // cached tokens after tier and certainty credits
+  double prefill_tokens = 0.0;   // prompt_tokens - credited_tokens
+  double prefill = 0.0;          // prefill_tokens * prefill_token
+  double load = 0.0;
+  double sticky = 0.0;  // subtracted
+  double floor = 0.0;   // subtracted
+};
+
+// One worker's terms (the formula above). `request_is_sticky`: some worker of the pool is
+// the session's (then no floor bonus anywhere); `mean_assigned`: the mean of
+// sessions_assigned over the eligible workers. choose() calls it; exposed for tests and
+// for `GET /workers` to show every worker's terms.
+CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& worker,
+                     const CostWeights& weights, bool request_is_sticky, double mean_assigned);
+
+struct Decision {
+  uint32_t worker = 0;
+  RouteReason reason = RouteReason::kLoad;
+  CostTerms terms;             // of the chosen worker
+  bool all_saturated = false;  // every eligible worker is saturated: queue the request
+  int32_t pool_size = 0;       // candidates that competed
+  // The best other worker of the pool and its cost (the margin of the choice); equal to
+  // `worker` and its cost when the pool has one worker.
+  uint32_t runner_up = 0;
+  double runner_up_cost = 0.0;
+};
+
+// nullopt: no candidate is eligible (the router answers 503). `rng` is used only when
+// weights.temperature > 0. Preconditions: validate(weights) succeeded; counts >= 0,
+// pinned + predicted <= the run (checked).
+std::optional<Decision> choose(const RequestFeatures& request,
+                               std::span<const WorkerCandidate> candidates,
+                               const CostWeights& weights, std::mt19937_64& rng);
+
+}  // namespace strata::router

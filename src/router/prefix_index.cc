@@ -1,0 +1,422 @@
+#include "router/prefix_index.h"
+
+#include <algorithm>
+#include <bit>
+#include <mutex>
+#include <string>
+#include <variant>
+
+#include "cache/block_hash.h"
+
+namespace strata::router {
+namespace {
+
+// The heap's order: the earliest expiry on top.
+struct LaterExpiry {
+  template <typename E>
+  bool operator()(const E& a, const E& b) const {
+    return a.at_ms > b.at_ms;
+  }
+};
+
+uint64_t copy_key(uint64_t router_hash, Tier tier) {
+  return (router_hash << 2) | static_cast<uint64_t>(tier);
+}
+
+template <typename F>
+void for_each_bit(uint64_t mask, F&& f) {
+  for (; mask != 0; mask &= mask - 1) f(static_cast<unsigned>(std::countr_zero(mask)));
+}
+
+}  // namespace
+
+Status PrefixIndex::add_worker(WorkerId worker, int block_size) {
+  if (worker >= kMaxWorkers) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "worker id " + std::to_string(worker) + " is not below 64");
+  }
+  if (block_size < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "block size must be at least 1");
+  }
+  std::unique_lock lock(mutex_);
+  WorkerState& ws = workers_[worker];
+  if (ws.present) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "worker id " + std::to_string(worker) + " is already indexed");
+  }
+  ws = WorkerState{};
+  ws.present = true;
+  ws.block_size = block_size;
+  ws.stats.worker = worker;
+  ws.stats.block_size = block_size;
+  present_mask_ |= uint64_t{1} << worker;
+  return {};
+}
+
+void PrefixIndex::remove_worker(WorkerId worker) {
+  if (worker >= kMaxWorkers) return;
+  std::unique_lock lock(mutex_);
+  if (!workers_[worker].present) return;
+  clear_blocks_locked(worker);
+  drop_worker_marks_locked(worker);
+  workers_[worker] = WorkerState{};
+  present_mask_ &= ~(uint64_t{1} << worker);
+}
+
+void PrefixIndex::clear_worker(WorkerId worker) {
+  if (worker >= kMaxWorkers) return;
+  std::unique_lock lock(mutex_);
+  if (workers_[worker].present) clear_blocks_locked(worker);
+}
+
+bool PrefixIndex::has_worker(WorkerId worker) const {
+  if (worker >= kMaxWorkers) return false;
+  std::shared_lock lock(mutex_);
+  return workers_[worker].present;
+}
+
+void PrefixIndex::apply(WorkerId worker, const KvEventBatch& batch) {
+  if (worker >= kMaxWorkers) return;
+  std::unique_lock lock(mutex_);
+  WorkerState& ws = workers_[worker];
+  if (!ws.present) return;
+  ws.stats.events_applied += batch.events.size() + batch.skipped_events;
+  ws.stats.skipped_events += batch.skipped_events;
+  for (const KvWireEvent& ev : batch.events) {
+    if (const auto* st = std::get_if<BlockStoredEvent>(&ev)) {
+      apply_stored_locked(worker, *st);
+    } else if (const auto* rm = std::get_if<BlockRemovedEvent>(&ev)) {
+      if (rm->group_idx != 0) {
+        ++ws.stats.skipped_events;
+        continue;
+      }
+      for (uint64_t h : rm->block_hashes) remove_locked(worker, h, rm->tier);
+    } else {
+      clear_blocks_locked(worker);
+    }
+  }
+}
+
+void PrefixIndex::apply_stored_locked(WorkerId worker, const BlockStoredEvent& ev) {
+  WorkerState& ws = workers_[worker];
+  if (ev.group_idx != 0) {
+    ++ws.stats.skipped_events;
+    return;
+  }
+  const size_t n = ev.block_hashes.size();
+  const auto bs = static_cast<size_t>(ws.block_size);
+  const bool has_tokens = ev.block_size == ws.block_size && ev.token_ids.size() == n * bs;
+  // A plain value and a flag rather than an optional: g++ 12 reports an optional here as
+  // maybe-uninitialized (a false positive).
+  uint64_t parent = kRootParentHash;
+  bool chained = true;  // `parent` is the router hash of the block before
+  if (ev.parent_block_hash) {
+    const auto p = resolve_locked(worker, *ev.parent_block_hash);
+    chained = p.has_value();
+    parent = p.value_or(0);
+  }
+  const std::span<const TokenId> tokens(ev.token_ids);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t worker_hash = ev.block_hashes[i];
+    uint64_t router_hash = 0;
+    if (has_tokens && chained) {
+      router_hash = hash_block(parent, tokens.subspan(i * bs, bs));
+    } else if (const auto known = resolve_locked(worker, worker_hash)) {
+      router_hash = *known;  // a block the worker holds already (a copy to another tier)
+    } else {
+      ++(has_tokens ? ws.stats.orphan_blocks : ws.stats.skipped_blocks);
+      chained = false;  // its children cannot be chained either
+      continue;
+    }
+    store_locked(worker, worker_hash, router_hash, ev.tier);
+    parent = router_hash;
+    chained = true;
+  }
+}
+
+std::optional<uint64_t> PrefixIndex::resolve_locked(WorkerId worker, uint64_t worker_hash) const {
+  const WorkerState& ws = workers_[worker];
+  if (!ws.to_router.empty()) {
+    if (auto it = ws.to_router.find(worker_hash); it != ws.to_router.end()) return it->second;
+  }
+  // Not mapped: the worker hash is the router hash if the worker holds that block.
+  if (auto it = blocks_.find(worker_hash);
+      it != blocks_.end() && (it->second.any() & (uint64_t{1} << worker)) != 0) {
+    return worker_hash;
+  }
+  return std::nullopt;
+}
+
+void PrefixIndex::store_locked(WorkerId worker, uint64_t worker_hash, uint64_t router_hash,
+                               Tier tier) {
+  WorkerState& ws = workers_[worker];
+  const uint64_t bit = uint64_t{1} << worker;
+  const auto t = static_cast<size_t>(tier);
+  Entry& e = blocks_[router_hash];
+  const bool held = (e.any() & bit) != 0;
+  if ((e.tiers[t] & bit) != 0) {
+    ++ws.extra_copies[copy_key(router_hash, tier)];
+    ++ws.stats.duplicate_copies;
+  } else {
+    e.tiers[t] |= bit;
+    ++ws.stats.blocks_per_tier[t];
+  }
+  if (!held) ++ws.stats.blocks;
+  if (worker_hash != router_hash) {
+    ws.to_router[worker_hash] = router_hash;
+    ws.to_worker[router_hash] = worker_hash;
+  }
+  if (!predicted_.empty()) drop_prediction_locked(worker, router_hash);
+}
+
+void PrefixIndex::remove_locked(WorkerId worker, uint64_t worker_hash, Tier tier) {
+  WorkerState& ws = workers_[worker];
+  const uint64_t bit = uint64_t{1} << worker;
+  const auto t = static_cast<size_t>(tier);
+  const std::optional<uint64_t> router_hash = resolve_locked(worker, worker_hash);
+  auto it = router_hash ? blocks_.find(*router_hash) : blocks_.end();
+  if (it == blocks_.end() || (it->second.tiers[t] & bit) == 0) {
+    ++ws.stats.unknown_removals;
+    return;
+  }
+  if (!ws.extra_copies.empty()) {
+    if (auto c = ws.extra_copies.find(copy_key(*router_hash, tier)); c != ws.extra_copies.end()) {
+      if (--c->second == 0) ws.extra_copies.erase(c);
+      --ws.stats.duplicate_copies;
+      return;
+    }
+  }
+  Entry& e = it->second;
+  e.tiers[t] &= ~bit;
+  --ws.stats.blocks_per_tier[t];
+  if ((e.any() & bit) != 0) return;
+  --ws.stats.blocks;
+  if (worker_hash != *router_hash) {
+    ws.to_router.erase(worker_hash);
+    if (auto w = ws.to_worker.find(*router_hash);
+        w != ws.to_worker.end() && w->second == worker_hash) {
+      ws.to_worker.erase(w);
+    }
+  }
+  if (e.any() == 0) blocks_.erase(it);
+}
+
+void PrefixIndex::clear_blocks_locked(WorkerId worker) {
+  WorkerState& ws = workers_[worker];
+  if (ws.stats.blocks != 0) {
+    const uint64_t keep = ~(uint64_t{1} << worker);
+    absl::erase_if(blocks_, [keep](auto& kv) {
+      for (uint64_t& m : kv.second.tiers) m &= keep;
+      return kv.second.any() == 0;
+    });
+  }
+  ws.to_router = {};
+  ws.to_worker = {};
+  ws.extra_copies = {};
+  ws.stats.blocks_per_tier = {};
+  ws.stats.blocks = 0;
+  ws.stats.duplicate_copies = 0;
+}
+
+void PrefixIndex::drop_prediction_locked(WorkerId worker, uint64_t router_hash) {
+  auto it = expiry_ms_.find(PredictedKey{router_hash, worker});
+  if (it == expiry_ms_.end()) return;
+  expiry_ms_.erase(it);  // its heap node is dropped when it comes due
+  auto p = predicted_.find(router_hash);
+  p->second &= ~(uint64_t{1} << worker);
+  if (p->second == 0) predicted_.erase(p);
+  --workers_[worker].stats.predicted_blocks;
+}
+
+void PrefixIndex::drop_worker_marks_locked(WorkerId worker) {
+  const uint64_t keep = ~(uint64_t{1} << worker);
+  absl::erase_if(expiry_ms_, [worker](const auto& kv) { return kv.first.second == worker; });
+  absl::erase_if(predicted_, [keep](auto& kv) { return (kv.second &= keep) == 0; });
+  absl::erase_if(pinned_, [keep](auto& kv) { return (kv.second &= keep) == 0; });
+  workers_[worker].stats.predicted_blocks = 0;
+  workers_[worker].stats.pinned_blocks = 0;
+}
+
+std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_hashes) const {
+  std::array<uint32_t, kMaxWorkers> device{}, host{}, storage{}, predicted{}, pinned{};
+  std::shared_lock lock(mutex_);
+  const bool any_predicted = !predicted_.empty();
+  const bool any_pinned = !pinned_.empty();
+  uint64_t alive = present_mask_;  // workers whose run is still going
+  uint64_t matched = 0;            // workers with a non-empty run
+  for (uint64_t h : router_hashes) {
+    Entry e;
+    if (auto it = blocks_.find(h); it != blocks_.end()) e = it->second;
+    uint64_t pred = 0;
+    if (any_predicted) {
+      if (auto it = predicted_.find(h); it != predicted_.end()) pred = it->second;
+    }
+    const uint64_t on_device = e.tiers[0];
+    const uint64_t on_host = e.tiers[1] & ~on_device;
+    const uint64_t on_storage = e.tiers[2] & ~(on_device | e.tiers[1]);
+    const uint64_t held = e.any();
+    alive &= held | pred;
+    if (alive == 0) break;
+    matched |= alive;
+    for_each_bit(alive & on_device, [&](unsigned w) { ++device[w]; });
+    for_each_bit(alive & on_host, [&](unsigned w) { ++host[w]; });
+    for_each_bit(alive & on_storage, [&](unsigned w) { ++storage[w]; });
+    for_each_bit(alive & pred & ~held, [&](unsigned w) {
+      ++predicted[w];
+      ++device[w];
+    });
+    if (any_pinned) {
+      if (auto it = pinned_.find(h); it != pinned_.end()) {
+        for_each_bit(alive & it->second, [&](unsigned w) { ++pinned[w]; });
+      }
+    }
+  }
+  std::vector<WorkerMatch> out;
+  out.reserve(static_cast<size_t>(std::popcount(matched)));
+  for_each_bit(matched, [&](unsigned w) {
+    WorkerMatch m;
+    m.worker = w;
+    m.device_blocks = device[w];
+    m.host_blocks = host[w];
+    m.storage_blocks = storage[w];
+    m.matched_blocks = device[w] + host[w] + storage[w];
+    m.predicted_blocks = predicted[w];
+    m.pinned_blocks = pinned[w];
+    m.stale = workers_[w].stale;
+    out.push_back(m);
+  });
+  return out;
+}
+
+std::vector<uint64_t> PrefixIndex::hash_tokens(std::span<const int32_t> tokens, int block_size) {
+  if (block_size < 1) return {};
+  return hash_blocks(tokens, block_size);
+}
+
+void PrefixIndex::insert_predicted(WorkerId worker, std::span<const uint64_t> router_hashes,
+                                   int64_t now_ms, int64_t ttl_ms) {
+  if (worker >= kMaxWorkers) return;
+  const int64_t at_ms = now_ms + std::max<int64_t>(ttl_ms, 0);
+  const uint64_t bit = uint64_t{1} << worker;
+  std::unique_lock lock(mutex_);
+  WorkerState& ws = workers_[worker];
+  if (!ws.present) return;
+  for (uint64_t h : router_hashes) {
+    if (auto it = blocks_.find(h); it != blocks_.end() && (it->second.any() & bit) != 0) continue;
+    auto [it, inserted] = expiry_ms_.try_emplace(PredictedKey{h, worker}, at_ms);
+    if (!inserted) {
+      if (it->second >= at_ms) continue;
+      it->second = at_ms;
+    } else {
+      predicted_[h] |= bit;
+      ++ws.stats.predicted_blocks;
+    }
+    expiry_heap_.push_back(Expiry{at_ms, h, worker});
+    std::push_heap(expiry_heap_.begin(), expiry_heap_.end(), LaterExpiry{});
+  }
+}
+
+size_t PrefixIndex::expire(int64_t now_ms) {
+  std::unique_lock lock(mutex_);
+  size_t dropped = 0;
+  while (!expiry_heap_.empty() && expiry_heap_.front().at_ms <= now_ms) {
+    std::pop_heap(expiry_heap_.begin(), expiry_heap_.end(), LaterExpiry{});
+    const Expiry due = expiry_heap_.back();
+    expiry_heap_.pop_back();
+    auto it = expiry_ms_.find(PredictedKey{due.router_hash, due.worker});
+    // Superseded nodes: the prediction was extended, dropped by a real store, or its
+    // worker removed.
+    if (it == expiry_ms_.end() || it->second != due.at_ms) continue;
+    drop_prediction_locked(due.worker, due.router_hash);
+    ++dropped;
+  }
+  return dropped;
+}
+
+void PrefixIndex::set_pinned(WorkerId worker, std::span<const uint64_t> router_hashes,
+                             bool pinned) {
+  if (worker >= kMaxWorkers) return;
+  const uint64_t bit = uint64_t{1} << worker;
+  std::unique_lock lock(mutex_);
+  WorkerState& ws = workers_[worker];
+  if (!ws.present) return;
+  for (uint64_t h : router_hashes) {
+    if (pinned) {
+      uint64_t& mask = pinned_[h];
+      if ((mask & bit) == 0) ++ws.stats.pinned_blocks;
+      mask |= bit;
+    } else if (auto it = pinned_.find(h); it != pinned_.end() && (it->second & bit) != 0) {
+      --ws.stats.pinned_blocks;
+      if ((it->second &= ~bit) == 0) pinned_.erase(it);
+    }
+  }
+}
+
+void PrefixIndex::mark_stale(WorkerId worker, bool stale) {
+  if (worker >= kMaxWorkers) return;
+  std::unique_lock lock(mutex_);
+  if (workers_[worker].present) workers_[worker].stale = stale;
+}
+
+bool PrefixIndex::is_stale(WorkerId worker) const {
+  if (worker >= kMaxWorkers) return false;
+  std::shared_lock lock(mutex_);
+  return workers_[worker].stale;
+}
+
+void PrefixIndex::rebuild_worker(WorkerId worker, std::span<const SnapshotBlock> blocks) {
+  if (worker >= kMaxWorkers) return;
+  std::unique_lock lock(mutex_);
+  if (!workers_[worker].present) return;
+  clear_blocks_locked(worker);
+  for (const SnapshotBlock& b : blocks) {
+    for (Tier tier : {Tier::kDevice, Tier::kHost, Tier::kStorage}) {
+      if ((b.tier_mask & tier_bit(tier)) != 0)
+        store_locked(worker, b.worker_hash, b.router_hash, tier);
+    }
+  }
+}
+
+std::vector<uint64_t> PrefixIndex::worker_hashes(WorkerId worker,
+                                                 std::span<const uint64_t> router_hashes) const {
+  std::vector<uint64_t> out;
+  if (worker >= kMaxWorkers) return out;
+  const uint64_t bit = uint64_t{1} << worker;
+  std::shared_lock lock(mutex_);
+  const WorkerState& ws = workers_[worker];
+  if (!ws.present) return out;
+  out.reserve(router_hashes.size());
+  for (uint64_t h : router_hashes) {
+    auto it = blocks_.find(h);
+    if (it == blocks_.end() || (it->second.any() & bit) == 0) continue;
+    auto w = ws.to_worker.find(h);
+    out.push_back(w != ws.to_worker.end() ? w->second : h);
+  }
+  return out;
+}
+
+PrefixIndexStats PrefixIndex::stats() const {
+  // Per slot: the value plus one control byte (absl's swiss table).
+  const auto table_bytes = [](const auto& table) {
+    using Slot = typename std::decay_t<decltype(table)>::value_type;
+    return static_cast<uint64_t>(table.capacity()) * (sizeof(Slot) + 1);
+  };
+  std::shared_lock lock(mutex_);
+  PrefixIndexStats s;
+  s.distinct_blocks = blocks_.size();
+  s.predicted_entries = expiry_ms_.size();
+  s.memory_bytes = table_bytes(blocks_) + table_bytes(predicted_) + table_bytes(expiry_ms_) +
+                   table_bytes(pinned_) + expiry_heap_.capacity() * sizeof(Expiry);
+  for_each_bit(present_mask_, [&](unsigned w) {
+    const WorkerState& ws = workers_[w];
+    s.memory_bytes +=
+        table_bytes(ws.to_router) + table_bytes(ws.to_worker) + table_bytes(ws.extra_copies);
+    WorkerIndexStats st = ws.stats;
+    st.stale = ws.stale;
+    st.mapped_hashes = ws.to_router.size();
+    s.workers.push_back(st);
+  });
+  return s;
+}
+
+}  // namespace strata::router

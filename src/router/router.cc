@@ -1,0 +1,866 @@
+// The router's registry, background loops and decisions (router.h, docs/router.md).
+#include "router/router.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "common/log.h"
+#include "router/router_impl.h"
+
+namespace strata::router {
+
+using boost::asio::awaitable;
+using nlohmann::json;
+
+namespace {
+
+http::ClientOptions client_options(const RouterOptions& o) {
+  http::ClientOptions c;
+  c.connect_timeout_ms = o.connect_timeout_ms;
+  c.read_timeout_ms = o.first_byte_timeout_ms;
+  c.max_idle_per_host = 256;
+  return c;
+}
+
+std::string trim_url(std::string url) {
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  if (url.find("://") == std::string::npos) url = "http://" + url;
+  return url;
+}
+
+// A Prometheus text sample's value: `name{...} value` or `name value`; nullopt if absent.
+std::optional<double> metric_value(const std::string& text, std::string_view name) {
+  std::istringstream in(text);
+  std::string line;
+  std::optional<double> sum;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line.compare(0, name.size(), name) != 0) continue;
+    if (line.size() > name.size() && line[name.size()] != '{' && line[name.size()] != ' ') continue;
+    const size_t sp = line.rfind(' ');
+    if (sp == std::string::npos) continue;
+    try {
+      sum = sum.value_or(0) + std::stod(line.substr(sp + 1));
+    } catch (...) {
+      continue;
+    }
+  }
+  return sum;
+}
+
+}  // namespace
+
+Result<Policy> parse_policy(std::string_view name) {
+  if (name == "round-robin") return Policy::kRoundRobin;
+  if (name == "least-loaded") return Policy::kLeastLoaded;
+  if (name == "approximate") return Policy::kApproximate;
+  if (name == "precise") return Policy::kPrecise;
+  if (name == "default") return Policy::kDefault;
+  return make_error(ErrorCode::kInvalidArgument,
+                    "unknown policy '" + std::string(name) +
+                        "' (round-robin, least-loaded, approximate, precise, default)");
+}
+
+std::string_view policy_name(Policy policy) {
+  switch (policy) {
+    case Policy::kRoundRobin:
+      return "round-robin";
+    case Policy::kLeastLoaded:
+      return "least-loaded";
+    case Policy::kApproximate:
+      return "approximate";
+    case Policy::kPrecise:
+      return "precise";
+    case Policy::kDefault:
+      return "default";
+  }
+  return "default";
+}
+
+Status validate(const RouterOptions& o) {
+  if (auto st = http::validate(o.http); !st) return st;
+  if (auto st = validate(o.weights); !st) return st;
+  if (auto st = validate(o.sessions); !st) return st;
+  if (auto st = validate(o.breaker); !st) return st;
+  if (auto st = validate(o.queue); !st) return st;
+  auto bad = [](std::string m) { return make_error(ErrorCode::kInvalidArgument, std::move(m)); };
+  if (o.load_poll_ms < 10) return bad("--load-poll-ms must be >= 10");
+  if (o.predicted_ttl_ms < 0) return bad("--predicted-ttl-ms must be >= 0");
+  if (o.approximate_ttl_ms < 1) return bad("--approximate-ttl-s must be > 0");
+  if (o.max_attempts < 1 || o.max_attempts > 16) return bad("--max-attempts must be in [1, 16]");
+  if (o.connect_timeout_ms < 1) return bad("--connect-timeout-ms must be >= 1");
+  if (o.first_byte_timeout_ms < 1) return bad("--upstream-timeout-s must be > 0");
+  if (o.replay_timeout_ms < 1) return bad("--replay-timeout-ms must be >= 1");
+  if (o.io_threads < 1 || o.io_threads > 64) return bad("--router-threads must be in [1, 64]");
+  return {};
+}
+
+RouterMetrics::RouterMetrics()
+    : decisions(prometheus::BuildCounter()
+                    .Name("strata_router_decisions_total")
+                    .Help("Routing decisions by reason and worker")
+                    .Register(*registry)),
+      requests(prometheus::BuildCounter()
+                   .Name("strata_router_requests_total")
+                   .Help("Proxied generation requests by final status")
+                   .Register(*registry)),
+      retries(prometheus::BuildCounter()
+                  .Name("strata_router_retries_total")
+                  .Help("Requests sent again to another worker before their first byte")
+                  .Register(*registry)
+                  .Add({})),
+      predicted_cached_tokens(
+          prometheus::BuildCounter()
+              .Name("strata_router_predicted_cached_tokens_total")
+              .Help("Prompt tokens the index predicted cached on the chosen worker")
+              .Register(*registry)
+              .Add({})),
+      reported_cached_tokens(prometheus::BuildCounter()
+                                 .Name("strata_router_reported_cached_tokens_total")
+                                 .Help("Cached prompt tokens the workers reported in usage")
+                                 .Register(*registry)
+                                 .Add({})),
+      prompt_tokens(prometheus::BuildCounter()
+                        .Name("strata_router_prompt_tokens_total")
+                        .Help("Prompt tokens of routed requests (as the router tokenized them)")
+                        .Register(*registry)
+                        .Add({})),
+      queued(prometheus::BuildCounter()
+                 .Name("strata_router_queued_total")
+                 .Help("Requests that waited in the router queue (every worker saturated)")
+                 .Register(*registry)
+                 .Add({})),
+      rejected_429(prometheus::BuildCounter()
+                       .Name("strata_router_rejected_total")
+                       .Help("Requests answered 429 by the router (queue full or wait over)")
+                       .Register(*registry)
+                       .Add({})),
+      streams_broken(prometheus::BuildCounter()
+                         .Name("strata_router_streams_broken_total")
+                         .Help("Streams whose worker failed after the first byte")
+                         .Register(*registry)
+                         .Add({})),
+      decision_seconds(
+          prometheus::BuildHistogram()
+              .Name("strata_router_decision_seconds")
+              .Help("Time to choose a worker (index match and cost)")
+              .Register(*registry)
+              .Add({}, prometheus::Histogram::BucketBoundaries{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4,
+                                                               1e-3, 1e-2})),
+      queue_seconds(prometheus::BuildHistogram()
+                        .Name("strata_router_queue_seconds")
+                        .Help("Time requests waited in the router queue")
+                        .Register(*registry)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.5, 1, 5,
+                                                                         10, 30})),
+      worker_gauges(prometheus::BuildGauge()
+                        .Name("strata_router_worker")
+                        .Help("Per worker: healthy, load_fraction, active requests, index blocks")
+                        .Register(*registry)) {}
+
+Router::Impl::Impl(RouterOptions o, const Tokenizer& t, const ChatTemplate* c, std::string model)
+    : options(std::move(o)),
+      tokenizer(t),
+      chat(c),
+      model_name(std::move(model)),
+      client(io.get_executor(), client_options(options)),
+      http(options.http),
+      sessions(options.sessions),
+      queue(options.queue),
+      rng(options.seed) {}
+
+http::Response router_error(int status, std::string message, std::string code) {
+  json body{{"error", {{"message", std::move(message)}, {"type", code}, {"code", code}}}};
+  return http::Response{.status = status, .body = body.dump()};
+}
+
+http::Response router_json(int status, const json& body) {
+  return http::Response{.status = status, .body = body.dump()};
+}
+
+// ---- registry ----
+
+Result<std::shared_ptr<Worker>> Router::Impl::add_worker(const std::string& raw_url,
+                                                         const json* spec) {
+  const std::string url = trim_url(raw_url);
+  auto addr = http::parse_url(url);
+  if (!addr) return std::unexpected(addr.error());
+  auto w = std::make_shared<Worker>(options.breaker);
+  w->url = url;
+  w->addr = *addr;
+  if (spec != nullptr) {
+    auto str = [&](const char* key) -> std::string {
+      auto it = spec->find(key);
+      return it != spec->end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    w->kind =
+        str("kind").empty() ? (spec->contains("block_size") ? "vllm" : "strata") : str("kind");
+    if (w->kind != "strata" && w->kind != "vllm" && w->kind != "sglang") {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "'kind' must be strata, vllm or sglang, not '" + w->kind + "'");
+    }
+    if (auto it = spec->find("block_size"); it != spec->end()) {
+      if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > 4096) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "'block_size' must be an integer in [1, 4096]");
+      }
+      w->block_size = it->get<int>();
+    }
+    if (w->kind != "strata" && w->block_size == 0) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "a " + w->kind + " worker needs 'block_size' (its KV block size)");
+    }
+    w->kv_events = str("kv_events");
+    w->kv_events_replay = str("kv_events_replay");
+    if (!str("role").empty()) w->role = str("role");
+    if (w->role != "mixed" && w->role != "prefill" && w->role != "decode") {
+      return make_error(ErrorCode::kInvalidArgument, "'role' must be mixed, prefill or decode");
+    }
+  }
+  std::lock_guard lock(mutex);
+  for (const auto& [id, other] : workers) {
+    if (other->url == url) {
+      return make_error(ErrorCode::kFailedPrecondition, "worker " + url + " is already routed to");
+    }
+  }
+  WorkerId id = 0;
+  while (id < kMaxWorkers && workers.contains(id)) ++id;
+  if (id == kMaxWorkers) {
+    return make_error(ErrorCode::kResourceExhausted,
+                      "at most " + std::to_string(kMaxWorkers) + " workers");
+  }
+  w->id = id;
+  workers.emplace(id, w);
+  STRATA_LOG_INFO("worker {} added: {} ({})", id, url, w->kind);
+  return w;
+}
+
+void Router::Impl::remove_worker(WorkerId id) {
+  std::shared_ptr<Worker> w;
+  {
+    std::lock_guard lock(mutex);
+    auto it = workers.find(id);
+    if (it == workers.end()) return;
+    w = it->second;
+    workers.erase(it);
+    sessions.unbind_worker(id);
+  }
+  if (w->events) w->events->stop();
+  index.remove_worker(id);
+  approx_index.remove_worker(id);
+  STRATA_LOG_INFO("worker {} removed: {}", id, w->url);
+}
+
+std::shared_ptr<Worker> Router::Impl::find_worker(const std::string& url) {
+  const std::string u = trim_url(url);
+  std::lock_guard lock(mutex);
+  for (const auto& [id, w] : workers) {
+    if (w->url == u) return w;
+  }
+  return nullptr;
+}
+
+std::vector<std::shared_ptr<Worker>> Router::Impl::worker_list() {
+  std::lock_guard lock(mutex);
+  std::vector<std::shared_ptr<Worker>> out;
+  for (const auto& [id, w] : workers) out.push_back(w);
+  return out;
+}
+
+json Router::Impl::worker_json(const Worker& w) {
+  const int64_t now = now_ms();
+  json j{{"id", w.id},
+         {"url", w.url},
+         {"kind", w.kind},
+         {"role", w.role},
+         {"block_size", w.block_size},
+         {"joined", w.joined},
+         {"draining", w.draining},
+         {"reachable", w.reachable},
+         {"breaker", breaker_state_name(w.breaker.state(now))},
+         {"eligible", eligible(w, now)},
+         {"load",
+          {{"load_fraction", w.load_fraction},
+           {"running", w.reported_running},
+           {"waiting", w.reported_waiting},
+           {"queued_prefill_tokens", w.reported_queued_prefill},
+           {"free_pages", w.free_pages},
+           {"evictable_pages", w.evictable_pages},
+           {"total_pages", w.total_pages}}},
+         {"router",
+          {{"active_requests", w.active_requests},
+           {"inflight_prefill_tokens", w.inflight_prefill_tokens},
+           {"decode_requests", w.decode_requests},
+           {"requests", w.requests},
+           {"new_sessions", w.new_sessions},
+           {"failures", w.failures},
+           {"sessions", sessions.sessions_on(w.id, now)}}},
+         {"kv_events", w.kv_events.empty() ? json(nullptr) : json(w.kv_events)},
+         {"last_error", w.last_error}};
+  if (w.events) {
+    const EventSubscriberStats s = w.events->stats();
+    j["events"] = {{"batches", s.batches},
+                   {"events", s.events},
+                   {"gaps", s.gaps},
+                   {"replays_ok", s.replays_ok},
+                   {"replays_failed", s.replays_failed},
+                   {"decode_errors", s.decode_errors},
+                   {"last_seq", s.last_seq}};
+  }
+  return j;
+}
+
+bool Router::Impl::eligible(const Worker& w, int64_t now) const {
+  return w.joined && !w.draining && (w.reachable || w.poll_failures < 3) && w.breaker.can_send(now);
+}
+
+Result<std::vector<int32_t>> Router::Impl::chat_tokens(
+    const nlohmann::ordered_json& messages, const nlohmann::ordered_json* tools,
+    const nlohmann::ordered_json& template_kwargs, bool add_generation_prompt) const {
+  if (chat == nullptr) {
+    return make_error(ErrorCode::kInvalidArgument, "the model has no chat template");
+  }
+  ChatRenderOptions o;
+  if (tools != nullptr) o.tools = *tools;
+  o.add_generation_prompt = add_generation_prompt;
+  const SpecialTokenStrings& sp = tokenizer.special_token_strings();
+  o.bos_token = sp.bos_token;
+  o.eos_token = sp.eos_token;
+  o.extra_variables =
+      template_kwargs.is_object() ? template_kwargs : nlohmann::ordered_json::object();
+  auto text = chat->render(messages, o);
+  if (!text)
+    return make_error(ErrorCode::kInvalidArgument, "chat template: " + text.error().message);
+  return tokenizer.encode(*text, EncodeOptions{.add_special_tokens = false});
+}
+
+http::ClientRequest Router::Impl::upstream_request(const Worker& w, std::string method,
+                                                   std::string target, std::string body,
+                                                   bool admin) {
+  http::ClientRequest r;
+  r.method = std::move(method);
+  r.host = w.addr.host;
+  r.port = w.addr.port;
+  r.target = std::move(target);
+  r.body = std::move(body);
+  if (!r.body.empty()) r.headers.emplace_back("Content-Type", "application/json");
+  if (admin && !worker_key().empty()) {
+    r.headers.emplace_back("Authorization", "Bearer " + worker_key());
+  }
+  return r;
+}
+
+awaitable<void> Router::Impl::join(std::shared_ptr<Worker> w) {
+  if (w->kind == "strata") {
+    http::ClientRequest req = upstream_request(*w, "GET", "/server_info", "", false);
+    req.read_timeout_ms = 2'000;
+    auto r = co_await client.request(std::move(req));
+    std::string error;
+    json info;
+    if (!r) {
+      error = r.error().message;
+    } else if (r->status != 200) {
+      error = "GET /server_info answered " + std::to_string(r->status);
+    } else {
+      info = json::parse(r->body, nullptr, false);
+      if (!info.is_object() || !info.contains("page_size") ||
+          !info["page_size"].is_number_integer()) {
+        error = "GET /server_info: not a Strata worker's answer";
+      }
+    }
+    if (!error.empty()) {
+      std::lock_guard lock(mutex);
+      w->joining = false;
+      w->last_error = error;
+      co_return;
+    }
+    w->block_size = info["page_size"].get<int>();
+    if (info.contains("role") && info["role"].is_string())
+      w->role = info["role"].get<std::string>();
+    if (info.contains("kv_events") && info["kv_events"].is_object()) {
+      const json& ev = info["kv_events"];
+      if (ev.contains("endpoint") && ev["endpoint"].is_string()) {
+        w->kv_events = ev["endpoint"].get<std::string>();
+      }
+      if (ev.contains("replay_endpoint") && ev["replay_endpoint"].is_string()) {
+        w->kv_events_replay = ev["replay_endpoint"].get<std::string>();
+      }
+    }
+  }
+  if (auto st = index.add_worker(w->id, w->block_size); !st) {
+    std::lock_guard lock(mutex);
+    w->joining = false;
+    w->last_error = st.error().message;
+    co_return;
+  }
+  (void)approx_index.add_worker(w->id, w->block_size);
+  if (!w->kv_events.empty() && options.policy != Policy::kApproximate) {
+    EventSubscriberOptions so;
+    so.endpoint = w->kv_events;
+    so.replay_endpoint = w->kv_events_replay;
+    so.replay_timeout_ms = static_cast<int>(options.replay_timeout_ms);
+    so.replay_on_join = false;  // what came before: the worker's tree (rebuild_index)
+    auto sub = EventSubscriber::start(
+        w->id, &index, so,
+        [this](WorkerId id, const std::string& reason) { on_stale(id, reason); });
+    if (!sub) {
+      std::lock_guard lock(mutex);
+      w->last_error = "KV events: " + sub.error().message;
+    } else {
+      w->events = std::move(*sub);
+    }
+  }
+  {
+    std::lock_guard lock(mutex);
+    w->joined = true;
+    w->joining = false;
+    w->last_error.clear();
+  }
+  if (w->events && w->kind == "strata") {
+    // What the worker cached before the router came: its tree, read once the subscription
+    // had time to take effect (later changes then arrive as events).
+    boost::asio::steady_timer t(io, std::chrono::milliseconds(200));
+    co_await t.async_wait(boost::asio::use_awaitable);
+    co_await rebuild_index(w);
+  }
+  STRATA_LOG_INFO("worker {} joined: {} (block size {}, {}, role {})", w->id, w->url, w->block_size,
+                  w->events ? "KV events " + w->kv_events : std::string("approximate"), w->role);
+}
+
+void Router::Impl::on_stale(WorkerId id, const std::string& reason) {
+  STRATA_LOG_WARN("worker {}: KV index stale ({}), rebuilding", id, reason);
+  std::shared_ptr<Worker> w;
+  {
+    std::lock_guard lock(mutex);
+    auto it = workers.find(id);
+    if (it == workers.end()) return;
+    w = it->second;
+  }
+  boost::asio::co_spawn(io, rebuild_index(w), boost::asio::detached);
+}
+
+// A Strata worker's tree (GET /cache/state?detail=tree) replaces its index. Its block
+// hashes are the router's own (the same function, no salt); salted blocks never match a
+// request's unsalted hashes, as on the worker. Other workers stay approximate (scored
+// with WorkerMatch::stale) until their events carry them again.
+awaitable<void> Router::Impl::rebuild_index(std::shared_ptr<Worker> w) {
+  if (w->kind != "strata") co_return;
+  for (int attempt = 0; attempt < 5 && !stopping; ++attempt) {
+    http::ClientRequest req = upstream_request(*w, "GET", "/cache/state?detail=tree", "", true);
+    req.read_timeout_ms = 10'000;
+    auto r = co_await client.request(std::move(req));
+    if (r && r->status == 200) {
+      json state = json::parse(r->body, nullptr, false);
+      if (state.is_object() && state.contains("nodes") && state["nodes"].is_array()) {
+        std::vector<SnapshotBlock> blocks;
+        for (const json& n : state["nodes"]) {
+          uint8_t mask = 0;
+          for (const json& t : n.value("tiers", json::array())) {
+            if (t == "device") mask |= tier_bit(Tier::kDevice);
+            if (t == "host") mask |= tier_bit(Tier::kHost);
+            if (t == "storage") mask |= tier_bit(Tier::kStorage);
+          }
+          if (n.value("loading", false)) mask &= static_cast<uint8_t>(~tier_bit(Tier::kDevice));
+          for (const json& h : n.value("block_hashes", json::array())) {
+            if (!h.is_number_integer()) continue;
+            const auto hash = static_cast<uint64_t>(h.get<int64_t>());
+            blocks.push_back(
+                SnapshotBlock{.worker_hash = hash, .router_hash = hash, .tier_mask = mask});
+          }
+        }
+        index.rebuild_worker(w->id, blocks);
+        index.mark_stale(w->id, false);
+        STRATA_LOG_INFO("worker {}: KV index rebuilt from its tree ({} blocks)", w->id,
+                        blocks.size());
+        co_return;
+      }
+    }
+    boost::asio::steady_timer t(io, std::chrono::milliseconds(200 << attempt));
+    co_await t.async_wait(boost::asio::use_awaitable);
+  }
+  STRATA_LOG_WARN("worker {}: could not rebuild its KV index; it stays approximate", w->id);
+}
+
+awaitable<void> Router::Impl::poll_load(std::shared_ptr<Worker> w) {
+  const bool strata = w->kind == "strata";
+  http::ClientRequest req = upstream_request(*w, "GET", strata ? "/load" : "/metrics", "", false);
+  req.read_timeout_ms = std::max<int64_t>(500, options.load_poll_ms * 5);
+  auto r = co_await client.request(std::move(req));
+  if (apply_load(*w, r)) wake_queue();
+}
+
+bool Router::Impl::apply_load(Worker& worker, const Result<http::ClientResponse>& r) {
+  Worker* w = &worker;
+  const bool strata = w->kind == "strata";
+  const int64_t now = now_ms();
+  std::lock_guard lock(mutex);
+  w->polling = false;
+  w->load_at_ms = now;
+  if (!r || r->status != 200) {
+    w->reachable = false;
+    ++w->poll_failures;
+    w->last_error = !r ? r.error().message : "load poll answered " + std::to_string(r->status);
+    return false;
+  }
+  const bool was_saturated = w->load_fraction > options.weights.busy_threshold;
+  w->reachable = true;
+  w->poll_failures = 0;
+  if (strata) {
+    json j = json::parse(r->body, nullptr, false);
+    if (!j.is_object()) return false;
+    w->load_fraction = j.value("load_fraction", 0.0);
+    w->reported_running = j.value("running", int64_t{0});
+    w->reported_waiting = j.value("waiting", int64_t{0});
+    w->reported_queued_prefill = j.value("queued_prefill_tokens", int64_t{0});
+    if (j.contains("device") && j["device"].is_object()) {
+      w->free_pages = j["device"].value("free_pages", int64_t{0});
+      w->evictable_pages = j["device"].value("evictable_pages", int64_t{0});
+      w->total_pages = j["device"].value("total_pages", int64_t{0});
+    }
+    const int64_t pause = j.value("recommended_pause_ms", int64_t{0});
+    w->recommended_pause_until_ms = pause > 0 ? now + pause : 0;
+  } else {
+    // vLLM and SGLang expose their load in Prometheus text.
+    const std::string& m = r->body;
+    const bool vllm = w->kind == "vllm";
+    const double running =
+        metric_value(m, vllm ? "vllm:num_requests_running" : "sglang:num_running_reqs").value_or(0);
+    const double waiting =
+        metric_value(m, vllm ? "vllm:num_requests_waiting" : "sglang:num_queue_reqs").value_or(0);
+    double usage =
+        metric_value(m, vllm ? "vllm:kv_cache_usage_perc" : "sglang:token_usage")
+            .value_or(vllm ? metric_value(m, "vllm:gpu_cache_usage_perc").value_or(0) : 0);
+    w->reported_running = static_cast<int64_t>(running);
+    w->reported_waiting = static_cast<int64_t>(waiting);
+    w->load_fraction = std::max(usage, 0.0) + (waiting > 0 ? 1.0 : 0.0) * (usage >= 0.9 ? 1 : 0);
+  }
+  return was_saturated && w->load_fraction <= options.weights.busy_threshold;
+}
+
+void Router::Impl::read_workers_file() {
+  std::error_code ec;
+  const auto mtime = std::filesystem::last_write_time(options.workers_file, ec);
+  if (ec) return;
+  const int64_t stamp = mtime.time_since_epoch().count();
+  {
+    std::lock_guard lock(mutex);
+    if (stamp == workers_file_mtime) return;
+    workers_file_mtime = stamp;
+  }
+  std::ifstream f(options.workers_file);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json list = json::parse(ss.str(), nullptr, false);
+  if (!list.is_array()) {
+    STRATA_LOG_ERROR("--workers-file {}: not a JSON list; ignored", options.workers_file);
+    return;
+  }
+  std::set<std::string> listed;
+  for (const json& spec : list) {
+    if (!spec.is_object() || !spec.contains("url") || !spec["url"].is_string()) {
+      STRATA_LOG_ERROR("--workers-file: an entry without a 'url' string; ignored");
+      continue;
+    }
+    const std::string url = trim_url(spec["url"].get<std::string>());
+    listed.insert(url);
+    if (find_worker(url)) continue;
+    auto w = add_worker(url, &spec);
+    if (!w) {
+      STRATA_LOG_ERROR("--workers-file entry {}: {}", url, w.error().message);
+      continue;
+    }
+    std::lock_guard lock(mutex);
+    (*w)->from_file = true;
+  }
+  for (const auto& w : worker_list()) {
+    if (w->from_file && !listed.contains(w->url)) remove_worker(w->id);
+  }
+}
+
+awaitable<void> Router::Impl::background_loop() {
+  boost::asio::steady_timer timer(io);
+  int64_t last_file_check = 0;
+  while (!stopping) {
+    const int64_t now = now_ms();
+    if (!options.workers_file.empty() && now - last_file_check >= options.files_poll_ms) {
+      last_file_check = now;
+      read_workers_file();
+    }
+    std::vector<std::shared_ptr<Worker>> to_join, to_poll, to_remove;
+    {
+      std::lock_guard lock(mutex);
+      for (const auto& [id, w] : workers) {
+        if (!w->joined && !w->joining && now - w->join_tried_ms >= 1'000) {
+          w->joining = true;
+          w->join_tried_ms = now;
+          to_join.push_back(w);
+        }
+        if (w->joined && !w->polling && now - w->load_at_ms >= options.load_poll_ms) {
+          w->polling = true;
+          to_poll.push_back(w);
+        }
+        if (w->draining && w->active_requests == 0) to_remove.push_back(w);
+      }
+      sessions.expire(now);
+      for (Ticket t : queue.expired(now)) {
+        auto it = queue_wakers.find(static_cast<uint64_t>(t));
+        if (it != queue_wakers.end()) it->second();
+      }
+    }
+    for (auto& w : to_join) boost::asio::co_spawn(io, join(w), boost::asio::detached);
+    for (auto& w : to_poll) boost::asio::co_spawn(io, poll_load(w), boost::asio::detached);
+    for (auto& w : to_remove) remove_worker(w->id);
+    index.expire(now);
+    approx_index.expire(now);
+    timer.expires_after(std::chrono::milliseconds(20));
+    co_await timer.async_wait(boost::asio::use_awaitable);
+  }
+}
+
+// ---- decisions ----
+
+std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Phase 1 (no router lock): the prompt's blocks on every worker, per block size.
+  std::vector<std::pair<WorkerId, int>> sizes;
+  {
+    std::lock_guard lock(mutex);
+    for (const auto& [id, w] : workers) {
+      if (w->joined) sizes.emplace_back(id, w->block_size);
+    }
+  }
+  std::map<int, std::vector<uint64_t>> hashes;
+  std::map<WorkerId, WorkerMatch> matches;
+  const bool by_cache = policy_uses_cache() && !req.tokens.empty();
+  if (by_cache) {
+    for (const auto& [id, bs] : sizes) {
+      if (!hashes.contains(bs)) hashes[bs] = PrefixIndex::hash_tokens(req.tokens, bs);
+    }
+    const PrefixIndex& idx = options.policy == Policy::kApproximate ? approx_index : index;
+    for (const auto& [bs, hs] : hashes) {
+      for (const WorkerMatch& m : idx.match(hs)) {
+        for (const auto& [id, wbs] : sizes) {
+          if (id == m.worker && wbs == bs) matches[id] = m;
+        }
+      }
+    }
+  }
+  // Phase 2 (router lock): candidates, cost, accounting.
+  std::lock_guard lock(mutex);
+  const int64_t now = now_ms();
+  std::optional<SessionBinding> binding;
+  if (!req.session.empty()) binding = sessions.lookup(req.session, now);
+  const bool use_sessions = options.policy == Policy::kDefault;
+  std::vector<WorkerCandidate> cands;
+  std::vector<std::shared_ptr<Worker>> ws;
+  for (const auto& [id, w] : workers) {
+    if (!w->joined) continue;
+    WorkerCandidate c;
+    c.id = id;
+    c.eligible = eligible(*w, now) &&
+                 std::find(req.exclude.begin(), req.exclude.end(), id) == req.exclude.end();
+    c.block_size = w->block_size;
+    if (auto it = matches.find(id); it != matches.end()) {
+      const WorkerMatch& m = it->second;
+      c.cached_device_blocks = m.device_blocks;
+      c.cached_host_blocks = m.host_blocks;
+      c.cached_storage_blocks = m.storage_blocks;
+      c.pinned_blocks = m.pinned_blocks;
+      c.predicted_blocks = m.predicted_blocks;
+    }
+    c.inflight_prefill_tokens = std::max(w->inflight_prefill_tokens, w->reported_queued_prefill);
+    c.decode_requests = std::max(w->decode_requests, w->reported_running);
+    c.load_fraction = w->load_fraction;
+    if (now < w->recommended_pause_until_ms) {
+      c.load_fraction = std::max(c.load_fraction, options.weights.busy_threshold + 0.01);
+    }
+    if (options.policy != Policy::kDefault) c.load_fraction = 0;  // no backpressure
+    c.sessions_assigned = sessions.sessions_on(id, now);
+    c.sticky = use_sessions && binding && !binding->migrate && binding->worker == id;
+    cands.push_back(c);
+    ws.push_back(w);
+  }
+  CostWeights weights = options.weights;
+  if (options.policy != Policy::kDefault) {
+    weights.sticky_bonus = 0;
+    weights.load_floor_bonus = 0;
+  }
+  if (options.policy == Policy::kLeastLoaded || options.policy == Policy::kRoundRobin) {
+    weights.device = weights.host = weights.storage = 0;
+  }
+  std::optional<Decision> d;
+  if (options.policy == Policy::kRoundRobin) {
+    std::vector<size_t> ok;
+    for (size_t i = 0; i < cands.size(); ++i) {
+      if (cands[i].eligible) ok.push_back(i);
+    }
+    if (!ok.empty()) {
+      Decision rr;
+      rr.worker = cands[ok[round_robin++ % ok.size()]].id;
+      rr.reason = RouteReason::kLoad;
+      rr.pool_size = static_cast<int32_t>(ok.size());
+      d = rr;
+    }
+  } else {
+    RequestFeatures f;
+    f.prompt_tokens = static_cast<int64_t>(req.tokens.size());
+    f.has_session = !req.session.empty();
+    f.new_session = f.has_session && !binding;
+    d = strata::router::choose(f, cands, weights, rng);
+  }
+  if (!d) return std::nullopt;
+  RouteChoice out;
+  size_t k = 0;
+  while (ws[k]->id != d->worker) ++k;
+  out.worker = ws[k];
+  out.reason = options.policy == Policy::kRoundRobin ? "round_robin"
+                                                     : std::string(route_reason_name(d->reason));
+  out.prompt_tokens = static_cast<int64_t>(req.tokens.size());
+  out.predicted_cached_tokens = d->terms.cached_tokens;
+  out.all_saturated = d->all_saturated && options.policy == Policy::kDefault;
+  metrics.decision_seconds.Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (out.all_saturated) return out;  // queued, not sent: nothing charged
+  Worker& w = *out.worker;
+  out.charged_prefill = std::max<int64_t>(0, out.prompt_tokens - out.predicted_cached_tokens);
+  w.inflight_prefill_tokens += out.charged_prefill;
+  ++w.active_requests;
+  ++w.requests;
+  out.probe = w.breaker.admit(now).probe;
+  if (!req.session.empty() && (!binding || binding->worker != w.id || binding->migrate)) {
+    if (!binding) ++w.new_sessions;
+    (void)sessions.bind(req.session, w.id, now);
+  }
+  metrics.decisions.Add({{"reason", out.reason}, {"worker", w.url}}).Increment();
+  // Predict-on-route: siblings of this request (an agent's fan-out) find these blocks
+  // here before the worker's events arrive; a worker without events keeps them longer.
+  if (auto it = hashes.find(w.block_size); it != hashes.end()) {
+    const int64_t ttl = w.events ? options.predicted_ttl_ms : options.approximate_ttl_ms;
+    if (ttl > 0) index.insert_predicted(w.id, it->second, now, ttl);
+    approx_index.insert_predicted(w.id, it->second, now, options.approximate_ttl_ms);
+  } else if (options.policy == Policy::kApproximate && !req.tokens.empty()) {
+    approx_index.insert_predicted(w.id, PrefixIndex::hash_tokens(req.tokens, w.block_size), now,
+                                  options.approximate_ttl_ms);
+  }
+  STRATA_LOG_DEBUG(
+      "route -> worker {} ({}): reason {}, cost {:.0f} (prefill {:.0f}, load {:.0f}, sticky "
+      "{:.0f}, floor {:.0f}), cached {} of {} tokens, runner-up {} at {:.0f}",
+      w.id, w.url, out.reason, d->terms.cost, d->terms.prefill, d->terms.load, d->terms.sticky,
+      d->terms.floor, d->terms.cached_tokens, out.prompt_tokens, d->runner_up, d->runner_up_cost);
+  return out;
+}
+
+bool Router::Impl::policy_uses_cache() const {
+  return options.policy != Policy::kRoundRobin && options.policy != Policy::kLeastLoaded;
+}
+
+void Router::Impl::first_token(const RouteChoice& c) {
+  std::lock_guard lock(mutex);
+  Worker& w = *c.worker;
+  w.inflight_prefill_tokens -= c.charged_prefill;
+  ++w.decode_requests;
+}
+
+void Router::Impl::finished(const RouteChoice& c, bool started) {
+  {
+    std::lock_guard lock(mutex);
+    Worker& w = *c.worker;
+    if (started) {
+      --w.decode_requests;
+    } else {
+      w.inflight_prefill_tokens -= c.charged_prefill;
+    }
+    --w.active_requests;
+  }
+  wake_queue();
+}
+
+void Router::Impl::outcome(const RouteChoice& c, UpstreamOutcome o, const std::string& session,
+                           uint64_t probe) {
+  std::lock_guard lock(mutex);
+  Worker& w = *c.worker;
+  const int64_t now = now_ms();
+  w.breaker.on_outcome(o, now, probe);
+  if (o != UpstreamOutcome::kOk && o != UpstreamOutcome::kBackpressure) ++w.failures;
+  if (o == UpstreamOutcome::kBackpressure && !session.empty()) {
+    sessions.record_rejection(session, w.id, now);
+  }
+}
+
+void Router::Impl::wake_queue() {
+  std::lock_guard lock(mutex);
+  if (queue.size() == 0) return;
+  if (auto t = queue.pop_next(now_ms())) {
+    auto it = queue_wakers.find(static_cast<uint64_t>(*t));
+    if (it != queue_wakers.end()) it->second();
+  }
+}
+
+// ---- Router ----
+
+Result<std::unique_ptr<Router>> Router::create(RouterOptions options, const Tokenizer& tokenizer,
+                                               const ChatTemplate* chat, std::string model_name) {
+  if (auto st = validate(options); !st) return std::unexpected(st.error());
+  auto impl = std::make_unique<Impl>(std::move(options), tokenizer, chat, std::move(model_name));
+  for (const std::string& url : impl->options.workers) {
+    auto w = impl->add_worker(url, nullptr);
+    if (!w) return make_error(w.error().code, "--worker " + url + ": " + w.error().message);
+  }
+  if (!impl->options.workers_file.empty()) {
+    if (!std::filesystem::exists(impl->options.workers_file)) {
+      return make_error(ErrorCode::kNotFound,
+                        "--workers-file " + impl->options.workers_file + " does not exist");
+    }
+    impl->read_workers_file();
+  }
+  add_router_routes(impl->http, *impl);
+  add_router_admin_routes(impl->http, *impl);
+  return std::unique_ptr<Router>(new Router(std::move(impl)));
+}
+
+Router::Router(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Router::~Router() {
+  shutdown(0);
+}
+
+Status Router::bind() {
+  return impl_->http.bind();
+}
+
+int Router::port() const {
+  return impl_->http.port();
+}
+
+void Router::start() {
+  Impl& r = *impl_;
+  r.work.emplace(r.io.get_executor());
+  boost::asio::co_spawn(r.io, r.background_loop(), boost::asio::detached);
+  for (int i = 0; i < r.options.io_threads; ++i) {
+    r.threads.emplace_back([&r] { r.io.run(); });
+  }
+  r.http.start();
+}
+
+void Router::shutdown(double timeout_s) {
+  Impl& r = *impl_;
+  if (r.stopping.exchange(true)) return;
+  r.http.shutdown(timeout_s);
+  for (const auto& w : r.worker_list()) {
+    if (w->events) w->events->stop();
+  }
+  r.work.reset();
+  r.io.stop();
+  for (auto& t : r.threads) t.join();
+  r.threads.clear();
+}
+
+}  // namespace strata::router

@@ -1,0 +1,425 @@
+// The router's own endpoints and the cache control it relays (docs/router.md):
+//   GET /health, GET /metrics, GET /workers, POST /workers, DELETE /workers
+//   POST /cache/pin, /cache/unpin, /cache/evict: to the workers that hold the blocks
+//   POST /cache/flush: to every worker; GET /cache/state: the cluster view
+//   POST /session/tool_start, /session/tool_end, GET /session/kv_meta: to the session's worker
+// Everything but /health, /metrics and GET /workers is behind the admin key when one is
+// set. Each relayed call answers per worker: {"workers": [{"url", "status", "body"}]}.
+#include <openssl/crypto.h>
+#include <prometheus/text_serializer.h>
+
+#include "common/log.h"
+#include "router/router_impl.h"
+
+namespace strata::router {
+
+using boost::asio::awaitable;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+bool router_authorized(const Router::Impl& r, const http::Request& req) {
+  const std::string& key = r.options.admin_api_key;
+  if (key.empty()) return true;
+  const std::string_view value = req.header("Authorization");
+  constexpr std::string_view kScheme = "bearer ";
+  if (value.size() != kScheme.size() + key.size() ||
+      !http::iequals(value.substr(0, kScheme.size()), kScheme)) {
+    return false;
+  }
+  return CRYPTO_memcmp(value.data() + kScheme.size(), key.data(), key.size()) == 0;
+}
+
+namespace {
+
+http::Handler admin(Router::Impl& r, http::Handler h) {
+  return [&r, h = std::move(h)](http::Exchange& ex) -> awaitable<void> {
+    if (!router_authorized(r, ex.request())) {
+      co_await ex.respond(router_error(
+          401, "this endpoint needs 'Authorization: Bearer <admin key>'", "unauthenticated"));
+      co_return;
+    }
+    co_await h(ex);
+  };
+}
+
+struct WorkerAnswer {
+  std::shared_ptr<Worker> worker;
+  int status = 0;  // 0: no answer
+  json body;
+};
+
+awaitable<WorkerAnswer> call(Router::Impl& r, std::shared_ptr<Worker> w, std::string method,
+                             std::string target, std::string body) {
+  WorkerAnswer a{.worker = w};
+  auto resp = co_await r.client.request(
+      r.upstream_request(*w, std::move(method), std::move(target), std::move(body), true));
+  if (!resp) {
+    a.body = json{{"error", {{"message", resp.error().message}, {"code", "unavailable"}}}};
+    co_return a;
+  }
+  a.status = resp->status;
+  a.body = json::parse(resp->body, nullptr, false);
+  if (a.body.is_discarded()) a.body = resp->body;
+  co_return a;
+}
+
+// One answer for a relayed call: 200 when a worker took it, else the first worker's status
+// (502 when none answered), with every worker's answer.
+http::Response combine(const std::vector<WorkerAnswer>& answers) {
+  json list = json::array();
+  int status = 0;
+  bool ok = false;
+  for (const WorkerAnswer& a : answers) {
+    list.push_back(json{{"url", a.worker->url}, {"status", a.status}, {"body", a.body}});
+    if (a.status >= 200 && a.status < 300) ok = true;
+    if (status == 0 && a.status != 0) status = a.status;
+  }
+  if (answers.empty()) {
+    return router_error(503, "no worker is joined", "unavailable");
+  }
+  return router_json(ok ? 200 : (status == 0 ? 502 : status), json{{"workers", list}});
+}
+
+std::vector<std::shared_ptr<Worker>> joined_workers(Router::Impl& r) {
+  std::vector<std::shared_ptr<Worker>> out;
+  std::lock_guard lock(r.mutex);
+  for (const auto& [id, w] : r.workers) {
+    if (w->joined) out.push_back(w);
+  }
+  return out;
+}
+
+// The router hashes a /cache/{pin,unpin,evict} body names (as the worker reads it:
+// exactly one of block_hashes, token_ids, messages), per block size.
+Result<std::vector<uint64_t>> body_hashes(Router::Impl& r, const json& body, const std::string& raw,
+                                          int block_size) {
+  const int forms = static_cast<int>(body.contains("block_hashes")) +
+                    static_cast<int>(body.contains("token_ids")) +
+                    static_cast<int>(body.contains("messages"));
+  if (forms != 1) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "give exactly one of 'block_hashes', 'token_ids' or 'messages'");
+  }
+  if (body.contains("cache_salt") && !body["cache_salt"].is_null()) {
+    return std::vector<uint64_t>{};  // salted blocks are not in the router's index
+  }
+  if (body.contains("block_hashes")) {
+    if (!body["block_hashes"].is_array()) {
+      return make_error(ErrorCode::kInvalidArgument, "'block_hashes' must be an array");
+    }
+    std::vector<uint64_t> out;
+    for (const json& h : body["block_hashes"]) {
+      if (!h.is_number_integer()) {
+        return make_error(ErrorCode::kInvalidArgument, "'block_hashes' must hold integers");
+      }
+      out.push_back(static_cast<uint64_t>(h.get<int64_t>()));
+    }
+    return out;
+  }
+  std::vector<int32_t> tokens;
+  if (body.contains("token_ids")) {
+    if (!body["token_ids"].is_array()) {
+      return make_error(ErrorCode::kInvalidArgument, "'token_ids' must be an array");
+    }
+    for (const json& t : body["token_ids"]) {
+      if (!t.is_number_integer()) {
+        return make_error(ErrorCode::kInvalidArgument, "'token_ids' must hold integers");
+      }
+      tokens.push_back(t.get<int32_t>());
+    }
+  } else {
+    const ojson full = ojson::parse(raw);
+    if (!full["messages"].is_array()) {
+      return make_error(ErrorCode::kInvalidArgument, "'messages' must be an array");
+    }
+    const ojson* tools =
+        full.contains("tools") && full["tools"].is_array() ? &full["tools"] : nullptr;
+    const bool add_gen = full.value("add_generation_prompt", false);
+    auto ids = r.chat_tokens(full["messages"], tools,
+                             full.value("chat_template_kwargs", ojson::object()), add_gen);
+    if (!ids) return std::unexpected(ids.error());
+    tokens = std::move(*ids);
+  }
+  return PrefixIndex::hash_tokens(tokens, block_size);
+}
+
+// /cache/pin, /cache/unpin, /cache/evict: to the workers whose index holds any of the
+// blocks (every worker when none does: a pin may precede the traffic it protects).
+awaitable<void> relay_cache(Router::Impl& r, http::Exchange& ex, std::string op) {
+  const http::Request& req = ex.request();
+  json body = json::parse(req.body, nullptr, false);
+  if (!body.is_object()) {
+    co_await ex.respond(router_error(400, "the body must be a JSON object", "invalid_argument"));
+    co_return;
+  }
+  const auto workers = joined_workers(r);
+  std::vector<std::shared_ptr<Worker>> targets;
+  std::map<WorkerId, std::vector<uint64_t>> hashes_of;
+  for (const auto& w : workers) {
+    auto hs = co_await ex.offload([&] { return body_hashes(r, body, req.body, w->block_size); });
+    if (!hs) {
+      co_await ex.respond(router_error(400, hs.error().message, "invalid_argument"));
+      co_return;
+    }
+    bool holds = false;
+    for (const WorkerMatch& m : r.index.match(*hs))
+      holds |= m.worker == w->id && m.matched_blocks > 0;
+    if (!holds && !hs->empty()) holds = !r.index.worker_hashes(w->id, *hs).empty();
+    if (holds) targets.push_back(w);
+    hashes_of[w->id] = std::move(*hs);
+  }
+  if (targets.empty()) targets = workers;
+  std::vector<WorkerAnswer> answers;
+  for (const auto& w : targets) {
+    std::string out = req.body;
+    if (w->kind != "strata" && body.contains("block_hashes")) {
+      // Another engine names its blocks with its own hashes.
+      json b = body;
+      json list = json::array();
+      for (uint64_t h : r.index.worker_hashes(w->id, hashes_of[w->id])) {
+        list.push_back(static_cast<int64_t>(h));
+      }
+      b["block_hashes"] = list;
+      out = b.dump();
+    }
+    WorkerAnswer a = co_await call(r, w, "POST", "/cache/" + op, out);
+    if (a.status >= 200 && a.status < 300 && (op == "pin" || op == "unpin")) {
+      r.index.set_pinned(w->id, hashes_of[w->id], op == "pin");
+    }
+    answers.push_back(std::move(a));
+  }
+  co_await ex.respond(combine(answers));
+}
+
+awaitable<void> flush_all(Router::Impl& r, http::Exchange& ex) {
+  std::vector<WorkerAnswer> answers;
+  for (const auto& w : joined_workers(r)) {
+    answers.push_back(co_await call(r, w, "POST", "/cache/flush", ex.request().body));
+  }
+  co_await ex.respond(combine(answers));
+}
+
+awaitable<void> cluster_state(Router::Impl& r, http::Exchange& ex) {
+  const std::string detail = ex.request().query_param("detail");
+  if (!detail.empty() && detail != "tree") {
+    co_await ex.respond(router_error(400, "'detail' must be 'tree'", "invalid_argument"));
+    co_return;
+  }
+  json workers = json::array();
+  for (const auto& w : joined_workers(r)) {
+    WorkerAnswer a = co_await call(
+        r, w, "GET", detail.empty() ? "/cache/state" : "/cache/state?detail=tree", "");
+    workers.push_back(json{{"url", w->url}, {"status", a.status}, {"state", a.body}});
+  }
+  const PrefixIndexStats s = r.index.stats();
+  json per = json::array();
+  for (const WorkerIndexStats& w : s.workers) {
+    per.push_back(json{{"worker", w.worker},
+                       {"blocks", w.blocks},
+                       {"device_blocks", w.blocks_per_tier[0]},
+                       {"host_blocks", w.blocks_per_tier[1]},
+                       {"storage_blocks", w.blocks_per_tier[2]},
+                       {"stale", w.stale},
+                       {"predicted_blocks", w.predicted_blocks},
+                       {"pinned_blocks", w.pinned_blocks},
+                       {"orphan_blocks", w.orphan_blocks}});
+  }
+  json idx{{"distinct_blocks", s.distinct_blocks},
+           {"predicted_entries", s.predicted_entries},
+           {"memory_bytes", s.memory_bytes},
+           {"workers", per}};
+  http::Response out = router_json(200, json{{"workers", workers}, {"index", idx}});
+  co_await ex.respond(std::move(out));
+}
+
+// /session/*: to the worker the session is bound to.
+awaitable<void> relay_session(Router::Impl& r, http::Exchange& ex) {
+  const http::Request& req = ex.request();
+  std::string session;
+  if (req.method == "GET") {
+    session = req.query_param("session_id");
+  } else {
+    json body = json::parse(req.body, nullptr, false);
+    if (!body.is_object()) {
+      co_await ex.respond(router_error(400, "the body must be a JSON object", "invalid_argument"));
+      co_return;
+    }
+    if (body.contains("session_id") && body["session_id"].is_string()) {
+      session = body["session_id"].get<std::string>();
+    }
+  }
+  if (session.empty() || session.size() > 256) {
+    co_await ex.respond(
+        router_error(400, "'session_id' (1 to 256 characters) is required", "invalid_argument"));
+    co_return;
+  }
+  std::shared_ptr<Worker> w;
+  {
+    std::lock_guard lock(r.mutex);
+    const int64_t now = r.now_ms();
+    r.sessions.touch(session, now);
+    if (auto b = r.sessions.peek(session, now)) {
+      if (auto it = r.workers.find(b->worker); it != r.workers.end()) w = it->second;
+    }
+  }
+  if (!w) {
+    co_await ex.respond(
+        router_error(404,
+                     "session '" + session +
+                         "' is not bound to a worker (no request of it went through "
+                         "this router, or its binding expired)",
+                     "not_found"));
+    co_return;
+  }
+  WorkerAnswer a = co_await call(r, w, req.method, req.target, req.body);
+  if (a.status == 0) {
+    co_await ex.respond(router_error(502,
+                                     "the session's worker " + w->url + " did not answer: " +
+                                         a.body["error"]["message"].get<std::string>(),
+                                     "unavailable"));
+    co_return;
+  }
+  http::Response out = router_json(a.status, a.body);
+  out.headers.emplace_back("x-strata-worker", w->url);
+  co_await ex.respond(std::move(out));
+}
+
+awaitable<void> add_worker_route(Router::Impl& r, http::Exchange& ex) {
+  json body = json::parse(ex.request().body, nullptr, false);
+  if (!body.is_object() || !body.contains("url") || !body["url"].is_string()) {
+    co_await ex.respond(
+        router_error(400, "the body must be an object with a 'url' string", "invalid_argument"));
+    co_return;
+  }
+  for (const auto& [key, value] : body.items()) {
+    if (key != "url" && key != "kind" && key != "kv_events" && key != "kv_events_replay" &&
+        key != "block_size" && key != "role") {
+      co_await ex.respond(router_error(400, "unknown field '" + key + "'", "invalid_argument"));
+      co_return;
+    }
+  }
+  const bool spec = body.size() > 1;
+  auto w = r.add_worker(body["url"].get<std::string>(), spec ? &body : nullptr);
+  if (!w) {
+    const int status = w.error().code == ErrorCode::kFailedPrecondition  ? 409
+                       : w.error().code == ErrorCode::kResourceExhausted ? 507
+                                                                         : 400;
+    co_await ex.respond(router_error(status, w.error().message, "invalid_argument"));
+    co_return;
+  }
+  json out;
+  {
+    std::lock_guard lock(r.mutex);
+    out = r.worker_json(**w);
+  }
+  co_await ex.respond(router_json(201, out));
+}
+
+awaitable<void> delete_worker_route(Router::Impl& r, http::Exchange& ex) {
+  const std::string url = ex.request().query_param("url");
+  const std::string drain = ex.request().query_param("drain");
+  if (url.empty() || (!drain.empty() && drain != "true" && drain != "false")) {
+    co_await ex.respond(router_error(
+        400, "DELETE /workers?url=URL[&drain=true|false] (drain: finish its requests first)",
+        "invalid_argument"));
+    co_return;
+  }
+  auto w = r.find_worker(url);
+  if (!w) {
+    co_await ex.respond(router_error(404, "no worker " + url, "not_found"));
+    co_return;
+  }
+  if (drain == "false") {
+    r.remove_worker(w->id);
+    http::Response out = router_json(200, json{{"removed", w->url}});
+    co_await ex.respond(std::move(out));
+    co_return;
+  }
+  {
+    std::lock_guard lock(r.mutex);
+    w->draining = true;
+  }
+  http::Response out = router_json(200, json{{"draining", w->url}});
+  co_await ex.respond(std::move(out));
+}
+
+http::Response metrics(Router::Impl& r) {
+  {
+    std::lock_guard lock(r.mutex);
+    const int64_t now = r.now_ms();
+    for (const auto& [id, w] : r.workers) {
+      auto set = [&](const char* what, double v) {
+        r.metrics.worker_gauges.Add({{"worker", w->url}, {"what", what}}).Set(v);
+      };
+      set("eligible", r.eligible(*w, now) ? 1 : 0);
+      set("load_fraction", w->load_fraction);
+      set("active_requests", static_cast<double>(w->active_requests));
+      set("sessions", static_cast<double>(r.sessions.sessions_on(w->id, now)));
+    }
+  }
+  for (const WorkerIndexStats& s : r.index.stats().workers) {
+    std::lock_guard lock(r.mutex);
+    if (auto it = r.workers.find(s.worker); it != r.workers.end()) {
+      r.metrics.worker_gauges.Add({{"worker", it->second->url}, {"what", "index_blocks"}})
+          .Set(static_cast<double>(s.blocks));
+    }
+  }
+  prometheus::TextSerializer ser;
+  return http::Response{.status = 200,
+                        .content_type = "text/plain; version=0.0.4",
+                        .body = ser.Serialize(r.metrics.registry->Collect())};
+}
+
+}  // namespace
+
+void add_router_admin_routes(http::Server& server, Router::Impl& r) {
+  server.route("GET", "/health", [&r](http::Exchange& ex) -> awaitable<void> {
+    int eligible = 0;
+    {
+      std::lock_guard lock(r.mutex);
+      for (const auto& [id, w] : r.workers) eligible += r.eligible(*w, r.now_ms()) ? 1 : 0;
+    }
+    http::Response out = router_json(
+        eligible > 0 ? 200 : 503,
+        json{{"status", eligible > 0 ? "ok" : "no_workers"}, {"eligible_workers", eligible}});
+    co_await ex.respond(std::move(out));
+  });
+  server.route("GET", "/metrics", [&r](http::Exchange& ex) -> awaitable<void> {
+    http::Response out = co_await ex.offload([&r] { return metrics(r); });
+    co_await ex.respond(std::move(out));
+  });
+  server.route("GET", "/workers", [&r](http::Exchange& ex) -> awaitable<void> {
+    json list = json::array();
+    {
+      std::lock_guard lock(r.mutex);
+      for (const auto& [id, w] : r.workers) list.push_back(r.worker_json(*w));
+    }
+    for (json& w : list) {
+      for (const WorkerIndexStats& s : r.index.stats().workers) {
+        if (s.worker == w["id"].get<WorkerId>()) w["index_blocks"] = s.blocks;
+      }
+    }
+    http::Response out =
+        router_json(200, json{{"policy", policy_name(r.options.policy)}, {"workers", list}});
+    co_await ex.respond(std::move(out));
+  });
+  server.route("POST", "/workers",
+               admin(r, [&r](http::Exchange& ex) { return add_worker_route(r, ex); }));
+  server.route("DELETE", "/workers",
+               admin(r, [&r](http::Exchange& ex) { return delete_worker_route(r, ex); }));
+  for (const char* op : {"pin", "unpin", "evict"}) {
+    server.route("POST", std::string("/cache/") + op,
+                 admin(r, [&r, op](http::Exchange& ex) { return relay_cache(r, ex, op); }));
+  }
+  server.route("POST", "/cache/flush",
+               admin(r, [&r](http::Exchange& ex) { return flush_all(r, ex); }));
+  server.route("GET", "/cache/state",
+               admin(r, [&r](http::Exchange& ex) { return cluster_state(r, ex); }));
+  for (const char* path : {"/session/tool_start", "/session/tool_end"}) {
+    server.route("POST", path, admin(r, [&r](http::Exchange& ex) { return relay_session(r, ex); }));
+  }
+  server.route("GET", "/session/kv_meta",
+               admin(r, [&r](http::Exchange& ex) { return relay_session(r, ex); }));
+}
+
+}  // namespace strata::router

@@ -1,0 +1,198 @@
+// The router's insides, shared by router.cc (registry, loops, decisions), router_routes.cc
+// (the OpenAI API) and router_admin_routes.cc (/workers, /cache/*, /session/*, /metrics).
+// Not part of the module's face: only router.h is.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "http/client.h"
+#include "http/server.h"
+#include "router/event_subscriber.h"
+#include "router/prefix_index.h"
+#include "router/router.h"
+
+namespace strata::router {
+
+// One worker as the router knows it. Fields below `mutex` are guarded by Impl::mutex.
+struct Worker {
+  WorkerId id = 0;
+  std::string url;              // as given, normalised without a trailing '/'
+  http::Url addr;               // parsed
+  std::string kind = "strata";  // "strata" (GET /server_info, /load) or "vllm", "sglang"
+  std::string role = "mixed";
+  int block_size = 0;                       // 0 until joined
+  std::string kv_events, kv_events_replay;  // "" when the worker publishes none
+  bool from_file = false;                   // listed in --workers-file
+
+  // Guarded by Impl::mutex.
+  bool joined = false;                    // /server_info read (or given by the file) and indexed
+  bool draining = false;                  // DELETE /workers?drain: no new requests
+  bool reachable = false;                 // the last load poll answered
+  int32_t poll_failures = 0;              // load polls failed in a row
+  bool joining = false, polling = false;  // a join or a poll is in flight
+  int64_t join_tried_ms = -1'000'000;
+  std::string last_error;
+  CircuitBreaker breaker;
+  // The worker's last report, and when.
+  double load_fraction = 0;
+  int64_t reported_running = 0, reported_waiting = 0, reported_queued_prefill = 0;
+  int64_t free_pages = 0, evictable_pages = 0, total_pages = 0;
+  int64_t recommended_pause_until_ms = 0;
+  int64_t load_at_ms = 0;
+  // The router's own accounting of what it sent there and is still running.
+  int64_t inflight_prefill_tokens = 0;  // prompts not past their first token yet
+  int64_t decode_requests = 0;          // streams past their first token
+  int64_t active_requests = 0;
+  uint64_t requests = 0, new_sessions = 0, failures = 0, retried_away = 0;
+  std::unique_ptr<EventSubscriber> events;  // null: approximate (no events)
+
+  explicit Worker(CircuitBreakerOptions b) : breaker(b) {}
+};
+
+// Prometheus metrics of the router.
+struct RouterMetrics {
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  prometheus::Family<prometheus::Counter>& decisions;  // {reason, worker}
+  prometheus::Family<prometheus::Counter>& requests;   // {status}
+  prometheus::Counter& retries;
+  prometheus::Counter& predicted_cached_tokens;
+  prometheus::Counter& reported_cached_tokens;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& queued;
+  prometheus::Counter& rejected_429;
+  prometheus::Counter& streams_broken;
+  prometheus::Histogram& decision_seconds;
+  prometheus::Histogram& queue_seconds;
+  prometheus::Family<prometheus::Gauge>& worker_gauges;  // {worker, what}
+  RouterMetrics();
+};
+
+struct RouteChoice {
+  std::shared_ptr<Worker> worker;
+  std::string reason;
+  int64_t predicted_cached_tokens = 0;
+  int64_t prompt_tokens = 0;
+  int64_t charged_prefill = 0;  // added to the worker's inflight_prefill_tokens
+  bool all_saturated = false;
+  uint64_t probe = 0;  // the breaker's half-open probe number (CircuitBreaker::admit)
+};
+
+// What a request brings to a decision.
+struct RouteRequest {
+  std::vector<int32_t> tokens;  // empty: not scored by cache (unparseable for the router)
+  std::string session;          // "" when none
+  std::string tenant;
+  std::vector<WorkerId> exclude;  // tried already
+};
+
+struct Router::Impl {
+  RouterOptions options;
+  const Tokenizer& tokenizer;
+  const ChatTemplate* chat;
+  std::string model_name;
+
+  boost::asio::io_context io;  // upstream client + background loops
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
+  std::vector<std::thread> threads;
+  http::Client client;
+  http::Server http;
+  PrefixIndex index;         // from the events (+ predict-on-route entries)
+  PrefixIndex approx_index;  // only what the router sent (the approximate policy)
+  RouterMetrics metrics;
+  std::atomic<bool> stopping{false};
+
+  std::mutex mutex;
+  std::map<WorkerId, std::shared_ptr<Worker>> workers;  // GUARDED_BY(mutex)
+  SessionTable sessions;                                // GUARDED_BY(mutex)
+  AdmissionQueue queue;                                 // GUARDED_BY(mutex)
+  // Waiting requests' wake-ups, by ticket.
+  std::unordered_map<uint64_t, std::function<void()>> queue_wakers;  // GUARDED_BY(mutex)
+  std::mt19937_64 rng;                                               // GUARDED_BY(mutex)
+  uint64_t round_robin = 0;                                          // GUARDED_BY(mutex)
+  int64_t workers_file_mtime = -1;                                   // GUARDED_BY(mutex)
+
+  Impl(RouterOptions o, const Tokenizer& t, const ChatTemplate* c, std::string model);
+
+  int64_t now_ms() const { return SteadyClock::instance().now_ms(); }
+  std::string worker_key() const {
+    return options.worker_api_key.empty() ? options.admin_api_key : options.worker_api_key;
+  }
+
+  // ---- registry (router.cc) ----
+  // Adds a worker (not yet joined); kInvalidArgument for a bad URL or spec,
+  // kFailedPrecondition when it is already there, kResourceExhausted beyond 64.
+  Result<std::shared_ptr<Worker>> add_worker(const std::string& url, const nlohmann::json* spec);
+  void remove_worker(WorkerId id);
+  std::shared_ptr<Worker> find_worker(const std::string& url);
+  std::vector<std::shared_ptr<Worker>> worker_list();
+  nlohmann::json worker_json(const Worker& w);  // caller holds mutex
+  // Joins a worker: reads /server_info (Strata), registers it in the index, subscribes.
+  boost::asio::awaitable<void> join(std::shared_ptr<Worker> w);
+  boost::asio::awaitable<void> poll_load(std::shared_ptr<Worker> w);
+  // Takes a load report in; true when the worker just stopped being saturated.
+  bool apply_load(Worker& w, const Result<http::ClientResponse>& r);
+  boost::asio::awaitable<void> rebuild_index(std::shared_ptr<Worker> w);
+  void on_stale(WorkerId id, const std::string& reason);
+  void read_workers_file();
+  boost::asio::awaitable<void> background_loop();
+
+  // Can take new requests: joined, not draining, answering, breaker closed (or probing).
+  bool eligible(const Worker& w, int64_t now) const;  // caller holds mutex
+  bool policy_uses_cache() const;
+
+  // ---- decisions (router.cc) ----
+  // nullopt: no eligible worker.
+  std::optional<RouteChoice> choose(const RouteRequest& req);
+  // The request reached its first token (prefill done) or ended; undoes choose()'s charge.
+  void first_token(const RouteChoice& c);
+  void finished(const RouteChoice& c, bool started);
+  // The upstream outcome, for the breaker and the session's rejection window.
+  void outcome(const RouteChoice& c, UpstreamOutcome o, const std::string& session, uint64_t probe);
+  // A waiting ticket may go (capacity freed): wakes the next queued request.
+  void wake_queue();
+  bool anyone_below_threshold();
+
+  // A chat prompt's token ids, rendered and tokenized as a worker does
+  // (server/route_context.cc): the template writes the special tokens.
+  Result<std::vector<int32_t>> chat_tokens(const nlohmann::ordered_json& messages,
+                                           const nlohmann::ordered_json* tools,
+                                           const nlohmann::ordered_json& template_kwargs,
+                                           bool add_generation_prompt) const;
+
+  // ---- upstream calls (router_routes.cc) ----
+  http::ClientRequest upstream_request(const Worker& w, std::string method, std::string target,
+                                       std::string body, bool admin);
+};
+
+// Sends the exchange's request as it is to any eligible worker, answering with its answer.
+boost::asio::awaitable<void> forward_any(Router::Impl& r, http::Exchange& ex);
+
+// Routes (router_routes.cc, router_admin_routes.cc).
+void add_router_routes(http::Server& server, Router::Impl& r);
+void add_router_admin_routes(http::Server& server, Router::Impl& r);
+
+// Shared by the route files.
+http::Response router_error(int status, std::string message, std::string code);
+http::Response router_json(int status, const nlohmann::json& body);
+bool router_authorized(const Router::Impl& r, const http::Request& req);
+
+}  // namespace strata::router

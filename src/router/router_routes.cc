@@ -1,0 +1,389 @@
+// The router's OpenAI API: POST /v1/chat/completions and /v1/completions are rendered and
+// tokenized as the workers will (so that the prompt's blocks can be looked up), routed
+// (router.cc: choose) and proxied, streaming or not. A failure before the answer's first
+// byte (connection refused, a 429 or 503, a timeout) is retried on the next-best worker,
+// up to --max-attempts; a worker that breaks a stream after its first byte ends the
+// client's stream with an error event. GET /v1/models, /tokenize and /detokenize go to a
+// worker as they are (docs/router.md).
+#include <boost/asio/use_awaitable.hpp>
+
+#include "common/log.h"
+#include "router/router_impl.h"
+
+namespace strata::router {
+
+using boost::asio::awaitable;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+struct Prepared {
+  std::string body;  // what goes upstream (the client's, or with session_id added)
+  std::vector<int32_t> tokens;
+  std::string session;
+  bool stream = false;
+};
+
+Result<Prepared> bad(std::string message) {
+  return make_error(ErrorCode::kInvalidArgument, std::move(message));
+}
+
+// Parses, checks what the router itself relies on, and renders and tokenizes the prompt
+// as a worker does (server/openai_routes.cc). Everything else is the worker's to check.
+Result<Prepared> prepare(const Router::Impl& r, const http::Request& req, bool chat) {
+  ojson body = ojson::parse(req.body, nullptr, false);
+  if (body.is_discarded()) return bad("the body is not valid JSON");
+  if (!body.is_object()) return bad("the body must be a JSON object");
+  Prepared p;
+  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("'stream' must be a boolean");
+    p.stream = it->get<bool>();
+  }
+  const std::string header_session(req.header("x-session-id"));
+  bool injected = false;
+  if (auto it = body.find("session_id"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || it->get<std::string>().empty() || it->get<std::string>().size() > 256) {
+      return bad("'session_id' must be 1 to 256 characters");
+    }
+    p.session = it->get<std::string>();
+  } else if (!header_session.empty()) {
+    if (header_session.size() > 256) return bad("'x-session-id' must be 1 to 256 characters");
+    p.session = header_session;
+    body["session_id"] = header_session;  // the worker keys its records on it too
+    injected = true;
+  }
+  if (chat) {
+    auto it = body.find("messages");
+    if (it == body.end()) return bad("'messages' is required");
+    if (!it->is_array() || it->empty()) return bad("'messages' must be a non-empty array");
+    for (const ojson& m : *it) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+        return bad("each message must be an object with a 'role' string");
+      }
+    }
+    const ojson* tools = nullptr;
+    if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+      if (!t->is_array()) return bad("'tools' must be an array");
+      tools = &*t;
+    }
+    ojson kwargs = ojson::object();
+    if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
+      if (!k->is_object()) return bad("'chat_template_kwargs' must be an object");
+      kwargs = *k;
+    }
+    if (r.chat != nullptr) {
+      auto ids = r.chat_tokens(*it, tools, kwargs, /*add_generation_prompt=*/true);
+      if (!ids) return bad(ids.error().message);
+      p.tokens = std::move(*ids);
+    }
+  } else {
+    auto it = body.find("prompt");
+    if (it == body.end()) return bad("'prompt' is required");
+    if (it->is_string()) {
+      auto ids =
+          r.tokenizer.encode(it->get<std::string>(), EncodeOptions{.add_special_tokens = true});
+      if (!ids) return bad(ids.error().message);
+      p.tokens = std::move(*ids);
+    } else if (it->is_array()) {
+      for (const ojson& t : *it) {
+        if (!t.is_number_integer())
+          return bad("'prompt' must be a string or an array of token ids");
+        p.tokens.push_back(t.get<int32_t>());
+      }
+    } else {
+      return bad("'prompt' must be a string or an array of token ids");
+    }
+  }
+  p.body = injected ? body.dump() : req.body;
+  return p;
+}
+
+std::string tenant_of(const http::Request& req) {
+  std::string t(req.header("x-tenant"));
+  if (!t.empty()) return t.substr(0, 256);
+  std::string auth(req.header("authorization"));
+  return auth.substr(0, 256);
+}
+
+// The worker's usage.prompt_tokens_details.cached_tokens in a body or a stream chunk.
+std::optional<int64_t> reported_cached(std::string_view data) {
+  if (data.find("\"cached_tokens\"") == std::string_view::npos) return std::nullopt;
+  json j = json::parse(data, nullptr, false);
+  if (!j.is_object() || !j.contains("usage") || !j["usage"].is_object()) return std::nullopt;
+  const json& u = j["usage"];
+  if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
+    const json& d = u["prompt_tokens_details"];
+    if (d.contains("cached_tokens") && d["cached_tokens"].is_number_integer()) {
+      return d["cached_tokens"].get<int64_t>();
+    }
+  }
+  return std::nullopt;
+}
+
+http::Headers route_headers(const RouteChoice& c, int attempt) {
+  http::Headers h{{"x-strata-worker", c.worker->url}, {"x-strata-route", c.reason}};
+  if (attempt > 0) h.emplace_back("x-strata-attempts", std::to_string(attempt + 1));
+  return h;
+}
+
+bool retryable_status(int status) {
+  return status == 429 || status == 503;
+}
+
+// Waits in the router queue while every worker is saturated. False: the client was
+// answered (429: the queue is full, or the wait is over) or went away.
+awaitable<bool> wait_in_queue(Router::Impl& r, http::Exchange& ex, const Prepared& p,
+                              const std::string& tenant, int64_t& queued_since) {
+  const int64_t now = r.now_ms();
+  if (queued_since < 0) queued_since = now;
+  Ticket ticket{};
+  int64_t retry_after = 1;
+  {
+    std::lock_guard lock(r.mutex);
+    auto t = r.queue.push(tenant, p.session, now);
+    if (!t) {
+      retry_after = r.queue.retry_after_s(now);
+    } else {
+      ticket = *t;
+      r.queue_wakers[static_cast<uint64_t>(ticket)] = ex.waker();
+    }
+  }
+  auto refuse = [&](std::string why) -> awaitable<void> {
+    r.metrics.rejected_429.Increment();
+    r.metrics.requests.Add({{"status", "429"}}).Increment();
+    http::Response resp = router_error(429, std::move(why), "rate_limited");
+    resp.headers.emplace_back("Retry-After", std::to_string(retry_after));
+    co_await ex.respond(std::move(resp));
+  };
+  if (ticket == Ticket{}) {
+    co_await refuse("every worker is saturated and the router queue is full; retry later");
+    co_return false;
+  }
+  r.metrics.queued.Increment();
+  const int64_t deadline = queued_since + r.options.queue.max_wait_ms;
+  const bool alive =
+      co_await ex.wait(std::chrono::milliseconds(std::max<int64_t>(1, deadline - now)));
+  bool over = false;
+  {
+    std::lock_guard lock(r.mutex);
+    r.queue.remove(ticket);
+    r.queue_wakers.erase(static_cast<uint64_t>(ticket));
+    over = r.now_ms() >= deadline;
+    if (over) retry_after = r.queue.retry_after_s(r.now_ms());
+  }
+  if (!alive) co_return false;
+  if (over) {
+    co_await refuse("every worker stayed saturated for the router queue's whole wait; retry later");
+    co_return false;
+  }
+  co_return true;
+}
+
+awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
+  const http::Request& req = ex.request();
+  auto p = co_await ex.offload([&] { return prepare(r, req, chat); });
+  if (!p) {
+    r.metrics.requests.Add({{"status", "400"}}).Increment();
+    co_await ex.respond(router_error(400, p.error().message, "invalid_request_error"));
+    co_return;
+  }
+  RouteRequest rr;
+  rr.tokens = p->tokens;
+  rr.session = p->session;
+  rr.tenant = tenant_of(req);
+  r.metrics.prompt_tokens.Increment(static_cast<double>(p->tokens.size()));
+  int64_t queued_since = -1;
+  std::optional<http::ClientResponse> last_refusal;  // a worker's 429/503, if all refuse
+  std::string last_error;
+  for (int attempt = 0; attempt < r.options.max_attempts;) {
+    auto c = r.choose(rr);
+    if (!c) break;
+    if (c->all_saturated) {
+      if (!co_await wait_in_queue(r, ex, *p, rr.tenant, queued_since)) co_return;
+      continue;
+    }
+    if (queued_since >= 0) {
+      r.metrics.queue_seconds.Observe(static_cast<double>(r.now_ms() - queued_since) / 1e3);
+      queued_since = -1;
+    }
+    if (attempt > 0) r.metrics.retries.Increment();
+    ++attempt;
+    http::ClientRequest up = r.upstream_request(*c->worker, "POST", req.target, p->body, false);
+    if (auto a = req.header("authorization"); !a.empty()) {
+      up.headers.emplace_back("Authorization", std::string(a));
+    }
+    const std::string worker_url = c->worker->url;
+    if (!p->stream) {
+      auto resp = co_await r.client.request(std::move(up));
+      if (!resp || retryable_status(resp->status)) {
+        const UpstreamOutcome o =
+            !resp ? (resp.error().code == ErrorCode::kTimeout ? UpstreamOutcome::kTimeout
+                                                              : UpstreamOutcome::kConnectError)
+                  : UpstreamOutcome::kBackpressure;
+        r.outcome(*c, o, rr.session, c->probe);
+        r.finished(*c, false);
+        if (!resp) {
+          last_error = worker_url + ": " + resp.error().message;
+        } else {
+          last_refusal = std::move(*resp);
+        }
+        rr.exclude.push_back(c->worker->id);
+        STRATA_LOG_DEBUG("route: worker {} failed before its answer ({}); retrying elsewhere",
+                         worker_url, !resp ? last_error : std::to_string(last_refusal->status));
+        continue;
+      }
+      r.outcome(*c, resp->status >= 500 ? UpstreamOutcome::kServerError : UpstreamOutcome::kOk,
+                rr.session, c->probe);
+      r.finished(*c, false);
+      r.metrics.predicted_cached_tokens.Increment(static_cast<double>(c->predicted_cached_tokens));
+      if (auto cached = reported_cached(resp->body)) {
+        r.metrics.reported_cached_tokens.Increment(static_cast<double>(*cached));
+      }
+      r.metrics.requests.Add({{"status", std::to_string(resp->status)}}).Increment();
+      http::Response out{.status = resp->status,
+                         .content_type = std::string(resp->header("content-type")),
+                         .body = std::move(resp->body),
+                         .headers = route_headers(*c, attempt - 1)};
+      if (out.content_type.empty()) out.content_type = "application/json";
+      co_await ex.respond(std::move(out));
+      co_return;
+    }
+    http::CancelHandle cancel;
+    auto es = co_await r.client.open_stream(std::move(up), cancel);
+    if (!es || retryable_status(es->status())) {
+      const UpstreamOutcome o =
+          !es ? (es.error().code == ErrorCode::kTimeout ? UpstreamOutcome::kTimeout
+                                                        : UpstreamOutcome::kConnectError)
+              : UpstreamOutcome::kBackpressure;
+      r.outcome(*c, o, rr.session, c->probe);
+      r.finished(*c, false);
+      if (!es) {
+        last_error = worker_url + ": " + es.error().message;
+      } else {
+        last_refusal = http::ClientResponse{
+            .status = es->status(), .headers = es->headers(), .body = es->body()};
+      }
+      rr.exclude.push_back(c->worker->id);
+      continue;
+    }
+    if (es->status() < 200 || es->status() >= 300) {
+      // An answer that is not a stream (a 400 for a bad field): passed on as it is.
+      r.outcome(*c, es->status() >= 500 ? UpstreamOutcome::kServerError : UpstreamOutcome::kOk,
+                rr.session, c->probe);
+      r.finished(*c, false);
+      r.metrics.requests.Add({{"status", std::to_string(es->status())}}).Increment();
+      http::Response out{.status = es->status(),
+                         .content_type = "application/json",
+                         .body = es->body(),
+                         .headers = route_headers(*c, attempt - 1)};
+      co_await ex.respond(std::move(out));
+      co_return;
+    }
+    r.outcome(*c, UpstreamOutcome::kOk, rr.session, c->probe);
+    r.metrics.predicted_cached_tokens.Increment(static_cast<double>(c->predicted_cached_tokens));
+    bool started = false;
+    bool open = co_await ex.begin_stream(200, "text/event-stream", route_headers(*c, attempt - 1));
+    while (open) {
+      auto ev = co_await es->next();
+      if (!ev) {
+        // The worker failed mid-stream: the client gets an error event, then the end.
+        r.metrics.streams_broken.Increment();
+        r.outcome(*c, UpstreamOutcome::kStreamBroken, rr.session, 0);
+        json err{
+            {"error",
+             {{"message", "the worker " + worker_url + " failed mid-stream: " + ev.error().message},
+              {"type", "upstream_error"},
+              {"code", "upstream_error"}}}};
+        ex.send("data: " + err.dump() + "\n\n");
+        break;
+      }
+      if (!ev->has_value()) break;
+      if (!started) {
+        started = true;
+        r.first_token(*c);
+      }
+      const std::string& data = **ev;
+      if (auto cached = reported_cached(data)) {
+        r.metrics.reported_cached_tokens.Increment(static_cast<double>(*cached));
+      }
+      if (!ex.send("data: " + data + "\n\n")) {
+        cancel.cancel();
+        open = false;
+      }
+    }
+    es->close();
+    r.finished(*c, started);
+    r.metrics.requests.Add({{"status", "200"}}).Increment();
+    if (open) co_await ex.end_stream();
+    co_return;
+  }
+  // Every try failed before an answer, or no worker can take the request.
+  if (last_refusal) {
+    r.metrics.requests.Add({{"status", std::to_string(last_refusal->status)}}).Increment();
+    http::Response out{.status = last_refusal->status,
+                       .content_type = "application/json",
+                       .body = last_refusal->body};
+    if (auto ra = last_refusal->header("retry-after"); !ra.empty()) {
+      out.headers.emplace_back("Retry-After", std::string(ra));
+    }
+    co_await ex.respond(std::move(out));
+    co_return;
+  }
+  r.metrics.requests.Add({{"status", "503"}}).Increment();
+  http::Response out = router_error(
+      503,
+      last_error.empty() ? "no worker can take the request (none joined, healthy and not draining)"
+                         : "every worker tried failed: " + last_error,
+      "unavailable");
+  out.headers.emplace_back("Retry-After", "1");
+  co_await ex.respond(std::move(out));
+}
+
+}  // namespace
+
+// Sends a request to any eligible worker as it is (round robin over them), answering with
+// the worker's answer. Used for the endpoints whose answer does not depend on the worker.
+awaitable<void> forward_any(Router::Impl& r, http::Exchange& ex) {
+  const http::Request& req = ex.request();
+  std::vector<std::shared_ptr<Worker>> ws;
+  {
+    std::lock_guard lock(r.mutex);
+    const int64_t now = r.now_ms();
+    for (const auto& [id, w] : r.workers) {
+      if (r.eligible(*w, now)) ws.push_back(w);
+    }
+    if (!ws.empty())
+      std::rotate(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(r.round_robin++ % ws.size()),
+                  ws.end());
+  }
+  std::string last_error = "no worker is joined and healthy";
+  for (size_t i = 0; i < ws.size() && i < 3; ++i) {
+    http::ClientRequest up = r.upstream_request(*ws[i], req.method, req.target, req.body, false);
+    auto resp = co_await r.client.request(std::move(up));
+    if (!resp) {
+      last_error = ws[i]->url + ": " + resp.error().message;
+      continue;
+    }
+    http::Response out{.status = resp->status,
+                       .content_type = std::string(resp->header("content-type")),
+                       .body = std::move(resp->body),
+                       .headers = {{"x-strata-worker", ws[i]->url}}};
+    if (out.content_type.empty()) out.content_type = "application/json";
+    co_await ex.respond(std::move(out));
+    co_return;
+  }
+  co_await ex.respond(router_error(503, last_error, "unavailable"));
+}
+
+void add_router_routes(http::Server& server, Router::Impl& r) {
+  server.route("POST", "/v1/chat/completions",
+               [&r](http::Exchange& ex) { return generation(r, ex, true); });
+  server.route("POST", "/v1/completions",
+               [&r](http::Exchange& ex) { return generation(r, ex, false); });
+  server.route("GET", "/v1/models", [&r](http::Exchange& ex) { return forward_any(r, ex); });
+  server.route("POST", "/tokenize", [&r](http::Exchange& ex) { return forward_any(r, ex); });
+  server.route("POST", "/detokenize", [&r](http::Exchange& ex) { return forward_any(r, ex); });
+}
+
+}  // namespace strata::router
