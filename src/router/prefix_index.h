@@ -53,9 +53,9 @@
 // Threads. Every method is thread-safe. One std::shared_mutex guards all state: match(),
 // worker_hashes(), stats() and is_stale() take it shared, so router coroutines match
 // concurrently; apply(), rebuild_worker() and the other mutators take it exclusively,
-// apply() once per batch, hashing included (bench_router_index: 0.14 us per new block for
-// a Strata worker, 0.28 us for a worker with other hashes, so a batch of 1,024 new blocks
-// holds it for 0.15 to 0.3 ms, which a concurrent match() may wait). The mutex is a leaf:
+// apply() once per batch, hashing included (bench_router_index: 0.12 us per new block for
+// a Strata worker, 0.25 us for a worker with other hashes, so a batch of 1,024 new blocks
+// holds it for 0.13 to 0.26 ms, which a concurrent match() may wait). The mutex is a leaf:
 // nothing is called back under it. (glibc's rwlock prefers readers; writers are sporadic and short,
 // so they get through between matches.)
 #pragma once
