@@ -6,6 +6,8 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
+import { writeFileSync, mkdtempSync } from 'node:fs';
+import os from 'node:os';
 import { createRequire } from 'node:module';
 import { startServer, words, STRATA, SOURCE_DIR, tinyQwen3Model } from './server_harness.mjs';
 
@@ -321,6 +323,34 @@ test('workers are added, drained and removed at run time', async () => {
   }
 });
 
+test('--workers-file: workers come and go as the file changes; --policy approximate', async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'strata-router-'));
+  const file = path.join(dir, 'workers.json');
+  // A worker listed without its events: scored from what the router sent it.
+  writeFileSync(file, JSON.stringify([{ url: workers[0].base, kind: 'strata' }]));
+  const r = await startRouter(['--workers-file', file, '--policy', 'approximate']);
+  try {
+    await allJoined(r, 1);
+    writeFileSync(file, JSON.stringify([{ url: workers[0].base, kind: 'strata' }, { url: workers[1].base, kind: 'strata' }]));
+    await allJoined(r, 2);
+    const system = 'Approximate routing. ' + words(150, 55);
+    const first = await r.post('/v1/chat/completions', chat(system, 'a'));
+    assert.equal(first.status, 200, first.text);
+    for (const q of ['b', 'c', 'd']) {
+      const again = await r.post('/v1/chat/completions', chat(system, q));
+      assert.equal(again.headers.get('x-strata-worker'), first.headers.get('x-strata-worker'));
+      assert.equal(again.headers.get('x-strata-route'), 'cache');
+    }
+    writeFileSync(file, JSON.stringify([{ url: workers[1].base, kind: 'strata' }]));
+    await waitFor(async () => {
+      const ws = await workerList(r);
+      return ws.length === 1 && ws[0].url === workers[1].base;
+    }, 'the file change');
+  } finally {
+    await r.stop();
+  }
+});
+
 test('a killed worker: its traffic moves on, no request that had not started fails', async () => {
   const victim = workers[2];
   const sessions = [];
@@ -330,8 +360,22 @@ test('a killed worker: its traffic moves on, no request that had not started fai
     if (r.headers.get('x-strata-worker') === victim.base) sessions.push(`kill-${i}`);
   }
   assert.ok(sessions.length > 0, 'some sessions were bound to the victim');
+  // A stream running on the victim when it dies ends with an error event, then the end.
+  const streaming = await fetch(router.base + '/v1/chat/completions', { method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ ...chat('Kill test. ' + words(40, 70), 'stream', { session_id: sessions[0] }),
+      max_tokens: 4000, ignore_eos: true, stream: true }) });
+  assert.equal(streaming.headers.get('x-strata-worker'), victim.base);
+  const reader = streaming.body.getReader();
+  let seen = new TextDecoder().decode((await reader.read()).value);
   process.kill(victim.pid, 'SIGKILL');
   await new Promise((r) => victim.proc.on('exit', r));
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    seen += new TextDecoder().decode(value);
+  }
+  assert.match(seen, /data: \{"error":\{"code":"upstream_error"/);
   const results = await Promise.all(sessions.map((s, i) =>
     router.post('/v1/chat/completions', chat('Kill test. ' + words(40, 70 + i), 'again', { session_id: s }))));
   for (const r of results) {
