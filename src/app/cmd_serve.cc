@@ -30,6 +30,7 @@
 #include "server/metrics.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
+#include "text/tool_calls/tool_call_format.h"
 
 #ifndef STRATA_SOURCE_DIR
 #define STRATA_SOURCE_DIR "."
@@ -146,6 +147,8 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     int64_t max_sessions = 10'000;
     int64_t session_ttl_s = 3600;
     bool auto_tool_offload = false;
+    std::string tool_call_parser = "auto";  // auto | hermes | llama3_json | mistral | none
+    bool allow_forced_output = false;       // test-only: the request field forced_output
     http::ServerOptions http;  // --http-* (host and port are set from the options above)
     double shutdown_timeout_s = 30;
   };
@@ -309,6 +312,13 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--auto-tool-offload", o->auto_tool_offload,
                 "Offload a session's KV by itself when a response ends with tool calls; its "
                 "next request restores it");
+  cmd->add_option("--tool-call-parser", o->tool_call_parser,
+                  "How tool calls are read from replies: auto (from the chat template) | "
+                  "hermes | llama3_json | mistral | none")
+      ->capture_default_str();
+  cmd->add_flag("--allow-forced-output", o->allow_forced_output,
+                "Test-only: accept a request's 'forced_output', text emitted as the reply as "
+                "if sampled");
 
   cmd->callback([o, &exit_code] {
     auto fail = [&](const std::string& message) {
@@ -351,6 +361,10 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     } else {
       STRATA_LOG_WARN("the model has no chat_template: /v1/chat/completions will answer 400");
     }
+    const std::optional<std::string_view> template_src = (*tokenizer)->chat_template();
+    auto tool_call_format =
+        resolve_tool_call_format(o->tool_call_parser, template_src.value_or(""));
+    if (!tool_call_format) return fail("--tool-call-parser: " + tool_call_format.error().message);
 
     std::unique_ptr<KvEventPublisher> publisher;
     if (!o->kv_events_endpoint.empty()) {
@@ -407,6 +421,8 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     so.http.port = o->port;
     so.admin_api_key = o->admin_api_key;
     so.auto_tool_offload = o->auto_tool_offload;
+    so.tool_call_format = *tool_call_format;
+    so.allow_forced_output = o->allow_forced_output;
     so.model_name = o->served_model_name.empty()
                         ? std::filesystem::absolute(dir).filename().string()
                         : o->served_model_name;
@@ -432,6 +448,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     STRATA_LOG_INFO("model {} ({} layers, hidden {}, vocab {}), KV pool {} pages of {} tokens",
                     so.model_name, c.num_layers, c.hidden_size, c.vocab_size,
                     (*engine)->num_pages(), eo.page_size);
+    STRATA_LOG_INFO("tool calls read as {} (--tool-call-parser {})",
+                    tool_call_format_name(so.tool_call_format), o->tool_call_parser);
+    if (so.allow_forced_output) {
+      STRATA_LOG_WARN("--allow-forced-output: requests may dictate replies (test-only)");
+    }
     if (publisher) {
       STRATA_LOG_INFO("KV events on {} (replay {})", publisher->endpoint(),
                       publisher->replay_endpoint());

@@ -56,6 +56,15 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                            "refused (over --max-pinned-ratio or --max-client-pinned-ratio)")
                        .Register(*registry_)
                        .Add({});
+  auto& tool_calls = BuildCounter()
+                         .Name("strata_tool_call_replies_total")
+                         .Help(
+                             "Chat replies parsed for tool calls by outcome: calls (one or "
+                             "more tool calls), malformed (tool-call markup that did not parse, "
+                             "returned as content)")
+                         .Register(*registry_);
+  tool_call_replies_ = &tool_calls.Add({{"outcome", "calls"}});
+  malformed_tool_calls_ = &tool_calls.Add({{"outcome", "malformed"}});
   pages_family_ = &BuildGauge()
                        .Name("strata_kv_pages")
                        .Help(

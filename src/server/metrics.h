@@ -56,6 +56,10 @@ class Metrics {
   prometheus::Histogram& e2e_s() { return *e2e_s_; }
   // Pins a message's cache_control asked for that the pin policy refused (over budget).
   prometheus::Counter& refused_pins() { return *refused_pins_; }
+  // Chat replies with tool calls, and replies whose tool-call markup did not parse (their
+  // text comes back as content): strata_tool_call_replies_total{outcome}.
+  prometheus::Counter& tool_call_replies() { return *tool_call_replies_; }
+  prometheus::Counter& malformed_tool_calls() { return *malformed_tool_calls_; }
 
   void set_cache(const CacheGaugeValues& v);
   // The HTTP layer's connections, refusals, timeouts by phase, disconnects.
@@ -74,6 +78,8 @@ class Metrics {
   prometheus::Histogram* inter_token_s_;
   prometheus::Histogram* e2e_s_;
   prometheus::Counter* refused_pins_;
+  prometheus::Counter* tool_call_replies_;
+  prometheus::Counter* malformed_tool_calls_;
   prometheus::Family<prometheus::Gauge>* pages_family_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;

@@ -7,6 +7,7 @@
 // client goes away (streaming or not) or the server's shutdown deadline passes, the wait
 // returns false and the request is cancelled: the scheduler drops it at its next step and
 // its pages go back.
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <optional>
@@ -16,6 +17,8 @@
 #include "server/request_timing.h"
 #include "server/routes.h"
 #include "server/text_stream.h"
+#include "text/tool_calls/tool_call_parser.h"
+#include "text/tool_calls/tool_request.h"
 
 namespace strata {
 namespace {
@@ -28,15 +31,6 @@ using boost::asio::awaitable;
 // How long a handler sleeps between results when nothing wakes it (a safety net: every
 // result the engine pushes wakes it at once).
 constexpr std::chrono::milliseconds kPollInterval{1000};
-
-// A response that ends with a tool call in the Hermes/Qwen format the chat templates use.
-bool ends_with_tool_call(std::string_view text) {
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\r' ||
-                           text.back() == '\t')) {
-    text.remove_suffix(1);
-  }
-  return text.ends_with("</tool_call>");
-}
 
 int64_t unix_time_s() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -75,7 +69,45 @@ struct Prepared {
   ojson template_kwargs = ojson::object();
   size_t session_prev = 0;
   PinAuthority pin_authority = PinAuthority::kClient;  // for a message's cache_control
+  // Function calling: the request's function names and tool_choice (kNone: the reply is
+  // not parsed for tool calls).
+  std::vector<std::string> function_names;
+  ToolChoice tool_choice{.mode = ToolChoiceMode::kNone};
+  // Test-only forced_output: its tokens, emitted in place of the engine's (the engine
+  // prefills them after the prompt and samples one token, which is dropped), and whether
+  // max_tokens cut them.
+  std::optional<std::vector<int32_t>> forced;
+  bool forced_truncated = false;
 };
+
+// Whether the reply of `p` is read for tool calls (chat, tools, tool_choice not none, and
+// a parser configured).
+bool parses_tool_calls(const RouteContext& ctx, const Prepared& p) {
+  return p.tool_choice.mode != ToolChoiceMode::kNone &&
+         ctx.options.tool_call_format != ToolCallFormat::kNone;
+}
+
+ToolCallParserOptions parser_options(const RouteContext& ctx, const Prepared& p) {
+  ToolCallParserOptions o;
+  o.format = ctx.options.tool_call_format;
+  if (p.tool_choice.mode == ToolChoiceMode::kFunction) {
+    o.function_names = {p.tool_choice.function};
+  } else {
+    o.function_names = p.function_names;
+  }
+  return o;
+}
+
+// OpenAI's message.tool_calls.
+json tool_calls_json(const std::vector<ToolCall>& calls) {
+  json out = json::array();
+  for (const ToolCall& c : calls) {
+    out.push_back(json{{"id", c.id},
+                       {"type", "function"},
+                       {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  return out;
+}
 
 // --max-prompt-tokens, the model's context length when unset.
 size_t prompt_limit(const RouteContext& ctx) {
@@ -110,9 +142,15 @@ std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Pr
                                       : "";
   // The client must echo what was generated (the tail of it: clients often drop a
   // reasoning block); an edited turn is rendered afresh.
-  const bool echoes = rec->completion_text.size() >= echoed_text.size() &&
-                      rec->completion_text.compare(rec->completion_text.size() - echoed_text.size(),
-                                                   echoed_text.size(), echoed_text) == 0;
+  // A turn with tool calls is echoed as its content without the markup: the generated
+  // text must contain it.
+  const bool with_calls = echoed.contains("tool_calls") && echoed["tool_calls"].is_array() &&
+                          !echoed["tool_calls"].empty();
+  const bool echoes = with_calls ? rec->completion_text.find(echoed_text) != std::string::npos
+                                 : rec->completion_text.size() >= echoed_text.size() &&
+                                       rec->completion_text.compare(
+                                           rec->completion_text.size() - echoed_text.size(),
+                                           echoed_text.size(), echoed_text) == 0;
   if (!echoes) return std::nullopt;
   const ojson* tools = p.tools ? &*p.tools : nullptr;
   auto cont = ctx.chat->render_continuation(messages, rec->num_messages, rec->stop_text,
@@ -161,6 +199,15 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat,
   if (!params) return std::unexpected(params.error());
   Prepared p;
   p.params = std::move(*params);
+  if (p.params.forced_output && !ctx.options.allow_forced_output) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "'forced_output' is a test-only field: the server must be started with "
+                      "--allow-forced-output");
+  }
+  if (p.params.forced_output && p.params.sampling.logprobs) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "'forced_output' has no log-probabilities: drop 'logprobs'");
+  }
   // Pins a message asks for are an admin's with the admin key (or on a server without
   // one), else a client's: soft, capped and budgeted (engine/pin_policy.h).
   p.pin_authority = authorized(ctx, req) ? PinAuthority::kAdmin : PinAuthority::kClient;
@@ -178,7 +225,33 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat,
         return make_error(ErrorCode::kInvalidArgument, "'tools' must be an array");
       }
       p.tools = std::move(full["tools"]);
+      auto names = validate_tools(*p.tools);
+      if (!names) return std::unexpected(names.error());
+      p.function_names = std::move(*names);
     }
+    if (auto st = validate_message_tool_calls(p.messages); !st) {
+      return std::unexpected(st.error());
+    }
+    // Rendered as chat_tokens renders them: a session's continuation must agree.
+    normalize_tool_call_messages(p.messages);
+    const auto choice_it = full.find("tool_choice");
+    auto choice =
+        parse_tool_choice(choice_it == full.end() ? nullptr : &*choice_it, p.function_names);
+    if (!choice) return std::unexpected(choice.error());
+    p.tool_choice = std::move(*choice);
+    if ((p.tool_choice.mode == ToolChoiceMode::kRequired ||
+         p.tool_choice.mode == ToolChoiceMode::kFunction) &&
+        ctx.options.tool_call_format == ToolCallFormat::kNone) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "'tool_choice' asks for a tool call, but the server reads none "
+                        "(--tool-call-parser is none, or auto found no tool-call format in the "
+                        "chat template)");
+    }
+    if (auto par = get_bool(*body, "parallel_tool_calls"); !par) {
+      return std::unexpected(par.error());
+    }
+    // tool_choice "none": the template is rendered without the tools (as vLLM does).
+    if (p.tool_choice.mode == ToolChoiceMode::kNone) p.tools.reset();
     if (full.contains("chat_template_kwargs") && !full["chat_template_kwargs"].is_null()) {
       if (!full["chat_template_kwargs"].is_object()) {
         return make_error(ErrorCode::kInvalidArgument, "'chat_template_kwargs' must be an object");
@@ -220,6 +293,25 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat,
   p.spec.session_id = p.params.session_id;
   p.spec.priority = p.params.priority;
   p.prompt_tokens = p.spec.prompt;
+  if (p.params.forced_output) {
+    // Test-only: the engine prefills the forced tokens after the prompt (so the cache and
+    // the session hold them as if generated) and samples one token, which is dropped;
+    // take_results() then emits the forced tokens (docs/function-calling.md).
+    auto forced =
+        ctx.tokenizer.encode(*p.params.forced_output, EncodeOptions{.add_special_tokens = false});
+    if (!forced) return std::unexpected(forced.error());
+    if (forced->size() > static_cast<size_t>(p.spec.max_tokens)) {
+      forced->resize(static_cast<size_t>(p.spec.max_tokens));
+      p.forced_truncated = true;
+    }
+    if (p.spec.prompt.size() + forced->size() + 1 > static_cast<size_t>(context)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "the prompt and 'forced_output' do not fit the model's context");
+    }
+    p.spec.prompt.insert(p.spec.prompt.end(), forced->begin(), forced->end());
+    p.spec.max_tokens = 1;
+    p.forced = std::move(*forced);
+  }
   return p;
 }
 
@@ -227,8 +319,8 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat,
 // ended in a tool call (--auto-tool-offload), and apply a message's cache_control pin.
 // Blocking (engine calls, rendering): runs on the worker pool.
 void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
-                  const std::vector<int32_t>& generated, const std::string& text,
-                  bool stop_string) {
+                  const std::vector<int32_t>& generated, const std::string& text, bool stop_string,
+                  bool called_tools) {
   const std::string& session_id = p.params.session_id;
   if (!session_id.empty()) {
     // The turn ends with the stop token the model sampled or, when it was cut off by
@@ -256,9 +348,16 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
       ctx.conversations.erase(session_id);
     }
   }
-  // --auto-tool-offload: a turn that ends in a tool call parks the session on the host
-  // until its next request (which restores it by itself).
-  if (ctx.options.auto_tool_offload && !session_id.empty() && ends_with_tool_call(text)) {
+  // --auto-tool-offload: a turn that ends in tool calls parks the session on the host
+  // until its next request (which restores it by itself). A reply that was not read for
+  // calls (no tools in the request) is read here with the server's parser.
+  if (ctx.options.auto_tool_offload && !session_id.empty() && !called_tools &&
+      !parses_tool_calls(ctx, p) && ctx.options.tool_call_format != ToolCallFormat::kNone) {
+    called_tools =
+        !parse_tool_calls(text, ToolCallParserOptions{.format = ctx.options.tool_call_format})
+             .calls.empty();
+  }
+  if (ctx.options.auto_tool_offload && !session_id.empty() && called_tools) {
     auto r = ctx.engine.cache().tool_start(session_id).get();
     if (!r) STRATA_LOG_DEBUG("auto tool offload of '{}': {}", session_id, r.error().message);
   }
@@ -373,6 +472,45 @@ std::pair<std::string, json> logprob_entry(const RouteContext& ctx, const Genera
   return {piece, top};
 }
 
+// The engine's results for the handler. With forced_output (test-only) the engine's own
+// token is dropped and its finish carries the forced tokens instead, with the usage of a
+// reply that generated them.
+std::vector<StreamItem> take_results(const RouteContext& ctx, const Prepared& p,
+                                     RequestGuard& req) {
+  std::vector<StreamItem> items = req.stream().take();
+  if (!p.forced) return items;
+  for (StreamItem& item : items) {
+    item.tokens.clear();
+    if (!item.finish || *item.finish == FinishReason::kError ||
+        *item.finish == FinishReason::kCancelled) {
+      continue;
+    }
+    for (int32_t t : *p.forced) item.tokens.push_back(GeneratedToken{.token = t});
+    item.finish = p.forced_truncated ? FinishReason::kLength : FinishReason::kStop;
+    item.stop_token = -1;
+    if (!p.forced_truncated) {
+      if (const auto& eos = ctx.tokenizer.special_token_strings().eos_token; eos) {
+        item.stop_token = ctx.tokenizer.token_to_id(*eos).value_or(-1);
+      }
+    }
+    const int32_t prompt = static_cast<int32_t>(p.prompt_tokens.size());
+    RequestUsage& u = item.usage;
+    u.prompt_tokens = prompt;
+    u.completion_tokens = static_cast<int32_t>(p.forced->size());
+    u.cached_tokens = std::min(u.cached_tokens, prompt);
+    u.cached_device = std::min(u.cached_device, prompt);
+    u.cached_host = std::min(u.cached_host, prompt - u.cached_device);
+    u.cached_storage = std::min(u.cached_storage, prompt - u.cached_device - u.cached_host);
+  }
+  return items;
+}
+
+// The finish_reason of a chat reply: "tool_calls" when it called tools and ended by
+// itself.
+std::string chat_finish_reason(const std::string& reason, bool called_tools) {
+  return called_tools && reason == "stop" ? "tool_calls" : reason;
+}
+
 awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepared& p,
                              RequestGuard& req, const Ids& ids, WallClock::time_point t_start,
                              RequestTiming& timing) {
@@ -387,7 +525,7 @@ awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepar
        c_off = json::array();
   std::optional<StreamItem> fin;
   while (!fin) {
-    for (StreamItem& item : req.stream().take()) {
+    for (StreamItem& item : take_results(ctx, p, req)) {
       for (const GeneratedToken& t : item.tokens) {
         timer.token();
         if (text.stopped()) continue;
@@ -421,17 +559,39 @@ awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepar
     co_return;
   }
   out += text.finish();
-  const std::string reason = text.stopped() ? "stop" : finish_name(*fin->finish);
+  std::string reason = text.stopped() ? "stop" : finish_name(*fin->finish);
   timer.finish(fin->usage);
+  // Tool calls: malformed markup stays content (and is counted); a reply that does not do
+  // what tool_choice asked for is refused.
+  ParsedToolCalls parsed{.content = out};
+  if (chat && parses_tool_calls(ctx, p)) {
+    parsed = parse_tool_calls(out, parser_options(ctx, p));
+    if (parsed.malformed) ctx.metrics.malformed_tool_calls().Increment();
+    if (!parsed.calls.empty()) ctx.metrics.tool_call_replies().Increment();
+  }
+  const bool called_tools = !parsed.calls.empty();
   if (has_after_finish(p)) {
-    co_await ex.offload([&] { after_finish(ctx, p, *fin, generated, out, text.stopped()); });
+    co_await ex.offload(
+        [&] { after_finish(ctx, p, *fin, generated, out, text.stopped(), called_tools); });
+  }
+  if (chat && reason != "length") {
+    if (auto st = check_tool_choice(p.tool_choice, parsed.calls); !st) {
+      http::Response refused = error_response(422, st.error().message, "tool_choice_not_satisfied");
+      co_await ex.respond(std::move(refused));
+      co_return;
+    }
   }
   json choice;
   if (chat) {
+    json message{{"role", "assistant"}, {"content", parsed.content}};
+    if (called_tools) {
+      if (parsed.content.empty()) message["content"] = nullptr;
+      message["tool_calls"] = tool_calls_json(parsed.calls);
+    }
     choice = json{{"index", 0},
-                  {"message", {{"role", "assistant"}, {"content", out}}},
+                  {"message", std::move(message)},
                   {"logprobs", want_logprobs ? json{{"content", content_logprobs}} : json(nullptr)},
-                  {"finish_reason", reason}};
+                  {"finish_reason", chat_finish_reason(reason, called_tools)}};
   } else {
     choice = json{{"index", 0},
                   {"text", out},
@@ -475,7 +635,24 @@ std::string sse(const json& j) {
   return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
-// Server-sent events, one chunk per piece of text.
+// A chat delta for one event of the tool-call parser: content, or a piece of a call (its
+// first piece with id, type and name).
+json delta_of(const ToolCallEvent& e) {
+  if (!e.call) return json{{"content", e.content}};
+  const ToolCallDelta& d = *e.call;
+  json call{{"index", d.index}};
+  json function{{"arguments", d.arguments}};
+  if (!d.id.empty()) {
+    call["id"] = d.id;
+    call["type"] = "function";
+    function["name"] = d.name;
+  }
+  call["function"] = std::move(function);
+  return json{{"tool_calls", json::array({std::move(call)})}};
+}
+
+// Server-sent events, one chunk per piece of text (per parser event when tool calls are
+// read: content, or a piece of a call).
 awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Prepared& p,
                                 RequestGuard& req, const Ids& ids, WallClock::time_point t_start,
                                 RequestTiming& timing) {
@@ -485,6 +662,19 @@ awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Pre
   if (!co_await ex.begin_stream(200, "text/event-stream", std::move(headers))) co_return;
   TextStream text(ctx.tokenizer, p.params.stop);
   TokenTimer timer(ctx.metrics, t_start);
+  std::optional<ToolCallStreamParser> tools;
+  if (chat && parses_tool_calls(ctx, p)) tools.emplace(parser_options(ctx, p));
+  // The chunks for a piece of text: one per parser event; `lp` rides on the first (or on
+  // an empty content delta when the parser holds the piece back).
+  auto chunks_of = [&](std::vector<ToolCallEvent> events, json lp) {
+    std::string s;
+    for (const ToolCallEvent& e : events) {
+      s += sse(chunk(ids, delta_of(e), nullptr, lp));
+      lp = nullptr;
+    }
+    if (!lp.is_null()) s += sse(chunk(ids, json{{"content", ""}}, nullptr, lp));
+    return s;
+  };
   std::vector<int32_t> generated;
   std::string all_text;
   std::optional<StreamItem> fin;
@@ -492,7 +682,7 @@ awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Pre
   if (chat && !ex.send(sse(chunk(ids, role, nullptr, nullptr)))) co_return;
   while (!fin) {
     std::string out;
-    for (StreamItem& item : req.stream().take()) {
+    for (StreamItem& item : take_results(ctx, p, req)) {
       for (const GeneratedToken& t : item.tokens) {
         timer.token();
         if (text.stopped()) continue;
@@ -510,7 +700,9 @@ awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Pre
                            {"token_logprobs", {t.logprob}},
                            {"top_logprobs", {top}}};
         }
-        if (!piece.empty() || !lp.is_null()) {
+        if (tools) {
+          out += chunks_of(tools->push(piece), std::move(lp));
+        } else if (!piece.empty() || !lp.is_null()) {
           out += sse(chunk(ids, chat ? json{{"content", piece}} : json(piece), nullptr, lp));
         }
         if (text.stopped()) req.stream().cancel();
@@ -529,7 +721,28 @@ awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Pre
         const std::string tail = text.finish();
         all_text += tail;
         const std::string reason = text.stopped() ? "stop" : finish_name(*fin->finish);
-        out += sse(chunk(ids, chat ? json{{"content", tail}} : json(tail), reason, nullptr));
+        bool called_tools = false;
+        Status complies;
+        if (tools) {
+          std::vector<ToolCallEvent> events = tools->push(tail);
+          for (ToolCallEvent& e : tools->finish()) events.push_back(std::move(e));
+          out += chunks_of(std::move(events), nullptr);
+          called_tools = tools->num_committed() > 0;
+          if (tools->malformed()) ctx.metrics.malformed_tool_calls().Increment();
+          if (called_tools) ctx.metrics.tool_call_replies().Increment();
+          if (reason != "length") complies = check_tool_choice(p.tool_choice, tools->calls());
+        }
+        if (!complies) {
+          // What was streamed stands; the stream ends with the error instead of a finish.
+          out += sse(json{{"error",
+                           {{"message", complies.error().message},
+                            {"type", "invalid_request_error"},
+                            {"code", "tool_choice_not_satisfied"}}}});
+        } else if (tools) {
+          out += sse(chunk(ids, json::object(), chat_finish_reason(reason, called_tools), nullptr));
+        } else {
+          out += sse(chunk(ids, chat ? json{{"content", tail}} : json(tail), reason, nullptr));
+        }
         if (p.params.include_usage) {
           json u = chunk(ids, chat ? json::object() : json(""), nullptr, nullptr);
           u["choices"] = json::array();
@@ -538,8 +751,9 @@ awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Pre
         }
         timer.finish(fin->usage);
         if (has_after_finish(p)) {
-          co_await ex.offload(
-              [&] { after_finish(ctx, p, *fin, generated, all_text, text.stopped()); });
+          co_await ex.offload([&] {
+            after_finish(ctx, p, *fin, generated, all_text, text.stopped(), called_tools);
+          });
         }
       }
       out += "data: [DONE]\n\n";

@@ -198,6 +198,8 @@ Result<GenerationParams> parse_generation_params(const nlohmann::json& body, boo
   if (salt) p.cache_salt = *salt;
   STRATA_TRY_ASSIGN(priority, get_int(body, "priority", -100, 100));
   if (priority) p.priority = static_cast<int32_t>(*priority);
+  STRATA_TRY_ASSIGN(forced, get_string(body, "forced_output"));
+  p.forced_output = std::move(forced);
   STRATA_TRY_ASSIGN(session, get_string(body, "session_id"));
   if (session) {
     if (session->empty() || session->size() > 256) {

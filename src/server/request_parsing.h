@@ -30,6 +30,9 @@ struct GenerationParams {
   std::string session_id;
   std::string model;
   int32_t priority = 0;  // lower is served first, [-100, 100] (vLLM's field)
+  // Test-only extension (`strata serve --allow-forced-output`): the reply's text, tokenized
+  // and emitted as if sampled (docs/function-calling.md).
+  std::optional<std::string> forced_output;
 };
 
 // `chat` selects the chat form of logprobs (bool + top_logprobs) over the completions

@@ -2,6 +2,11 @@
 
 #include <openssl/crypto.h>
 
+#include <algorithm>
+#include <optional>
+
+#include "text/tool_calls/tool_request.h"
+
 namespace strata {
 
 using json = nlohmann::json;
@@ -57,7 +62,17 @@ Result<std::vector<int32_t>> RouteContext::chat_tokens(
     return make_error(ErrorCode::kInvalidArgument,
                       "this model has no chat template: use /v1/completions");
   }
-  auto text = chat->render(messages, render_options(tools, add_generation_prompt, template_kwargs));
+  // As vLLM: arguments sent as a JSON string are rendered as their object (a copy only
+  // when there is one to convert).
+  std::optional<ojson> normalized;
+  if (messages.is_array() && std::any_of(messages.begin(), messages.end(), [](const ojson& m) {
+        return m.is_object() && m.contains("tool_calls");
+      })) {
+    normalized = messages;
+    if (!normalize_tool_call_messages(*normalized)) normalized.reset();
+  }
+  auto text = chat->render(normalized ? *normalized : messages,
+                           render_options(tools, add_generation_prompt, template_kwargs));
   if (!text) {
     return make_error(ErrorCode::kInvalidArgument, "chat template: " + text.error().message);
   }

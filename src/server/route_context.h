@@ -32,6 +32,7 @@
 #include "server/responses.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
+#include "text/tool_calls/tool_call_format.h"
 
 namespace strata {
 
@@ -39,6 +40,12 @@ struct ServerOptions {
   http::ServerOptions http;        // bind address, threads, timeouts, size limits
   std::string admin_api_key;       // guards /cache/*, /session/*, /flush_cache when set
   bool auto_tool_offload = false;  // offload a session whose turn ends in a tool call
+  // How tool calls are read from replies (--tool-call-parser, `auto` resolved at start-up
+  // from the chat template): docs/function-calling.md.
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
+  // Test-only (--allow-forced-output): a request's `forced_output` text is emitted as the
+  // reply, as if sampled; refused with 400 when off.
+  bool allow_forced_output = false;
   std::string model_name = "strata";
   int64_t default_max_tokens = 0;  // 0: up to the context length
   // Longest prompt in tokens, in [0, the model's context length], 0: the context length.
@@ -67,9 +74,10 @@ struct RouteContext {
   ConversationRecords& conversations;  // the exact tokens of each session_id's last turn
 
   // Renders and tokenizes messages (with tools, add_generation_prompt) into ids; the
-  // template writes the special tokens itself. With `max_tokens` > 0, kResourceExhausted
-  // as soon as the ids are known to exceed it (the encoding stops there). `rendered`, when
-  // given, is called between rendering and tokenizing (timing).
+  // template writes the special tokens itself. Past tool calls whose arguments are a JSON
+  // string are rendered as the object it encodes (normalize_tool_call_messages). With `max_tokens`
+  // > 0, kResourceExhausted as soon as the ids are known to exceed it (the encoding stops there).
+  // `rendered`, when given, is called between rendering and tokenizing (timing).
   Result<std::vector<int32_t>> chat_tokens(const nlohmann::ordered_json& messages,
                                            const nlohmann::ordered_json* tools,
                                            bool add_generation_prompt,
