@@ -222,8 +222,7 @@ RadixNode* RadixTree::find_child(const RadixNode* parent, std::span<const TokenI
 void RadixTree::touch(RadixNode* node, uint64_t tick, int64_t now_ms) {
   const bool was_in = node->in_evictable_set;
   const bool was_in_host = node->in_host_evictable_set;
-  erase_evictable(node);
-  erase_host_evictable(node);
+  leave_sets(node);
   node->last_access_tick = tick;
   node->last_access_ms = now_ms;
   if (was_in) update_evictable(node);
@@ -254,8 +253,7 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
   STRATA_CHECK(at > 0 && at < node->num_pages());
   const int32_t ps = options_.page_size;
   const Acct before = acct(node);
-  erase_evictable(node);
-  erase_host_evictable(node);
+  leave_sets(node);
 
   std::unique_ptr<RadixNode> upper_owned = new_node();
   RadixNode* upper = upper_owned.get();

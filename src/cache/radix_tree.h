@@ -403,11 +403,13 @@ class RadixTree {
   void apply_unpin(const Loc& loc, const PinChange& change);
 
   // ---- Evictable sets and eviction (radix_tree_evict.cc) ----
-  void update_sets(RadixNode* node);  // both sets
-  void update_evictable(RadixNode* node);
-  void erase_evictable(RadixNode* node);
-  void update_host_evictable(RadixNode* node);
-  void erase_host_evictable(RadixNode* node);
+  void update_sets(RadixNode* node);       // both sets, by their rules
+  void leave_sets(RadixNode* node);        // out of both sets (before its key changes, or it goes)
+  void update_evictable(RadixNode* node);  // the device set's rule
+  void update_host_evictable(RadixNode* node);  // the host-only set's rule
+  // Puts `node` in or out of `set`, keeping the node's flag for that set
+  // (in_evictable_set / in_host_evictable_set) and the set's page counter in step.
+  void place_in_set(RadixNode* node, EvictionSet set, bool member);
   void evict_subtree(RadixNode* top);
   // Removes a childless node from every tier: frees its pages, unindexes it, emits
   // BlockRemoved per medium. Returns its device pages.

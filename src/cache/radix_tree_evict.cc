@@ -2,8 +2,9 @@
 //
 // Contract: the tree decides membership of the evictable sets (update_evictable,
 // update_host_evictable) and keeps in_evictable_set / in_host_evictable_set and the
-// evictable page counters; the policy (eviction_policy.h) only orders the sets. A node
-// leaves the tree only through remove_leaf(), which frees its pages in every tier.
+// evictable page counters in step (place_in_set, for either set); the policy
+// (eviction_policy.h) only orders the sets. A node leaves the tree only through
+// remove_leaf(), which frees its pages in every tier.
 #include "cache/radix_tree.h"
 
 #include <functional>
@@ -22,51 +23,44 @@ void RadixTree::update_sets(RadixNode* node) {
   update_host_evictable(node);
 }
 
+void RadixTree::leave_sets(RadixNode* node) {
+  place_in_set(node, EvictionSet::kDevice, false);
+  place_in_set(node, EvictionSet::kHostOnly, false);
+}
+
 void RadixTree::update_evictable(RadixNode* node) {
   // With a host tier a pinned node may leave the device (it is demoted, never dropped).
   const bool should = node != root_.get() && node->on_device() && is_device_leaf(node) &&
                       node->lock_ref == 0 && node->io_ref == 0 &&
                       (hierarchical() || !node->is_protected());
-  if (should && !node->in_evictable_set) {
-    eviction_->insert(EvictionSet::kDevice, node);
-    node->in_evictable_set = true;
-    evictable_pages_ += node->num_pages();
-  } else if (!should) {
-    erase_evictable(node);
-  }
-}
-
-void RadixTree::erase_evictable(RadixNode* node) {
-  if (!node->in_evictable_set) return;
-  eviction_->erase(EvictionSet::kDevice, node);
-  node->in_evictable_set = false;
-  evictable_pages_ -= node->num_pages();
+  place_in_set(node, EvictionSet::kDevice, should);
 }
 
 void RadixTree::update_host_evictable(RadixNode* node) {
   const bool should = node != root_.get() && node->on_host() && !node->has_device_pages() &&
                       node->is_leaf() && !node->is_protected() && node->io_ref == 0;
-  if (should && !node->in_host_evictable_set) {
-    eviction_->insert(EvictionSet::kHostOnly, node);
-    node->in_host_evictable_set = true;
-    host_evictable_pages_ += node->num_pages();
-  } else if (!should) {
-    erase_host_evictable(node);
-  }
+  place_in_set(node, EvictionSet::kHostOnly, should);
 }
 
-void RadixTree::erase_host_evictable(RadixNode* node) {
-  if (!node->in_host_evictable_set) return;
-  eviction_->erase(EvictionSet::kHostOnly, node);
-  node->in_host_evictable_set = false;
-  host_evictable_pages_ -= node->num_pages();
+void RadixTree::place_in_set(RadixNode* node, EvictionSet set, bool member) {
+  const bool device = set == EvictionSet::kDevice;
+  bool& in_set = device ? node->in_evictable_set : node->in_host_evictable_set;
+  if (in_set == member) return;
+  int64_t& pages = device ? evictable_pages_ : host_evictable_pages_;
+  if (member) {
+    eviction_->insert(set, node);
+    pages += node->num_pages();
+  } else {
+    eviction_->erase(set, node);
+    pages -= node->num_pages();
+  }
+  in_set = member;
 }
 
 int32_t RadixTree::remove_leaf(RadixNode* leaf) {
   STRATA_CHECK(leaf != root_.get() && leaf->is_leaf() && !leaf->is_protected() &&
                leaf->io_ref == 0);
-  erase_evictable(leaf);
-  erase_host_evictable(leaf);
+  leave_sets(leaf);
   const Acct before = acct(leaf);
   const int32_t n = leaf->has_device_pages() ? leaf->num_pages() : 0;
   const bool had_host = leaf->has_host_pages();
