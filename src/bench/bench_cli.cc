@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/cluster.h"
 #include "bench/depth_sweep.h"
 #include "bench/load.h"
 #include "bench/tool_calls.h"
@@ -214,12 +215,133 @@ void add_load(CLI::App& bench, int& exit_code) {
   });
 }
 
+void add_cluster(CLI::App& bench, int& exit_code) {
+  auto o = std::make_shared<ClusterOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "cluster",
+      "Routing policies side by side: N `strata serve` workers behind one `strata route` per "
+      "policy, on shared-prefix groups, agentic sessions and a worker killed and restarted");
+  add_common_options(cmd, o->target, o->run, "cluster");
+  cmd->add_option("--router", o->target.url,
+                  "A running `strata route` (instead of --spawn): its policy as it runs, no "
+                  "failure workload");
+  cmd->add_option("--workers", o->workers, "Spawned workers (--server-arg goes to each)")
+      ->capture_default_str();
+  cmd->add_option("--worker-kv-tokens", o->worker_kv_tokens,
+                  "Each worker's --kv-cache-tokens (small, so that placement matters)")
+      ->capture_default_str();
+  cmd->add_option("--worker-threads", o->worker_threads, "Each worker's --threads")
+      ->capture_default_str();
+  cmd->add_option("--policies", o->policies,
+                  "round-robin, least-loaded, approximate, precise, default, default-no-floor "
+                  "(default with --load-floor-bonus 0)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--workloads", o->workloads, "shared-prefix, agentic, failure")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--router-arg", o->router_args,
+                  "An argument for every spawned `strata route` (repeat; split at spaces)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->expected(1)
+      ->allow_extra_args(false);
+  cmd->add_option("--max-tokens", o->max_tokens, "Tokens generated per request")
+      ->capture_default_str();
+  cmd->add_option("--prefix-kv-fraction", o->prefix_kv_fraction,
+                  "Shared-prefix: the prefixes together, as a fraction of the cluster's device KV")
+      ->capture_default_str();
+  cmd->add_option("--groups", o->shared.groups, "Shared-prefix: groups (distinct prefixes)")
+      ->capture_default_str();
+  cmd->add_option("--users-per-group", o->shared.users_per_group, "Shared-prefix: users per group")
+      ->capture_default_str();
+  cmd->add_option("--rates", o->shared.rates_per_s,
+                  "Shared-prefix: Poisson arrival rates swept, requests per second")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--requests-per-rate", o->shared.requests_per_rate,
+                  "Shared-prefix: requests at each rate")
+      ->capture_default_str();
+  cmd->add_option("--sessions", o->agentic.sessions, "Agentic: sessions")->capture_default_str();
+  cmd->add_option("--session-rate", o->agentic.session_rate_per_s,
+                  "Agentic: new sessions per second (Poisson)")
+      ->capture_default_str();
+  cmd->add_option("--boilerplate-tokens", o->agentic.boilerplate_tokens,
+                  "Agentic and failure: the system prompt every session shares")
+      ->capture_default_str();
+  cmd->add_option("--tool-calls", o->agentic.tool_calls,
+                  "Agentic and failure: tool pauses per session")
+      ->capture_default_str();
+  auto pause = std::make_shared<std::vector<double>>();
+  cmd->add_option("--tool-pause-s", *pause,
+                  "MIN,MAX of the tool pauses in seconds (uniform, seeded; default 1,3)")
+      ->delimiter(',')
+      ->expected(2);
+  cmd->add_option("--failure-duration-s", o->failure_duration_s,
+                  "Failure: seconds over which sessions arrive")
+      ->capture_default_str();
+  cmd->add_option("--failure-session-rate", o->failure_session_rate_per_s,
+                  "Failure: new sessions per second")
+      ->capture_default_str();
+  cmd->add_option("--kill-at", o->kill_at, "Failure: when the busiest worker is killed (fraction)")
+      ->capture_default_str();
+  cmd->add_option("--restart-at", o->restart_at, "Failure: when it is restarted (fraction)")
+      ->capture_default_str();
+  cmd->add_flag("--check", o->run.check,
+                "Exit 1 when a target is missed: shared-prefix default TTFT p90 <= 1/3 of "
+                "round-robin's where it saturates and hit >= 0.9 of the reusable share; agentic "
+                "sessions per worker >= half the mean and hit within 5 points of precise; "
+                "failure: no failed request but those streaming on the killed worker, the "
+                "restarted worker back within 10 s");
+  cmd->callback([o, cmd, pause, &exit_code] {
+    using F = std::function<void(ClusterOptions&, const ClusterOptions&)>;
+    if (pause->size() == 2) {
+      o->agentic.pause_min_s = (*pause)[0];
+      o->agentic.pause_max_s = (*pause)[1];
+    }
+    overlay_quick<ClusterOptions>(
+        cmd, *o,
+        {{"--workers", F([](auto& a, const auto& b) { a.workers = b.workers; })},
+         {"--worker-kv-tokens",
+          F([](auto& a, const auto& b) { a.worker_kv_tokens = b.worker_kv_tokens; })},
+         {"--policies", F([](auto& a, const auto& b) { a.policies = b.policies; })},
+         {"--max-tokens", F([](auto& a, const auto& b) { a.max_tokens = b.max_tokens; })},
+         {"--groups", F([](auto& a, const auto& b) { a.shared.groups = b.shared.groups; })},
+         {"--users-per-group",
+          F([](auto& a, const auto& b) { a.shared.users_per_group = b.shared.users_per_group; })},
+         {"--rates",
+          F([](auto& a, const auto& b) { a.shared.rates_per_s = b.shared.rates_per_s; })},
+         {"--requests-per-rate", F([](auto& a, const auto& b) {
+            a.shared.requests_per_rate = b.shared.requests_per_rate;
+          })},
+         {"--sessions", F([](auto& a, const auto& b) { a.agentic.sessions = b.agentic.sessions; })},
+         {"--session-rate", F([](auto& a, const auto& b) {
+            a.agentic.session_rate_per_s = b.agentic.session_rate_per_s;
+          })},
+         {"--boilerplate-tokens", F([](auto& a, const auto& b) {
+            a.agentic.boilerplate_tokens = b.agentic.boilerplate_tokens;
+          })},
+         {"--tool-calls",
+          F([](auto& a, const auto& b) { a.agentic.tool_calls = b.agentic.tool_calls; })},
+         {"--tool-pause-s", F([](auto& a, const auto& b) {
+            a.agentic.pause_min_s = b.agentic.pause_min_s;
+            a.agentic.pause_max_s = b.agentic.pause_max_s;
+          })},
+         {"--failure-duration-s",
+          F([](auto& a, const auto& b) { a.failure_duration_s = b.failure_duration_s; })},
+         {"--failure-session-rate", F([](auto& a, const auto& b) {
+            a.failure_session_rate_per_s = b.failure_session_rate_per_s;
+          })}});
+    exit_code = run_cluster(*o);
+  });
+}
+
 }  // namespace
 
 void add_bench_scenarios(CLI::App& bench, int& exit_code) {
   add_depth_sweep(bench, exit_code);
   add_tool_calls(bench, exit_code);
   add_load(bench, exit_code);
+  add_cluster(bench, exit_code);
 }
 
 }  // namespace strata::bench

@@ -1,6 +1,7 @@
 #include "bench/http_client.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -136,7 +137,20 @@ Result<nlohmann::json> ServerClient::post_json(const std::string& path,
   return json_of("POST " + path, post(path, body));
 }
 
-Result<StreamedChat> ServerClient::stream_chat(const nlohmann::ordered_json& body) const {
+std::string AnswerHead::header(std::string_view name) const {
+  auto lower = [](unsigned char c) { return static_cast<char>(std::tolower(c)); };
+  for (const auto& [key, value] : headers) {
+    if (key.size() == name.size() &&
+        std::equal(key.begin(), key.end(), name.begin(),
+                   [&](char a, char b) { return lower(a) == lower(b); })) {
+      return value;
+    }
+  }
+  return {};
+}
+
+Result<StreamedChat> ServerClient::stream_chat(const nlohmann::ordered_json& body,
+                                               AnswerHead* head) const {
   auto req = make_request("POST", "/v1/chat/completions", body.dump());
   if (!req) return std::unexpected(req.error());
   req->headers.emplace_back("Accept", "text/event-stream");
@@ -153,6 +167,7 @@ Result<StreamedChat> ServerClient::stream_chat(const nlohmann::ordered_json& bod
     arrivals.push_back(Arrival{seconds_between(start, SteadyClock::now()), std::string(data)});
   });
   if (!res) return std::unexpected(res.error());
+  if (head != nullptr) *head = AnswerHead{res->status, res->headers};
   StreamedChat out;
   out.e2e_s = seconds_between(start, SteadyClock::now());
   if (res->status != 200) {

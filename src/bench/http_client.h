@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -62,6 +63,15 @@ struct StreamedChat {
   std::vector<double> inter_chunk_s() const;
 };
 
+// The status line and headers of an answer, kept also when its body then failed (a router's
+// x-strata-worker of a stream that broke). status 0: no answer came.
+struct AnswerHead {
+  int status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;
+  // The first header of that name (case-insensitive), or "" when absent.
+  std::string header(std::string_view name) const;
+};
+
 // The server-sent-events splitter (now in the HTTP layer).
 using SseParser = http::SseParser;
 
@@ -80,7 +90,9 @@ class ServerClient {
 
   // POSTs /v1/chat/completions with `body` (which must ask for stream and include_usage)
   // and reads the stream to its end.
-  Result<StreamedChat> stream_chat(const nlohmann::ordered_json& body) const;
+  // `head`, when given, receives the answer's status and headers whenever one came.
+  Result<StreamedChat> stream_chat(const nlohmann::ordered_json& body,
+                                   AnswerHead* head = nullptr) const;
   // The non-streaming form; returns the usage and the reply text.
   Result<std::pair<ChatUsage, std::string>> chat(const nlohmann::ordered_json& body) const;
 

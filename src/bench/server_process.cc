@@ -106,21 +106,28 @@ std::string file_tail(const std::filesystem::path& path, size_t max_bytes) {
 }
 
 Result<std::unique_ptr<ServerProcess>> ServerProcess::start(const SpawnOptions& o) {
-  auto port = pick_free_port();
+  auto port = o.port > 0 ? Result<int>(o.port) : pick_free_port();
   if (!port) return std::unexpected(port.error());
   std::unique_ptr<ServerProcess> p(new ServerProcess());
   p->log_path_ = o.log_path;
   p->url_ = "http://127.0.0.1:" + std::to_string(*port);
-  p->argv_ = {o.strata_bin, "serve",     "--model", o.model_dir,
+  p->argv_ = {o.strata_bin, o.command,   "--model", o.model_dir,
               "--host",     "127.0.0.1", "--port",  std::to_string(*port)};
   if (o.kv_events) {
-    auto pub = pick_free_port();
-    auto replay = pick_free_port();
-    if (!pub || !replay) return make_error(ErrorCode::kIoError, "no free port for KV events");
-    p->kv_events_endpoint_ = "tcp://127.0.0.1:" + std::to_string(*pub);
-    p->argv_.insert(p->argv_.end(),
-                    {"--kv-events-endpoint", p->kv_events_endpoint_, "--kv-events-replay-endpoint",
-                     "tcp://127.0.0.1:" + std::to_string(*replay)});
+    auto endpoint = [](const std::string& given) -> Result<std::string> {
+      if (!given.empty()) return given;
+      auto free = pick_free_port();
+      if (!free) return make_error(ErrorCode::kIoError, "no free port for KV events");
+      return "tcp://127.0.0.1:" + std::to_string(*free);
+    };
+    auto pub = endpoint(o.kv_events_endpoint);
+    if (!pub) return std::unexpected(pub.error());
+    auto replay = endpoint(o.kv_events_replay_endpoint);
+    if (!replay) return std::unexpected(replay.error());
+    p->kv_events_endpoint_ = *pub;
+    p->kv_events_replay_endpoint_ = *replay;
+    p->argv_.insert(p->argv_.end(), {"--kv-events-endpoint", p->kv_events_endpoint_,
+                                     "--kv-events-replay-endpoint", p->kv_events_replay_endpoint_});
   }
   p->argv_.insert(p->argv_.end(), o.extra_args.begin(), o.extra_args.end());
 
@@ -161,9 +168,9 @@ Result<std::unique_ptr<ServerProcess>> ServerProcess::start(const SpawnOptions& 
   ServerProcess* raw = p.get();
   if (auto st = client.wait_healthy(o.start_timeout_s, [raw] { return raw->alive(); }); !st) {
     p->stop(5);
-    return make_error(st.error().code, "`strata serve` did not start (" + st.error().message +
-                                           "); log " + o.log_path.string() + ":\n" +
-                                           file_tail(o.log_path, 2000));
+    return make_error(st.error().code, "`strata " + o.command + "` did not start (" +
+                                           st.error().message + "); log " + o.log_path.string() +
+                                           ":\n" + file_tail(o.log_path, 2000));
   }
   return p;
 }

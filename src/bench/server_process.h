@@ -1,8 +1,9 @@
-// Starts and stops `strata serve` processes for the benchmark's --spawn mode: fresh free
-// loopback ports, the log in a file of the output folder, readiness by GET /health, and a
-// stop by SIGTERM then SIGKILL after a timeout. Spawned servers are also stopped when the
-// benchmark is interrupted (SIGINT/SIGTERM) or exits early, and die with it (they get
-// SIGTERM when the benchmark process dies).
+// Starts and stops `strata serve` (or `strata route`) processes for the benchmark's --spawn
+// mode: fresh free loopback ports (or given ones, to restart a server where it was), the
+// log in a file of the output folder, readiness by GET /health, and a stop by SIGTERM then
+// SIGKILL after a timeout. Spawned servers are also stopped when the benchmark is
+// interrupted (SIGINT/SIGTERM) or exits early, and die with it (they get SIGTERM when the
+// benchmark process dies).
 //
 // Threads: a ServerProcess is owned by one thread. The interrupt handler and the registry
 // of live children are process-wide and async-signal-safe.
@@ -20,12 +21,16 @@
 namespace strata::bench {
 
 struct SpawnOptions {
-  std::string strata_bin;               // the `strata` executable
-  std::string model_dir;                // --model
-  std::vector<std::string> extra_args;  // passed to `strata serve` after ours
-  std::filesystem::path log_path;       // stdout and stderr of the server
-  bool kv_events = false;               // publish KV events on fresh ports
-  double start_timeout_s = 300;         // until /health answers 200
+  std::string strata_bin;                 // the `strata` executable
+  std::string command = "serve";          // the subcommand: "serve" or "route"
+  std::string model_dir;                  // --model
+  std::vector<std::string> extra_args;    // passed to `strata serve` after ours
+  std::filesystem::path log_path;         // stdout and stderr of the server
+  bool kv_events = false;                 // publish KV events (on fresh ports unless given)
+  int port = 0;                           // the HTTP port; 0: a free one
+  std::string kv_events_endpoint;         // with kv_events: tcp://host:port; "": a free port
+  std::string kv_events_replay_endpoint;  // likewise, the replay socket
+  double start_timeout_s = 300;           // until /health answers 200
 };
 
 class ServerProcess {
@@ -38,6 +43,7 @@ class ServerProcess {
   const std::string& url() const { return url_; }
   // Empty when started without kv_events.
   const std::string& kv_events_endpoint() const { return kv_events_endpoint_; }
+  const std::string& kv_events_replay_endpoint() const { return kv_events_replay_endpoint_; }
   const std::vector<std::string>& argv() const { return argv_; }
   pid_t pid() const { return pid_; }
   bool alive();
@@ -49,6 +55,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   std::string url_;
   std::string kv_events_endpoint_;
+  std::string kv_events_replay_endpoint_;
   std::vector<std::string> argv_;
   std::filesystem::path log_path_;
 };

@@ -1,0 +1,84 @@
+// `strata bench cluster`: the router's policies side by side (issue 14). For every workload
+// and policy, N fresh `strata serve` workers (small KV pools, so that placement matters, one
+// thread each) and one `strata route --policy P` in front of them (cluster_fleet.h), then the
+// workload's traffic through the router, deterministic from --seed (cluster_workload.h):
+//
+// 1. shared-prefix: G groups whose prefixes together take --prefix-kv-fraction of the
+//    cluster's device KV; after an unmeasured warm-up request per group, one-turn questions
+//    arriving as a Poisson process at each rate of a sweep (open loop: a request is sent at
+//    its time whatever is in flight).
+// 2. agentic: sessions arriving as a Poisson process, all sharing one boilerplate system
+//    prompt, alternating model turns and tool pauses (session_id in every request).
+// 3. failure: workload 2's shape over a fixed duration; the worker that served the most
+//    requests so far is killed (SIGKILL) at --kill-at of it and restarted where it was at
+//    --restart-at.
+//
+// Each workload starts from cold workers and a fresh router, so that no policy inherits
+// another's cache. Every request is streamed; the router's x-strata-worker header says
+// where it went, `usage` what was cached there, and the router's /metrics (read before and
+// after) what it predicted and how long requests queued. Figures, checks and files:
+// cluster_results.h. With --router URL, the workloads run against that router as it is
+// (one policy; no failure workload, which needs to kill a worker).
+//
+// Threads: run_cluster() runs on the main thread, which also starts, kills and restarts
+// the processes; requests run on their own threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/cluster_results.h"
+#include "bench/cluster_workload.h"
+#include "bench/target.h"
+#include "common/result.h"
+
+namespace strata::bench {
+
+struct ClusterOptions {
+  TargetOptions target;  // --spawn --model (workers and routers), or --router URL (as url)
+  RunOptions run;
+  int32_t workers = 3;              // spawned workers, in [1, 16]
+  int64_t worker_kv_tokens = 4096;  // each worker's --kv-cache-tokens, >= 256
+  int32_t worker_threads = 1;       // each worker's --threads, >= 1
+  std::vector<std::string> policies = {"round-robin", "least-loaded", "approximate", "precise",
+                                       "default"};
+  std::vector<std::string> workloads = {kSharedPrefix, kAgentic, kFailure};
+  std::vector<std::string> router_args;  // --router-arg: to every spawned router
+  int32_t max_tokens = 12;               // generated per request (ignore_eos), >= 2
+  double prefix_kv_fraction = 0.7;       // shared prefixes / cluster device KV, in (0, 4]
+  SharedPrefixShape shared = {.groups = 6,
+                              .users_per_group = 4,
+                              .prefix_tokens = 1024,  // sized at run time from the pools
+                              .question_min_tokens = 20,
+                              .question_max_tokens = 60,
+                              .rates_per_s = {1, 2},
+                              .requests_per_rate = 12};
+  AgenticShape agentic = {.sessions = 9,
+                          .session_rate_per_s = 0.5,
+                          .boilerplate_tokens = 1200,
+                          .task_min_tokens = 60,
+                          .task_max_tokens = 150,
+                          .tool_calls = 3,
+                          .pause_min_s = 1,
+                          .pause_max_s = 3,
+                          .tool_result_min_tokens = 30,
+                          .tool_result_max_tokens = 100};
+  double failure_duration_s = 24;           // sessions of workload 3 arrive over this, > 0
+  double failure_session_rate_per_s = 0.6;  // new sessions per second of workload 3, > 0
+  double kill_at = 0.3;                     // fraction of the duration when a worker is killed
+  double restart_at = 0.55;    // fraction when it is restarted, kill_at < restart_at < 1
+  double join_timeout_s = 60;  // a router's workers must all have joined by then
+  ClusterTargets targets;
+};
+
+void apply_quick(ClusterOptions& o);
+Status validate(const ClusterOptions& o);
+// The router's arguments of a policy name (round-robin, least-loaded, approximate,
+// precise, default, default-no-floor = default with --load-floor-bonus 0).
+Result<std::vector<std::string>> policy_router_args(const std::string& policy);
+// Exit code: 0 done, 1 a phase sent no successful request or, with --check, a target was
+// missed; 2 an error.
+int run_cluster(const ClusterOptions& o);
+
+}  // namespace strata::bench

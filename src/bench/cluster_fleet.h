@@ -1,0 +1,75 @@
+// The processes of one measured phase of `strata bench cluster`: N `strata serve` workers
+// that publish KV events, and one `strata route` in front of them, on free loopback ports,
+// each logging to a file, stopped by pid (also on failure and on Ctrl-C: server_process.h).
+// A worker can be killed (SIGKILL, no goodbye) and restarted where it was: the same HTTP
+// port and KV event endpoints, so that the router sees the same worker come back.
+//
+// Threads: a Fleet belongs to the thread that started it, which must be the main thread
+// (a spawned process dies with the thread that forked it); its const accessors may be read
+// from any thread.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/http_client.h"
+#include "bench/server_process.h"
+#include "common/result.h"
+
+namespace strata::bench {
+
+struct FleetOptions {
+  std::string strata_bin;                // the `strata` executable
+  std::string model_dir;                 // served by the workers, tokenizer of the router
+  int32_t workers = 3;                   // >= 1
+  std::vector<std::string> worker_args;  // after `serve --model --host --port --kv-events-*`
+  std::vector<std::string> router_args;  // after `route --model --host --port --worker...`
+  std::filesystem::path log_dir;         // <log_dir>/<log_prefix>-worker-<i>.log, -router.log
+  std::string log_prefix;
+  double start_timeout_s = 300;  // each process must answer /health by then
+  double join_timeout_s = 60;    // the router must list every worker joined by then
+};
+
+class Fleet {
+ public:
+  // Starts the workers one after the other, then the router, then waits until the
+  // router's GET /workers shows every worker joined and eligible. On an error, what was
+  // started is stopped.
+  static Result<std::unique_ptr<Fleet>> start(const FleetOptions& options);
+  ~Fleet();  // stop()
+  Fleet(const Fleet&) = delete;
+  Fleet& operator=(const Fleet&) = delete;
+
+  const std::string& router_url() const { return router_url_; }
+  const std::vector<std::string>& worker_urls() const { return worker_urls_; }
+
+  // SIGKILL to worker `i`, then reaps it.
+  Status kill_worker(size_t i);
+  // Starts worker `i` again on its port and endpoints; returns when it answers /health.
+  Status restart_worker(size_t i);
+  // The router first (its running requests end), then the workers. Idempotent.
+  void stop();
+
+ private:
+  Fleet() = default;
+  FleetOptions options_;
+  std::vector<std::unique_ptr<ServerProcess>> workers_;  // null while killed
+  std::vector<std::string> worker_urls_;
+  std::vector<std::string> kv_events_;  // per worker: publisher endpoint
+  std::vector<std::string> kv_replay_;  // per worker: replay endpoint
+  std::vector<int> restarts_;           // per worker
+  std::unique_ptr<ServerProcess> router_;
+  std::string router_url_;
+};
+
+// Polls GET /workers of a router until it lists at least `expected` workers (0: at least
+// one), every one joined and eligible and with a known device pool; returns that answer.
+Result<nlohmann::json> wait_workers_joined(const ServerClient& router, size_t expected,
+                                           double timeout_s);
+
+}  // namespace strata::bench
