@@ -21,10 +21,8 @@ echo "== release tests"
 
 if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   echo "== sanitizer build (ASan + UBSan)"
-  # -O1, as the sanitizers' authors advise: several times faster than -O0 under ASan (the
-  # black-box suites run the model), with the same reports; assertions stay on (Debug).
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
-        -DSTRATA_SANITIZE=ON -DSTRATA_BUILD_BENCH=OFF >/dev/null
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON \
+        -DSTRATA_BUILD_BENCH=OFF >/dev/null
   cmake --build build-asan -j "$jobs"
   echo "== sanitizer tests"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
