@@ -71,7 +71,8 @@ void add_route_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--max-sessions", o->r.sessions.max_sessions, "Session bindings kept");
   cmd->add_option("--migrate-after-rejections", o->r.sessions.migrate_after_rejections,
                   "Rejections (429/503) within 30 s that move a session");
-  cmd->add_option("--queue-size", o->r.queue.max_entries, "Requests waiting when all are saturated");
+  cmd->add_option("--queue-size", o->r.queue.max_entries,
+                  "Requests waiting when all are saturated");
   cmd->add_option("--queue-per-tenant", o->r.queue.max_per_tenant, "Of them, per tenant");
   cmd->add_option("--queue-timeout-s", o->queue_timeout_s, "Longest wait in the queue (then 429)");
   cmd->add_option("--breaker-failures", o->r.breaker.failure_threshold,
@@ -94,7 +95,8 @@ void add_route_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", o->r.seed, "Seed of temperature sampling");
   cmd->add_option("--shutdown-timeout-s", o->shutdown_timeout_s,
                   "On SIGINT/SIGTERM: running requests get this long");
-  cmd->add_option("--log-level", o->log_level, "trace | debug | info | warn | error (debug: "
+  cmd->add_option("--log-level", o->log_level,
+                  "trace | debug | info | warn | error (debug: "
                   "every decision with its terms)");
   cmd->callback([o, &exit_code] {
     auto fail = [&](const std::string& m) {

@@ -37,12 +37,12 @@ json server_info(RouteContext& ctx, const http::Request& req, const CacheState& 
   const EngineOptions& eo = ctx.engine.options();
   json kv_events = nullptr;
   if (!ctx.options.kv_events_endpoint.empty()) {
-    kv_events = {{"endpoint", connectable(ctx.options.kv_events_endpoint, req)},
-                 {"replay_endpoint", ctx.options.kv_events_replay_endpoint.empty()
-                                         ? json(nullptr)
-                                         : json(connectable(ctx.options.kv_events_replay_endpoint,
-                                                            req))},
-                 {"format", "vllm"}};
+    kv_events = {
+        {"endpoint", connectable(ctx.options.kv_events_endpoint, req)},
+        {"replay_endpoint", ctx.options.kv_events_replay_endpoint.empty()
+                                ? json(nullptr)
+                                : json(connectable(ctx.options.kv_events_replay_endpoint, req))},
+        {"format", "vllm"}};
   }
   json host = nullptr;
   if (s.host) {
