@@ -12,7 +12,8 @@ packages=(
   libopenblas-dev libpcre2-dev libxxhash-dev unicode-data libabsl-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev
   libboost1.81-dev libzmq3-dev cppzmq-dev libmsgpuck-dev prometheus-cpp-dev
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server libucx-dev
+  chromium
   python3 python3-zmq python3-msgpack python3-xxhash
   nodejs npm
 )
