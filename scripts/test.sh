@@ -5,7 +5,7 @@
 #   STRATA_SKIP_SANITIZERS=1   only the release build's tests
 # The ThreadSanitizer stage builds and runs the test programs of the threaded modules
 # (engine scheduler + transfer threads + tool sessions, host pool and transfers, storage
-# worker and backends, the HTTP server and client).
+# worker and backends, the HTTP server and client, the P/D control plane's channel).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -32,10 +32,10 @@ if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   echo "== ThreadSanitizer build (threaded modules)"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
         -DSTRATA_BUILD_BENCH=OFF >/dev/null
-  cmake --build build-tsan -j "$jobs" --target engine_tests memory_tests storage_tests http_tests
+  cmake --build build-tsan -j "$jobs" --target engine_tests memory_tests storage_tests http_tests pd_tests
   echo "== ThreadSanitizer tests"
-  for t in engine_tests memory_tests storage_tests http_tests; do
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "build-tsan/tests/$t" --gtest_brief=1
+  for t in engine_tests memory_tests storage_tests http_tests pd_tests; do
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp "build-tsan/tests/$t" --gtest_brief=1
   done
 fi
 echo "== all tests passed"
