@@ -26,6 +26,7 @@
 #include "model/make_model.h"
 #include "model/model.h"
 #include "server/api_server.h"
+#include "server/cache_events_stream.h"
 #include "server/kv_event_publisher.h"
 #include "server/metrics.h"
 #include "text/jinja/chat_template.h"
@@ -407,11 +408,15 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     eo.tool_session_ttl_ms = o->tool_session_ttl_s * 1000;
     eo.max_sessions = o->max_sessions;
     eo.session_idle_ttl_ms = o->session_ttl_s * 1000;
+    // Every batch goes to GET /cache/events' subscribers (if any listen) and, when on,
+    // to the ZeroMQ publisher: both number the batches alike.
+    CacheEventsStream cache_events;
     KvEventPublisher* pub = publisher.get();
-    auto engine = Engine::create(
-        model->get(), eo,
-        pub == nullptr ? std::function<void(std::vector<KvEvent>)>()
-                       : [pub](std::vector<KvEvent> batch) { pub->publish(std::move(batch)); });
+    auto engine =
+        Engine::create(model->get(), eo, [pub, &cache_events](std::vector<KvEvent> batch) {
+          cache_events.publish(batch);
+          if (pub != nullptr) pub->publish(std::move(batch));
+        });
     if (!engine) return fail(engine.error().message);
 
     Metrics metrics;
@@ -442,7 +447,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     // Before any server thread starts, so that every thread inherits the mask.
     const sigset_t signals = stop_signals();
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    ApiServer server(so, **engine, **tokenizer, chat ? &*chat : nullptr, metrics);
+    ApiServer server(so, **engine, **tokenizer, chat ? &*chat : nullptr, metrics, cache_events);
     if (auto st = server.bind(); !st) return fail(st.error().message);
     const ModelConfig& c = (*model)->config();
     STRATA_LOG_INFO("model {} ({} layers, hidden {}, vocab {}), KV pool {} pages of {} tokens",

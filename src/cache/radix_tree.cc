@@ -656,6 +656,26 @@ TreeStats RadixTree::stats() const {
   return s;
 }
 
+NodeSnapshot RadixTree::snapshot_of(const RadixNode& n) {
+  NodeSnapshot s;
+  s.id = n.id;
+  s.parent_id = n.parent->id;
+  s.num_tokens = static_cast<int32_t>(n.tokens.size());
+  s.block_hashes = n.hashes;
+  s.pin_counts = n.pin_counts;
+  s.lock_ref = n.lock_ref;
+  s.pin_ref = n.pin_ref;
+  s.last_access_ms = n.last_access_ms;
+  s.hit_count = n.hit_count;
+  s.on_device = n.on_device();
+  s.on_host = n.on_host();
+  s.in_storage = n.stored();
+  s.loading = n.loading;
+  s.host_ref = n.host_ref;
+  s.evictable = n.in_evictable_set || n.in_host_evictable_set;
+  return s;
+}
+
 std::vector<NodeSnapshot> RadixTree::snapshot() const {
   std::vector<NodeSnapshot> out;
   std::vector<const RadixNode*> stack;
@@ -663,26 +683,22 @@ std::vector<NodeSnapshot> RadixTree::snapshot() const {
   while (!stack.empty()) {
     const RadixNode* n = stack.back();
     stack.pop_back();
-    NodeSnapshot s;
-    s.id = n->id;
-    s.parent_id = n->parent->id;
-    s.num_tokens = static_cast<int32_t>(n->tokens.size());
-    s.block_hashes = n->hashes;
-    s.pin_counts = n->pin_counts;
-    s.lock_ref = n->lock_ref;
-    s.pin_ref = n->pin_ref;
-    s.last_access_ms = n->last_access_ms;
-    s.hit_count = n->hit_count;
-    s.on_device = n->on_device();
-    s.on_host = n->on_host();
-    s.in_storage = n->stored();
-    s.loading = n->loading;
-    s.host_ref = n->host_ref;
-    s.evictable = n->in_evictable_set || n->in_host_evictable_set;
-    out.push_back(std::move(s));
+    out.push_back(snapshot_of(*n));
     for (const auto& c : n->children) stack.push_back(c.get());
   }
   return out;
+}
+
+const RadixNode* RadixTree::find_node(NodeId id) const {
+  if (id == root_->id) return nullptr;
+  std::vector<const RadixNode*> stack{root_.get()};
+  while (!stack.empty()) {
+    const RadixNode* n = stack.back();
+    stack.pop_back();
+    if (n->id == id) return n;
+    for (const auto& c : n->children) stack.push_back(c.get());
+  }
+  return nullptr;
 }
 
 void RadixTree::collect_device_pages(std::vector<PageId>& out) const {

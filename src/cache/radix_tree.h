@@ -316,6 +316,11 @@ class RadixTree {
 
   TreeStats stats() const;
   std::vector<NodeSnapshot> snapshot() const;
+  // One node as snapshot() reports it.
+  static NodeSnapshot snapshot_of(const RadixNode& node);
+  // The cached node with this id (null when none; the root, id 0, is not one). Walks the
+  // tree: for inspecting one node (the dashboard), not for the hot path.
+  const RadixNode* find_node(NodeId id) const;
   // Every device page the tree owns (for page accounting audits).
   void collect_device_pages(std::vector<PageId>& out) const;
   // Every host page the tree owns (valid or being written).

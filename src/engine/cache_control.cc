@@ -148,6 +148,16 @@ std::future<Result<CacheState>> CacheControl::state(StateQuery query) {
       [query](EngineState& s) -> Result<CacheState> { return read_state(s, query); });
 }
 
+std::future<Result<CacheNodeContent>> CacheControl::node(uint64_t id) {
+  return scheduler_.call([id](EngineState& s) -> Result<CacheNodeContent> {
+    const RadixNode* n = s.tree.find_node(id);
+    if (n == nullptr) {
+      return make_error(ErrorCode::kNotFound, "no cached node has id " + std::to_string(id));
+    }
+    return CacheNodeContent{.node = node_view(RadixTree::snapshot_of(*n)), .token_ids = n->tokens};
+  });
+}
+
 std::future<Result<ToolSessionView>> CacheControl::tool_start(std::string session_id) {
   return scheduler_.call(
       [id = std::move(session_id)](EngineState& s) { return s.sessions->tool_start(id); });

@@ -8,6 +8,7 @@
 //              a client's --max-client-pinned-ratio; nothing pinned). Unknown hashes
 //              are skipped and counted, not an error; PinPriority is valid by its type.
 //   unpin, evict_blocks, flush, evict_lru, state   never fail on valid input.
+//   node       kNotFound (no cached node has that id).
 //   tool_start kNotFound (no such session), kNoHostTier, kFailedPrecondition (already
 //              offloaded), kBusy (a request of the session runs).
 //   tool_end   kNotFound, kFailedPrecondition (not offloaded), kStaleEpoch, kOutOfPages
@@ -145,6 +146,13 @@ struct StateQuery {
   bool with_tree = false;
 };
 
+// One node of the tree with its content (CacheControl::node): what /cache/state's tree
+// says of it, and the token ids of its pages.
+struct CacheNodeContent {
+  CacheState::Node node;
+  std::vector<TokenId> token_ids;  // node.tokens ids, the node's own (not its ancestors')
+};
+
 // A tool session (engine/tool_sessions.h): RUNNABLE -> (tool_start) OFFLOADING ->
 // OFFLOADED -> (tool_end) RESTORING -> RUNNABLE.
 enum class ToolSessionState : uint8_t { kRunnable, kOffloading, kOffloaded, kRestoring };
@@ -175,6 +183,12 @@ class CacheControl {
   // Evicts everything evictable from every tier; pinned blocks and what requests hold stay.
   std::future<Result<FlushOutcome>> flush();
   std::future<Result<CacheState>> state(StateQuery query = {});
+  // One node by the id CacheState::Node gives it. kNotFound when no cached node has that
+  // id (evicted since, or never; the root, id 0, is none). Ids are stable while a node
+  // lives, but a split gives the upper part a new id: the node keeps its id and its tail.
+  // Finding the node walks the tree at the step boundary (linear in the nodes, as a
+  // tree snapshot is): meant for a person's clicks, not for every request.
+  std::future<Result<CacheNodeContent>> node(uint64_t id);
   std::future<Result<ToolSessionView>> tool_start(std::string session_id);
   std::future<Result<ToolSessionView>> tool_end(std::string session_id, uint64_t epoch);
   std::future<Result<ToolSessionView>> kv_meta(std::string session_id);

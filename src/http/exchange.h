@@ -22,6 +22,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -50,6 +51,11 @@ class Exchange {
   virtual bool send(std::string bytes) = 0;
   // Writes what is queued and ends the stream. False when the client went away first.
   virtual boost::asio::awaitable<bool> end_stream() = 0;
+  // Stream bytes queued by send() and not yet written. A producer with a bounded backlog
+  // of its own (GET /cache/events) sends only while this is small, so that a slow reader's
+  // backlog stays where the producer can drop it with a notice; wait() wakes when a write
+  // completes.
+  virtual size_t stream_queued_bytes() const = 0;
 
   // A thread-safe callable that wakes wait(). Valid until the handler returns; a call
   // after that does nothing.

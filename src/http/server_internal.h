@@ -183,6 +183,7 @@ class Connection : public Exchange, public std::enable_shared_from_this<Connecti
   net::awaitable<bool> begin_stream(int status, std::string content_type, Headers headers) override;
   bool send(std::string bytes) override;
   net::awaitable<bool> end_stream() override;
+  size_t stream_queued_bytes() const override { return pending_.size() + inflight_.size(); }
   std::function<void()> waker() override;
   net::awaitable<bool> wait(std::chrono::milliseconds timeout) override;
   bool abandoned() const override { return gone_ || write_failed_ || abandoned_by_server_; }

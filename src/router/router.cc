@@ -823,6 +823,7 @@ Result<std::unique_ptr<Router>> Router::create(RouterOptions options, const Toke
   }
   add_router_routes(impl->http, *impl);
   add_router_admin_routes(impl->http, *impl);
+  add_router_dashboard_routes(impl->http, *impl);
   return std::unique_ptr<Router>(new Router(std::move(impl)));
 }
 

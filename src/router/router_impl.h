@@ -1,5 +1,6 @@
 // The router's insides, shared by router.cc (registry, loops, decisions), router_routes.cc
-// (the OpenAI API) and router_admin_routes.cc (/workers, /cache/*, /session/*, /metrics).
+// (the OpenAI API), router_admin_routes.cc (/workers, /cache/*, /session/*, /metrics) and
+// router_dashboard_routes.cc (/dashboard, /workers/cache_state).
 // Not part of the module's face: only router.h is.
 #pragma once
 
@@ -189,6 +190,8 @@ boost::asio::awaitable<void> forward_any(Router::Impl& r, http::Exchange& ex);
 // Routes (router_routes.cc, router_admin_routes.cc).
 void add_router_routes(http::Server& server, Router::Impl& r);
 void add_router_admin_routes(http::Server& server, Router::Impl& r);
+// /dashboard, its assets, /dashboard/config, /workers/cache_state (router_dashboard_routes.cc).
+void add_router_dashboard_routes(http::Server& server, Router::Impl& r);
 
 // Shared by the route files.
 http::Response router_error(int status, std::string message, std::string code);

@@ -7,7 +7,7 @@
 namespace strata {
 
 ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tokenizer,
-                     const ChatTemplate* chat, Metrics& metrics)
+                     const ChatTemplate* chat, Metrics& metrics, CacheEventsStream& cache_events)
     : conversations_(static_cast<size_t>(std::max<int64_t>(options.max_sessions, 0)),
                      options.session_ttl_ms),
       ctx_{.options = std::move(options),
@@ -16,7 +16,8 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
            .chat = chat,
            .metrics = metrics,
            .http_stats = {},
-           .conversations = conversations_},
+           .conversations = conversations_,
+           .cache_events = cache_events},
       http_(ctx_.options.http) {
   ctx_.http_stats = [this] { return http_.stats(); };
   add_openai_routes(http_, ctx_);
@@ -25,6 +26,8 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
   add_session_routes(http_, ctx_);
   add_health_routes(http_, ctx_);
   add_worker_info_routes(http_, ctx_);
+  add_cache_events_routes(http_, ctx_);
+  add_dashboard_routes(http_, ctx_);
   http_.on_response([&metrics](const http::Request& req, int status) {
     metrics.requests(req.path.size() > 64 ? "other" : req.path, std::to_string(status)).Increment();
   });

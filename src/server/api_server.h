@@ -13,16 +13,21 @@ namespace strata {
 class ApiServer {
  public:
   // `chat` may be null (a model without a chat template: chat endpoints answer 400).
+  // `cache_events` is fed by the engine's KV event callback and must outlive the server.
   ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tokenizer,
-            const ChatTemplate* chat, Metrics& metrics);
+            const ChatTemplate* chat, Metrics& metrics, CacheEventsStream& cache_events);
 
   // Binds the port; fails with a clear message when it is taken or an option is invalid.
   Status bind();
   int port() const { return http_.port(); }
   // Starts serving on the HTTP threads; returns at once.
   void start() { http_.start(); }
-  // Graceful stop: see http::Server::shutdown.
-  void shutdown(double timeout_s) { http_.shutdown(timeout_s); }
+  // Graceful stop: ends the /cache/events streams (they never finish by themselves),
+  // then see http::Server::shutdown.
+  void shutdown(double timeout_s) {
+    ctx_.cache_events.close();
+    http_.shutdown(timeout_s);
+  }
   http::ServerStats http_stats() const { return http_.stats(); }
 
  private:

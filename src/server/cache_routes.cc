@@ -1,8 +1,12 @@
 // The cache-control API, behind the admin key when one is set: pin and unpin blocks (by
-// block hash or by content), evict blocks, flush, and the cache's state; and the seed's
-// paths (/hicache/pin_blocks, /hicache/unpin_blocks, /flush_cache). Each runs on the HTTP
-// worker pool, translates JSON into a cache-control command (engine/cache_control.h) and
-// its answer back; errors map to statuses in one table (responses.cc, http_status).
+// block hash or by content), evict blocks, flush, the cache's state and one node's content;
+// and the seed's paths (/hicache/pin_blocks, /hicache/unpin_blocks, /flush_cache). Each
+// runs on the HTTP worker pool, translates JSON into a cache-control command
+// (engine/cache_control.h) and its answer back; errors map to statuses in one table
+// (responses.cc, http_status).
+#include <algorithm>
+#include <charconv>
+
 #include "server/request_parsing.h"
 #include "server/routes.h"
 
@@ -212,6 +216,49 @@ http::Response state(RouteContext& ctx, const http::Request& req) {
   return json_response(200, state_json(*r));
 }
 
+// GET /cache/node?id=ID: one node's content, for the dashboard's hover and click.
+http::Response node(RouteContext& ctx, const http::Request& req) {
+  const std::string id_text = req.query_param("id");
+  uint64_t id = 0;
+  const auto [end, ec] = std::from_chars(id_text.data(), id_text.data() + id_text.size(), id);
+  if (id_text.empty() || ec != std::errc() || end != id_text.data() + id_text.size()) {
+    return error_response(400,
+                          "'id' must be a node id (a non-negative integer) from "
+                          "/cache/state?detail=tree",
+                          "invalid_argument");
+  }
+  auto r = ctx.engine.cache().node(id).get();
+  if (!r) return error_response(r.error());
+  const CacheState::Node& n = r->node;
+  json hashes = json::array();
+  for (BlockHash h : n.block_hashes) hashes.push_back(block_hash_to_wire(h));
+  // As /detokenize says it; null where /detokenize refuses (an id outside the tokenizer's
+  // vocabulary: the model's may be larger, and a generated token may be any of it).
+  json text = nullptr;
+  const auto vocab = static_cast<int32_t>(ctx.tokenizer.vocab_size());
+  if (std::all_of(r->token_ids.begin(), r->token_ids.end(),
+                  [vocab](int32_t t) { return t < vocab; })) {
+    if (auto decoded = ctx.tokenizer.decode(r->token_ids)) text = std::move(*decoded);
+  }
+  return json_response(200, json{{"id", n.id},
+                                 {"parent", n.parent},
+                                 {"tokens", n.tokens},
+                                 {"token_ids", r->token_ids},
+                                 {"text", std::move(text)},
+                                 {"block_hashes", std::move(hashes)},
+                                 {"on_device", n.on_device},
+                                 {"on_host", n.on_host},
+                                 {"in_storage", n.in_storage},
+                                 {"loading", n.loading},
+                                 {"pin_ref", n.pin_ref},
+                                 {"pin_counts", n.pin_counts},
+                                 {"lock_ref", n.lock_ref},
+                                 {"hit_count", n.hit_count},
+                                 {"last_access_ms", n.last_access_ms},
+                                 {"session_protected", n.session_protected},
+                                 {"evictable", n.evictable}});
+}
+
 }  // namespace
 
 void add_cache_routes(http::Server& server, RouteContext& ctx) {
@@ -231,6 +278,7 @@ void add_cache_routes(http::Server& server, RouteContext& ctx) {
   add("POST", "/cache/flush", [&ctx](const http::Request& r) { return flush(ctx, r); });
   add("POST", "/flush_cache", [&ctx](const http::Request& r) { return flush(ctx, r); });
   add("GET", "/cache/state", [&ctx](const http::Request& r) { return state(ctx, r); });
+  add("GET", "/cache/node", [&ctx](const http::Request& r) { return node(ctx, r); });
 }
 
 }  // namespace strata

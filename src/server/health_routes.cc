@@ -60,6 +60,8 @@ void add_health_routes(http::Server& server, RouteContext& ctx) {
                  ctx.metrics.set_cache(cache_gauges(*state, ctx.engine.counters()));
                  if (ctx.http_stats) ctx.metrics.set_http(ctx.http_stats());
                  ctx.metrics.set_conversations(ctx.conversations.stats());
+                 ctx.metrics.set_cache_events(ctx.cache_events.subscribers(),
+                                              ctx.cache_events.dropped_subscribers());
                  return http::Response{.status = 200,
                                        .content_type = "text/plain; version=0.0.4",
                                        .body = ctx.metrics.serialize()};

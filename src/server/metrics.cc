@@ -167,6 +167,18 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                 "closed")
                             .Register(*registry_)
                             .Add({});
+  cache_events_subscribers_ = &BuildGauge()
+                                   .Name("strata_cache_events_subscribers")
+                                   .Help("Clients following GET /cache/events")
+                                   .Register(*registry_)
+                                   .Add({});
+  cache_events_dropped_ = &BuildGauge()
+                               .Name("strata_cache_events_dropped_subscribers_total")
+                               .Help(
+                                   "GET /cache/events clients dropped for falling behind (told "
+                                   "'overflow'; they resync from /cache/state)")
+                               .Register(*registry_)
+                               .Add({});
 }
 
 prometheus::Counter& Metrics::requests(const std::string& endpoint, const std::string& status) {
@@ -211,6 +223,11 @@ void Metrics::set_http(const http::ServerStats& s) {
   http_disconnects_->Set(static_cast<double>(s.client_disconnects));
   http_slow_streams_->Set(static_cast<double>(s.slow_streams_cancelled));
   http_bad_requests_->Set(static_cast<double>(s.bad_requests));
+}
+
+void Metrics::set_cache_events(int64_t subscribers, uint64_t dropped_subscribers) {
+  cache_events_subscribers_->Set(static_cast<double>(subscribers));
+  cache_events_dropped_->Set(static_cast<double>(dropped_subscribers));
 }
 
 void Metrics::set_conversations(const ConversationRecords::Stats& s) {

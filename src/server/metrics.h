@@ -65,6 +65,8 @@ class Metrics {
   // The HTTP layer's connections, refusals, timeouts by phase, disconnects.
   void set_http(const http::ServerStats& s);
   void set_conversations(const ConversationRecords::Stats& s);
+  // GET /cache/events: clients following now, and those dropped for falling behind.
+  void set_cache_events(int64_t subscribers, uint64_t dropped_subscribers);
   // The Prometheus text exposition format.
   std::string serialize() const;
 
@@ -98,6 +100,8 @@ class Metrics {
   prometheus::Gauge* http_disconnects_;
   prometheus::Gauge* http_slow_streams_;
   prometheus::Gauge* http_bad_requests_;
+  prometheus::Gauge* cache_events_subscribers_;
+  prometheus::Gauge* cache_events_dropped_;
 };
 
 }  // namespace strata

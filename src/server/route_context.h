@@ -27,6 +27,7 @@
 #include "http/exchange.h"
 #include "http/message.h"
 #include "http/server.h"
+#include "server/cache_events_stream.h"
 #include "server/conversations.h"
 #include "server/metrics.h"
 #include "server/responses.h"
@@ -72,6 +73,7 @@ struct RouteContext {
   std::function<http::ServerStats()> http_stats;  // the HTTP layer's counters
 
   ConversationRecords& conversations;  // the exact tokens of each session_id's last turn
+  CacheEventsStream& cache_events;     // GET /cache/events: the engine's KV event batches
 
   // Renders and tokenizes messages (with tools, add_generation_prompt) into ids; the
   // template writes the special tokens itself. Past tool calls whose arguments are a JSON

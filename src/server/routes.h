@@ -11,7 +11,7 @@ namespace strata {
 void add_openai_routes(http::Server& server, RouteContext& ctx);
 // /tokenize, /detokenize (tokenizer_routes.cc).
 void add_tokenizer_routes(http::Server& server, RouteContext& ctx);
-// /cache/{pin,unpin,evict,flush,state}, /hicache/{pin,unpin}_blocks, /flush_cache
+// /cache/{pin,unpin,evict,flush,state,node}, /hicache/{pin,unpin}_blocks, /flush_cache
 // (cache_routes.cc), behind the admin key.
 void add_cache_routes(http::Server& server, RouteContext& ctx);
 // /session/{tool_start,tool_end,kv_meta} (session_routes.cc), behind the admin key.
@@ -20,5 +20,10 @@ void add_session_routes(http::Server& server, RouteContext& ctx);
 void add_health_routes(http::Server& server, RouteContext& ctx);
 // /server_info, /load: what a router needs to know of a worker (worker_info_routes.cc).
 void add_worker_info_routes(http::Server& server, RouteContext& ctx);
+// /cache/events: the KV events as server-sent events, behind the admin key
+// (cache_events_routes.cc).
+void add_cache_events_routes(http::Server& server, RouteContext& ctx);
+// /dashboard, its assets and /dashboard/config (dashboard_routes.cc), open.
+void add_dashboard_routes(http::Server& server, RouteContext& ctx);
 
 }  // namespace strata

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 #include "engine/engine.h"
 #include "engine/engine_test_access.h"
 #include "engine_test_util.h"
@@ -199,6 +202,51 @@ TEST_F(CacheControlTest, IdleSessionRecordsStayWithinTheCap) {
   // The most recent ones are the ones kept.
   EXPECT_TRUE(e->cache().kv_meta("s39").get().has_value());
   EXPECT_GE(e->counters().session_records_dropped, 32u);
+  expect_engine_consistent(*e);
+}
+
+TEST_F(CacheControlTest, NodeGivesOneNodesContentByItsTreeId) {
+  auto e = start(false);
+  const std::vector<int32_t> prompt = test_prompt(100, 9);
+  run_greedy(*e, prompt, 1);
+  run_greedy(*e, test_prompt(40, 9), 1);  // a shared prefix: the first node splits
+  auto state = e->cache().state(StateQuery{.with_tree = true}).get();
+  ASSERT_TRUE(state.has_value());
+  ASSERT_GE(state->nodes->size(), 2u);
+  std::map<uint64_t, CacheNodeContent> by_id;
+  for (const CacheState::Node& view : *state->nodes) {
+    auto got = e->cache().node(view.id).get();
+    ASSERT_TRUE(got.has_value()) << got.error().message;
+    EXPECT_EQ(got->node.parent, view.parent);
+    EXPECT_EQ(got->node.tokens, view.tokens);
+    EXPECT_EQ(got->node.block_hashes, view.block_hashes);
+    EXPECT_EQ(got->node.on_device, view.on_device);
+    EXPECT_EQ(got->node.hit_count, view.hit_count);
+    EXPECT_EQ(got->token_ids.size(), static_cast<size_t>(view.tokens));
+    by_id.emplace(view.id, std::move(*got));
+  }
+  // Along a path from the root, the nodes' tokens are the prompt's.
+  const auto deepest = std::max_element(by_id.begin(), by_id.end(), [&](auto& a, auto& b) {
+    auto depth = [&](uint64_t id) {
+      int d = 0;
+      for (; id != 0; id = by_id.at(id).node.parent) ++d;
+      return d;
+    };
+    return depth(a.first) < depth(b.first);
+  });
+  std::vector<int32_t> path;
+  for (uint64_t id = deepest->first; id != 0; id = by_id.at(id).node.parent) {
+    const auto& ids = by_id.at(id).token_ids;
+    path.insert(path.begin(), ids.begin(), ids.end());
+  }
+  ASSERT_LE(path.size(), prompt.size() + 1);
+  EXPECT_TRUE(std::equal(path.begin(), path.begin() + std::min(path.size(), prompt.size()),
+                         prompt.begin()));
+  for (uint64_t id : {uint64_t{0}, uint64_t{1'000'000}}) {  // the root, and no node
+    auto missing = e->cache().node(id).get();
+    ASSERT_FALSE(missing.has_value());
+    EXPECT_EQ(missing.error().code, ErrorCode::kNotFound);
+  }
   expect_engine_consistent(*e);
 }
 
