@@ -665,6 +665,7 @@ NodeSnapshot RadixTree::snapshot_of(const RadixNode& n) {
   s.pin_counts = n.pin_counts;
   s.lock_ref = n.lock_ref;
   s.pin_ref = n.pin_ref;
+  s.soft_pinned_blocks = n.soft_pinned_blocks;
   s.last_access_ms = n.last_access_ms;
   s.hit_count = n.hit_count;
   s.on_device = n.on_device();

@@ -185,6 +185,7 @@ struct NodeSnapshot {
   std::vector<uint32_t> pin_counts;
   int32_t lock_ref = 0;
   int32_t pin_ref = 0;
+  int32_t soft_pinned_blocks = 0;  // pages of the node with at least one soft (TTL) pin
   int64_t last_access_ms = 0;
   uint64_t hit_count = 0;
   bool on_device = false;

@@ -18,6 +18,7 @@ CacheState::Node node_view(const NodeSnapshot& n) {
                           .in_storage = n.in_storage,
                           .lock_ref = n.lock_ref,
                           .pin_ref = n.pin_ref,
+                          .soft_pinned_blocks = n.soft_pinned_blocks,
                           .pin_counts = n.pin_counts,
                           .last_access_ms = n.last_access_ms,
                           .hit_count = n.hit_count,

@@ -125,6 +125,7 @@ struct CacheState {
     std::vector<BlockHash> block_hashes;
     bool on_device = false, on_host = false, in_storage = false;
     int32_t lock_ref = 0, pin_ref = 0;
+    int32_t soft_pinned_blocks = 0;  // pages with at least one soft (TTL) pin
     std::vector<uint32_t> pin_counts;
     int64_t last_access_ms = 0;
     uint64_t hit_count = 0;

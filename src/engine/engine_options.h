@@ -2,6 +2,7 @@
 // (EngineCounters). Public: the server, the bench and `strata serve` set and read these.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -88,6 +89,8 @@ struct EngineCounters {
   int64_t free_pages = 0;                // gauge: device pages on the free list
   int64_t evictable_pages = 0;           // gauge: device pages the tree could evict now
   int64_t queued_prefill_tokens = 0;     // gauge: prompt tokens waiting or still to prefill
+  // gauge: tool sessions by state (RUNNABLE, OFFLOADING, OFFLOADED, RESTORING)
+  std::array<int64_t, 4> tool_sessions_by_state{};
 };
 
 }  // namespace strata

@@ -468,6 +468,7 @@ void Scheduler::run() {
     counters_.running = static_cast<int64_t>(running_.size());
     counters_.waiting = static_cast<int64_t>(waiting_.size());
     publish_load_gauges();
+    counters_.tool_sessions_by_state = sessions_->count_by_state();
     {
       std::lock_guard lock(mutex_);
       published_counters_ = counters_;

@@ -80,6 +80,17 @@ void ToolSessions::trim() {
   }
 }
 
+std::array<int64_t, 4> ToolSessions::count_by_state() const {
+  std::array<int64_t, 4> out{};
+  for (const std::string& id : not_runnable_) {
+    const auto it = sessions_.find(id);
+    if (it != sessions_.end()) ++out[static_cast<size_t>(it->second.state)];
+  }
+  out[static_cast<size_t>(ToolSessionState::kRunnable)] =
+      static_cast<int64_t>(sessions_.size()) - out[1] - out[2] - out[3];
+  return out;
+}
+
 void ToolSessions::set_state(Session& s, ToolSessionState state) {
   if (state == ToolSessionState::kRunnable) {
     not_runnable_.erase(s.id);

@@ -18,6 +18,7 @@
 // the cache-control commands (engine/cache_control.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <list>
 #include <span>
@@ -62,6 +63,8 @@ class ToolSessions {
   int32_t tick();
   uint64_t expired_total() const { return expired_total_; }
   size_t size() const { return sessions_.size(); }
+  // Sessions by state, indexed by ToolSessionState (O(sessions not RUNNABLE)).
+  std::array<int64_t, 4> count_by_state() const;
   uint64_t dropped_total() const { return dropped_total_; }
   // Sessions whose host copy is protected now (for invariant checks).
   int64_t protected_count() const;

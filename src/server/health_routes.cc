@@ -43,6 +43,11 @@ CacheGaugeValues cache_gauges(const CacheState& s, const EngineCounters& c) {
                         {"forward_steps", c.forward_steps},
                         {"prompt_logits_hits", c.prompt_logits_hits}};
   g.prefill_budget_tokens = c.prefill_budget_tokens;
+  for (size_t i = 0; i < c.tool_sessions_by_state.size(); ++i) {
+    g.tool_sessions.emplace_back(
+        std::string(tool_session_state_name(static_cast<ToolSessionState>(i))),
+        c.tool_sessions_by_state[i]);
+  }
   return g;
 }
 

@@ -113,6 +113,10 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                       "pages, preempted for a better class, restores that made "
                                       "room, forward steps")
                                   .Register(*registry_);
+  tool_sessions_family_ = &BuildGauge()
+                               .Name("strata_tool_sessions")
+                               .Help("Tool sessions by state (docs/tool-sessions.md)")
+                               .Register(*registry_);
   prefill_budget_ = &BuildGauge()
                          .Name("strata_prefill_budget_tokens")
                          .Help("Prefill tokens the last step could carry (step budgeting)")
@@ -208,6 +212,9 @@ void Metrics::set_cache(const CacheGaugeValues& v) {
     scheduler_events_family_->Add({{"event", event}}).Set(static_cast<double>(n));
   }
   prefill_budget_->Set(static_cast<double>(v.prefill_budget_tokens));
+  for (const auto& [state, n] : v.tool_sessions) {
+    tool_sessions_family_->Add({{"state", state}}).Set(static_cast<double>(n));
+  }
   for (const auto& [event, n] : v.tier_events) {
     tier_events_family_->Add({{"event", event}}).Set(static_cast<double>(n));
   }

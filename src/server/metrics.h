@@ -41,6 +41,8 @@ struct CacheGaugeValues {
   // last step's prefill budget.
   std::vector<std::pair<std::string, uint64_t>> scheduler_events;
   int64_t prefill_budget_tokens = 0;
+  // strata_tool_sessions{state}: tool sessions by state now.
+  std::vector<std::pair<std::string, int64_t>> tool_sessions;
 };
 
 class Metrics {
@@ -92,6 +94,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* tier_events_family_;
   prometheus::Family<prometheus::Gauge>* scheduler_events_family_;
   prometheus::Gauge* prefill_budget_;
+  prometheus::Family<prometheus::Gauge>* tool_sessions_family_;
   prometheus::Gauge* conversations_;
   prometheus::Family<prometheus::Gauge>* conversations_dropped_family_;
   prometheus::Gauge* http_open_;

@@ -31,6 +31,11 @@ test('without the key a cache_control pin is soft and TTL-capped; with it, hard'
     let p = await pins(server);
     assert.ok(p.pinned > 0, 'the client pin was applied');
     assert.equal(p.soft, p.pinned, 'every pin a client made is soft');
+    // The tree reports them per node too (the dashboard draws soft pins apart).
+    const tree = await server.get('/cache/state?detail=tree', ADMIN);
+    const softNodes = tree.json.nodes.filter((n) => n.soft_pinned_blocks > 0);
+    assert.ok(softNodes.length > 0, 'nodes carry soft_pinned_blocks');
+    assert.equal(softNodes.reduce((a, n) => a + n.soft_pinned_blocks, 0), p.soft);
     // The cache-control API itself stays closed without the key.
     assert.equal((await server.post('/cache/pin', { block_hashes: [1] })).status, 401);
     assert.equal((await server.post('/cache/flush', {})).status, 401);

@@ -202,6 +202,9 @@ test('tool sessions: tool_start offloads, tool_end restores, bad calls get a cle
     assert.equal(meta.status, 200);
     assert.deepEqual([meta.json.state, meta.json.tier, meta.json.epoch], ['OFFLOADED', 'host', 1]);
     assert.ok(meta.json.since > 1.7e12);
+    // The gauge of sessions by state (the dashboard's chart) counts it as OFFLOADED.
+    const metrics = (await server.get('/metrics')).text;
+    assert.match(metrics, /strata_tool_sessions\{state="OFFLOADED"\} 1\b/);
     await flood(server, 10, 800);
     // Bad calls: each a clear 4xx, none changes the session.
     for (const [path, body, status] of [
