@@ -150,6 +150,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     bool auto_tool_offload = false;
     std::string tool_call_parser = "auto";  // auto | hermes | llama3_json | mistral | none
     bool allow_forced_output = false;       // test-only: the request field forced_output
+    // Prefill/decode disaggregation (docs/pd-disaggregation.md).
+    std::string role = "mixed";
+    PdOptions pd;
     http::ServerOptions http;  // --http-* (host and port are set from the options above)
     double shutdown_timeout_s = 30;
   };
@@ -317,6 +320,51 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   "How tool calls are read from replies: auto (from the chat template) | "
                   "hermes | llama3_json | mistral | none")
       ->capture_default_str();
+  cmd->add_option("--role", o->role,
+                  "Prefill/decode disaggregation: mixed (prefill and decode here) | prefill "
+                  "(compute prompts that decode workers order) | decode (order prompts from "
+                  "--pd-prefill-peer workers, decode here)")
+      ->check(CLI::IsMember({"mixed", "prefill", "decode"}))
+      ->capture_default_str();
+  cmd->add_option("--pd-worker-id", o->pd.worker_id,
+                  "This worker's id on the disaggregation control plane (default: host name "
+                  "and a random suffix)");
+  cmd->add_option("--pd-bind", o->pd.bind,
+                  "Prefill workers: the control plane's ZeroMQ endpoint (default "
+                  "tcp://127.0.0.1:0, a free port; /server_info reports it)");
+  cmd->add_option("--pd-prefill-peer", o->pd.prefill_peers,
+                  "Decode workers: a prefill worker's control-plane endpoint (repeatable); "
+                  "requests name one by its worker id in x-strata-prefill-peer");
+  cmd->add_option("--pd-transport", o->pd.transport,
+                  "How KV pages move between workers: ucx (UCX_TLS picks shared memory, TCP or "
+                  "RDMA) | storage (through --pd-storage-backend)")
+      ->check(CLI::IsMember({"ucx", "storage"}))
+      ->capture_default_str();
+  cmd->add_option("--pd-storage-backend", o->pd.storage_backend,
+                  "The store of --pd-transport storage: file | redis");
+  cmd->add_option("--pd-storage-backend-extra-config", o->pd.storage_extra_config,
+                  "Its options, as --hicache-storage-backend-extra-config");
+  cmd->add_option("--pd-heartbeat-ms", o->pd.heartbeat_ms, "Control-plane heartbeat period")
+      ->capture_default_str();
+  cmd->add_option("--pd-peer-timeout-ms", o->pd.peer_timeout_ms,
+                  "Silence after which a peer is dead (its rooms fail over to local prefill)")
+      ->capture_default_str();
+  cmd->add_option("--pd-accept-timeout-ms", o->pd.accept_timeout_ms,
+                  "Decode workers: how long an order may wait for the prefill worker's accept")
+      ->capture_default_str();
+  cmd->add_option("--pd-stall-ms", o->pd.stall_ms,
+                  "Decode workers: the longest silence of an accepted room before it fails")
+      ->capture_default_str();
+  cmd->add_option("--pd-quarantine-ms", o->pd.quarantine_ms,
+                  "Decode workers: how long the pages of a failed room stay unused when the "
+                  "prefill worker did not confirm it stopped writing")
+      ->capture_default_str();
+  cmd->add_option("--pd-order-deadline-ms", o->pd.order_deadline_ms,
+                  "Decode workers: a room's whole budget, order to the first token")
+      ->capture_default_str();
+  cmd->add_option("--pd-max-queued-prefill-tokens", o->pd.max_queued_prefill_tokens,
+                  "Prefill workers: reject orders while more prompt tokens than this wait here")
+      ->capture_default_str();
   cmd->add_flag("--allow-forced-output", o->allow_forced_output,
                 "Test-only: accept a request's 'forced_output', text emitted as the reply as "
                 "if sampled");
@@ -408,6 +456,18 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     eo.tool_session_ttl_ms = o->tool_session_ttl_s * 1000;
     eo.max_sessions = o->max_sessions;
     eo.session_idle_ttl_ms = o->session_ttl_s * 1000;
+    eo.pd = o->pd;
+    auto role = parse_worker_role(o->role);
+    if (!role) return fail(role.error().message);
+    eo.pd.role = *role;
+    {
+      // Pages are interchangeable between workers of the same weights, dtype and page shape.
+      const ModelConfig& mc = (*model)->config();
+      eo.pd.kv_layout = storage_namespace(dir, *kv_dtype, o->page_size) + ";layers=" +
+                        std::to_string(mc.num_layers) + ";kv_heads=" +
+                        std::to_string(mc.num_kv_heads) + ";head_dim=" +
+                        std::to_string(mc.head_dim);
+    }
     // Every batch goes to GET /cache/events' subscribers (if any listen) and, when on,
     // to the ZeroMQ publisher: both number the batches alike.
     CacheEventsStream cache_events;

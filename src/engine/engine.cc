@@ -33,5 +33,8 @@ const ModelConfig& Engine::model_config() const {
 EngineCounters Engine::counters() const {
   return scheduler_->counters();
 }
+PdInfo Engine::pd_info() const {
+  return scheduler_->pd_info();
+}
 
 }  // namespace strata

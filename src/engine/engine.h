@@ -50,6 +50,8 @@ class Engine {
   const ModelConfig& model_config() const;
   // A copy of the counters (thread-safe).
   EngineCounters counters() const;
+  // The worker's prefill/decode disaggregation: role, worker id, endpoint (thread-safe).
+  PdInfo pd_info() const;
 
  private:
   friend class EngineTestAccess;  // tests only (engine/engine_test_access.h)

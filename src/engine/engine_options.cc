@@ -12,6 +12,86 @@ Result<PrefetchPolicy> parse_prefetch_policy(std::string_view name) {
                                                      "' (best_effort, wait_complete or timeout)");
 }
 
+Result<WorkerRole> parse_worker_role(std::string_view name) {
+  if (name == "mixed") return WorkerRole::kMixed;
+  if (name == "prefill") return WorkerRole::kPrefill;
+  if (name == "decode") return WorkerRole::kDecode;
+  return make_error(ErrorCode::kInvalidArgument,
+                    "unknown role '" + std::string(name) + "' (mixed, prefill or decode)");
+}
+
+const char* worker_role_name(WorkerRole role) {
+  switch (role) {
+    case WorkerRole::kMixed:
+      return "mixed";
+    case WorkerRole::kPrefill:
+      return "prefill";
+    case WorkerRole::kDecode:
+      return "decode";
+  }
+  return "mixed";
+}
+
+const char* pd_fallback_name(PdFallback reason) {
+  switch (reason) {
+    case PdFallback::kPeerUnavailable:
+      return "peer_unavailable";
+    case PdFallback::kRejected:
+      return "rejected";
+    case PdFallback::kTimeout:
+      return "timeout";
+    case PdFallback::kPeerDead:
+      return "peer_dead";
+    case PdFallback::kPrefillFailed:
+      return "prefill_failed";
+    case PdFallback::kProtocolError:
+      return "protocol_error";
+    case PdFallback::kTransfer:
+      return "transfer";
+    case PdFallback::kSendFailed:
+      return "send_failed";
+  }
+  return "protocol_error";
+}
+
+namespace {
+
+Status validate_pd(const PdOptions& p) {
+  auto bad = [](std::string m) { return make_error(ErrorCode::kInvalidArgument, std::move(m)); };
+  if (p.role == WorkerRole::kPrefill && !p.prefill_peers.empty()) {
+    return bad("--pd-prefill-peer is for decode workers, not --role prefill");
+  }
+  if (p.role == WorkerRole::kDecode && p.prefill_peers.empty()) {
+    return bad("--role decode needs at least one --pd-prefill-peer ENDPOINT");
+  }
+  if (p.role != WorkerRole::kPrefill && !p.bind.empty()) {
+    return bad("--pd-bind is for --role prefill");
+  }
+  if (p.transport != "ucx" && p.transport != "storage") {
+    return bad("--pd-transport must be ucx or storage");
+  }
+  if (p.transport == "storage" && p.enabled() && p.storage_backend.empty()) {
+    return bad("--pd-transport storage needs --pd-storage-backend file|redis");
+  }
+  if (p.heartbeat_ms < 5 || p.heartbeat_ms > 60'000) return bad("--pd-heartbeat-ms: [5, 60000]");
+  if (p.peer_timeout_ms < 2 * p.heartbeat_ms || p.peer_timeout_ms > 600'000) {
+    return bad("--pd-peer-timeout-ms must be in [2 x heartbeat, 600000]");
+  }
+  for (int64_t v : {p.accept_timeout_ms, p.stall_ms}) {
+    if (v < 1 || v > 600'000) return bad("PD timeouts must be in [1, 600000] ms");
+  }
+  if (p.quarantine_ms < 0 || p.quarantine_ms > 600'000) {
+    return bad("--pd-quarantine-ms must be in [0, 600000]");
+  }
+  if (p.order_deadline_ms < 1 || p.order_deadline_ms > 3'600'000) {
+    return bad("--pd-order-deadline-ms must be in [1, 3600000]");
+  }
+  if (p.max_queued_prefill_tokens < 1) return bad("--pd-max-queued-prefill-tokens must be >= 1");
+  return {};
+}
+
+}  // namespace
+
 Status validate(const EngineOptions& o) {
   auto bad = [](std::string m) { return make_error(ErrorCode::kInvalidArgument, std::move(m)); };
   if (o.page_size < 1 || o.page_size > 256) return bad("--page-size must be in [1, 256]");
@@ -50,7 +130,7 @@ Status validate(const EngineOptions& o) {
   } else if (!h.storage_backend.empty()) {
     return bad("--hicache-storage-backend needs --enable-hierarchical-cache");
   }
-  return {};
+  return validate_pd(o.pd);
 }
 
 }  // namespace strata

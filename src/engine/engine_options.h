@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cache/write_policy.h"
 #include "common/result.h"
@@ -33,6 +34,48 @@ struct HierarchicalCacheOptions {
   PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
 };
 
+// Prefill/decode disaggregation (docs/pd-disaggregation.md, "Engine integration"). A
+// prefill worker binds the control plane and computes prefills that decode workers order;
+// a decode worker (or a mixed one given prefill peers) orders the uncached part of a
+// request's prompt from the prefill worker the request names (RequestSpec::prefill_peer)
+// and decodes; anything that goes wrong there ends in a local prefill.
+enum class WorkerRole : uint8_t { kMixed, kPrefill, kDecode };
+Result<WorkerRole> parse_worker_role(std::string_view name);
+const char* worker_role_name(WorkerRole role);
+
+struct PdOptions {
+  WorkerRole role = WorkerRole::kMixed;
+  std::string worker_id;                    // "" : made from the host name and a random suffix
+  std::string bind;                         // prefill: ZeroMQ endpoint, "tcp://127.0.0.1:0"
+  std::vector<std::string> prefill_peers;   // decode: prefill workers' endpoints
+  std::string transport = "ucx";            // "ucx" | "storage"
+  std::string storage_backend;              // storage transport: "file" | "redis"
+  std::string storage_extra_config;         // its options (JSON object or @file)
+  // What makes two workers' pages interchangeable (model, dtype, page shape); set by serve.
+  std::string kv_layout;
+  int64_t heartbeat_ms = 500;
+  int64_t peer_timeout_ms = 3'000;
+  int64_t accept_timeout_ms = 5'000;
+  int64_t stall_ms = 10'000;
+  int64_t quarantine_ms = 10'000;
+  int64_t order_deadline_ms = 60'000;  // a room's whole budget, order to PrefillDone
+  // Prefill side: an order is rejected (OrderRejected, the decode worker prefills locally)
+  // while more prompt tokens than this wait to be prefilled here.
+  int64_t max_queued_prefill_tokens = 65'536;
+
+  bool enabled() const { return role == WorkerRole::kPrefill || !prefill_peers.empty(); }
+};
+
+// What GET /server_info says of a worker's disaggregation (Engine::pd_info()).
+struct PdInfo {
+  WorkerRole role = WorkerRole::kMixed;
+  bool enabled = false;  // a control plane runs
+  std::string worker_id;
+  std::string endpoint;  // prefill: the bound control-plane endpoint
+  std::string transport;
+  std::vector<std::string> peers_alive;
+};
+
 struct EngineOptions {
   int32_t page_size = 16;                // tokens per KV page, in [1, 256]
   int32_t kv_cache_tokens = 65'536;      // device pool size in tokens (rounded down to pages)
@@ -56,6 +99,7 @@ struct EngineOptions {
   // most max_sessions (least recently used dropped), none idle past session_idle_ttl_ms.
   int64_t max_sessions = 10'000;            // --max-sessions, >= 0
   int64_t session_idle_ttl_ms = 3'600'000;  // --session-ttl-s
+  PdOptions pd;
 };
 
 Status validate(const EngineOptions& options);
@@ -91,6 +135,37 @@ struct EngineCounters {
   int64_t queued_prefill_tokens = 0;     // gauge: prompt tokens waiting or still to prefill
   // gauge: tool sessions by state (RUNNABLE, OFFLOADING, OFFLOADED, RESTORING)
   std::array<int64_t, 4> tool_sessions_by_state{};
+  // Prefill/decode disaggregation. Decode side: rooms ordered, completed, failed (the
+  // request then prefilled locally) by reason, KV received. Prefill side: orders taken,
+  // rejected, finished, failed or aborted, KV sent.
+  uint64_t pd_rooms_ordered = 0;
+  uint64_t pd_rooms_done = 0;
+  std::array<uint64_t, 8> pd_fallbacks{};  // by PdFallback
+  uint64_t pd_pages_received = 0;
+  uint64_t pd_bytes_received = 0;
+  uint64_t pd_orders_accepted = 0;
+  uint64_t pd_orders_rejected = 0;
+  uint64_t pd_orders_done = 0;
+  uint64_t pd_orders_failed = 0;
+  uint64_t pd_pages_sent = 0;
+  uint64_t pd_bytes_sent = 0;
+  int64_t pd_rooms_active = 0;       // gauge
+  int64_t pd_quarantined_pages = 0;  // gauge: pages of failed rooms not yet reusable
+  int64_t pd_peers_alive = 0;        // gauge
 };
+
+// Why a decode worker prefilled a request locally after all (EngineCounters::pd_fallbacks).
+enum class PdFallback : uint8_t {
+  kPeerUnavailable,  // the named prefill worker is unknown or not alive
+  kRejected,         // it rejected the order (overloaded)
+  kTimeout,          // accept, stall or overall deadline
+  kPeerDead,         // it died or restarted
+  kPrefillFailed,    // it reported a failure
+  kProtocolError,
+  kTransfer,         // the pages could not be received (storage read)
+  kSendFailed,       // the order could not be sent
+};
+inline constexpr size_t kPdFallbacks = 8;
+const char* pd_fallback_name(PdFallback reason);
 
 }  // namespace strata

@@ -29,6 +29,10 @@ struct RequestSpec {
   // Scheduling priority as in vLLM: lower is served earlier, in [-100, 100]
   // (engine/queue_order.h; the cache's own classes come first).
   int32_t priority = 0;
+  // Disaggregation (decode workers): the worker id of the prefill worker that should
+  // compute this prompt's uncached part. Ignored (a local prefill) when the engine has no
+  // such live peer; a router sets it (x-strata-prefill-peer).
+  std::string prefill_peer;
 };
 
 enum class FinishReason { kStop, kLength, kCancelled, kError };
@@ -43,6 +47,12 @@ struct RequestUsage {
   int32_t cached_device = 0;
   int32_t cached_host = 0;
   int32_t cached_storage = 0;
+  // The prompt's KV came from a prefill worker: tokens and bytes moved, and the time from
+  // the order to the pages received.
+  bool kv_transferred = false;
+  int32_t kv_transfer_tokens = 0;
+  int64_t kv_transfer_bytes = 0;
+  int64_t kv_transfer_ms = 0;
 };
 
 // One item from the engine: tokens, then exactly one finish.

@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "engine/scheduler_seq.h"
 #include "engine/storage_worker.h"
 
 namespace strata {
@@ -24,35 +25,6 @@ const char* finish_reason_name(FinishReason r) {
   return "error";
 }
 
-// A request inside the scheduler. Page ownership: pages[0, tree_pages) belong to the
-// tree and are protected by `receipt`; pages[tree_pages, end) belong to this request.
-struct Scheduler::Seq {
-  uint64_t id = 0;
-  RequestSpec spec;
-  std::shared_ptr<RequestStream> stream;
-  std::vector<int32_t> tokens;  // prompt + generated
-  int32_t prompt_len = 0;       // the original prompt (usage)
-  int64_t computed = 0;         // tokens whose KV is in pages
-  std::vector<PageId> pages;
-  int32_t tree_pages = 0;
-  LockReceipt receipt;
-  bool admitted = false;
-  bool counted = false;  // prompt and cache hits counted (first admission)
-  int32_t generated = 0;
-  RequestUsage usage;
-  std::optional<Sampler> sampler;
-  // Hierarchical cache: tiers tried for this request, and what they gave.
-  bool load_tried = false;
-  bool prefetch_tried = false;
-  LockReceipt load_receipt;      // holds a host path while it loads to the device
-  int64_t park_deadline_ms = 0;  // parked for a prefetch: stop waiting then (0: never)
-  int32_t host_tokens = 0;       // prompt tokens loaded back from the host
-  int32_t storage_tokens = 0;    // of which first read from storage
-  // Scheduling (queue_order.h): set when the request reaches the scheduler thread.
-  SchedClass cls = SchedClass::kNormal;
-  int64_t arrival_ms = 0;
-};
-
 Result<std::unique_ptr<Scheduler>> Scheduler::create(
     Model* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
     const Clock* clock) {
@@ -64,6 +36,9 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(
   engine->kv_pool_ = std::move(*pool);
   if (options.hicache.enabled) {
     if (auto st = engine->init_hicache(); !st) return std::unexpected(st.error());
+  }
+  if (options.pd.enabled()) {
+    if (auto st = engine->init_pd(); !st) return std::unexpected(st.error());
   }
   engine->sessions_ =
       std::make_unique<ToolSessions>(*engine->tree_, *engine->clock_, options.tool_session_ttl_ms,
@@ -94,6 +69,8 @@ Scheduler::~Scheduler() {
   }
   wake_.notify_one();
   if (thread_.joinable()) thread_.join();
+  // Its transfers end (and report through the wake-up) while everything here still lives.
+  pd_.reset();
 }
 
 Status Scheduler::init_hicache() {
@@ -375,8 +352,14 @@ EngineState Scheduler::make_state() {
   s.pin_budget_pages = static_cast<int64_t>(
       options_.max_pinned_ratio *
       static_cast<double>(host_allocator_ ? host_allocator_->num_pages() : num_pages_));
-  for (const auto& seq : running_) {
-    s.request_private_pages += static_cast<int64_t>(seq->pages.size()) - seq->tree_pages;
+  for (const auto* list : {&running_, &remote_, &pd_sending_}) {
+    for (const auto& seq : *list) {
+      s.request_private_pages += static_cast<int64_t>(seq->pages.size()) - seq->tree_pages;
+    }
+  }
+  // Pages of failed rooms in quarantine are held too (docs/pd-disaggregation.md).
+  for (const auto& [room, pages] : quarantine_) {
+    s.request_private_pages += static_cast<int64_t>(pages.size());
   }
   s.audit_pages = [this] { return audit_pages(); };
   s.make_device_room = [this](int64_t pages) { return make_room_for_restore(pages); };
@@ -387,9 +370,12 @@ EngineState Scheduler::make_state() {
 Status Scheduler::audit_pages() const {
   std::vector<PageId> owned;
   tree_->collect_device_pages(owned);
-  for (const auto& seq : running_) {
-    owned.insert(owned.end(), seq->pages.begin() + seq->tree_pages, seq->pages.end());
+  for (const auto* list : {&running_, &remote_, &pd_sending_}) {
+    for (const auto& seq : *list) {
+      owned.insert(owned.end(), seq->pages.begin() + seq->tree_pages, seq->pages.end());
+    }
   }
+  for (const auto& [room, pages] : quarantine_) owned.insert(owned.end(), pages.begin(), pages.end());
   if (auto st = allocator_->audit(owned); !st) return st;
   if (!host_allocator_) return {};
   owned.clear();
@@ -412,10 +398,13 @@ void Scheduler::run() {
         // soft-pin expiry, or soon when copies are in flight.
         const auto nap = io_busy() || !running_.empty() || !waiting_.empty()
                              ? std::chrono::milliseconds(1)
-                             : std::chrono::milliseconds(200);
-        wake_.wait_for(lock, nap,
-                       [&] { return stopping_ || !inbox_.empty() || !commands_.empty(); });
+                         : pd_busy() ? std::chrono::milliseconds(5)
+                                     : std::chrono::milliseconds(200);
+        wake_.wait_for(lock, nap, [&] {
+          return stopping_ || !inbox_.empty() || !commands_.empty() || pd_signal_;
+        });
       }
+      pd_signal_ = false;
       arrived.swap(inbox_);
       commands.swap(commands_);
       stop = stopping_;
@@ -432,6 +421,7 @@ void Scheduler::run() {
       waiting_.push_back(std::move(seq));
     }
     poll_io();
+    pd_poll();
     // Tool sessions advance as their copies land, before the commands run: a restore that
     // landed during the last step is RUNNABLE to the kv_meta that asks now, not a step later.
     if (const int64_t now_ms = clock_->now_ms(); now_ms - last_session_tick_ms_ >= 5) {
@@ -482,6 +472,14 @@ void Scheduler::run() {
   }
   for (auto& seq : parked_) waiting_.push_back(std::move(seq));
   parked_.clear();
+  for (auto& seq : remote_) {
+    std::vector<PageId> pages = detach_room_pages(*seq);
+    allocator_->free(pages);
+    finish(*seq, FinishReason::kCancelled);
+  }
+  remote_.clear();
+  for (auto& seq : pd_sending_) release_seq_pages(*seq);
+  pd_sending_.clear();
   for (auto& seq : running_) finish(*seq, FinishReason::kCancelled);
   running_.clear();
   for (auto& seq : waiting_) {
@@ -551,6 +549,15 @@ void Scheduler::release_seq_pages(Seq& seq) {
 }
 
 void Scheduler::finish(Seq& seq, FinishReason reason, std::string error, int32_t stop_token) {
+  if (seq.remote_room != 0) {
+    // An order's request ended before its pages went out (cancelled at shutdown, an error):
+    // the order fails; the pages already sent stay protected by its own lock.
+    auto it = orders_.find(seq.remote_room);
+    if (it != orders_.end() && it->second.state == RemoteOrder::State::kComputing) {
+      it->second.state = RemoteOrder::State::kAborted;
+      it->second.why = error.empty() ? std::string(finish_reason_name(reason)) : error;
+    }
+  }
   const int64_t cached = seq.admitted ? seq.computed : 0;
   release_seq_pages(seq);
   if (!seq.spec.session_id.empty()) {
@@ -620,6 +627,11 @@ Scheduler::Admission Scheduler::try_admit(Seq& seq) {
       }
     }
   }
+  if (pd_ && !pd_->prefill() && !seq.pd_tried && !seq.counted &&
+      !seq.spec.prefill_peer.empty()) {
+    seq.pd_tried = true;
+    if (auto a = try_remote(seq, m)) return *a;
+  }
   const int64_t remaining_pages =
       (static_cast<int64_t>(seq.tokens.size()) + ps) / ps - m.num_pages;  // +1 decode slot
   const TreeStats stats = tree_->stats();
@@ -642,6 +654,11 @@ Scheduler::Admission Scheduler::try_admit(Seq& seq) {
   seq.tree_pages = m.num_pages;
   seq.computed = static_cast<int64_t>(m.num_pages) * ps;
   seq.admitted = true;
+  count_admission(seq);
+  return Admission::kAdmitted;
+}
+
+void Scheduler::count_admission(Seq& seq) {
   if (!seq.counted) {
     seq.counted = true;
     // First admission: what the cache saved this prompt, per tier (a re-admission after
@@ -658,7 +675,6 @@ Scheduler::Admission Scheduler::try_admit(Seq& seq) {
     counters_.cached_storage_tokens += static_cast<uint64_t>(from_storage);
     counters_.prompt_tokens += static_cast<uint64_t>(seq.prompt_len);
   }
-  return Admission::kAdmitted;
 }
 
 QueueKey Scheduler::queue_key(const Seq& seq) const {
@@ -724,7 +740,10 @@ bool Scheduler::preempt_for(const Seq& head) {
 // a stop token or max_tokens. Returns true when it finished (the caller drops it from
 // running_).
 bool Scheduler::emit_token(Seq& seq, std::span<const float> logits) {
-  GeneratedToken tok = seq.sampler->sample(logits);
+  return emit_sampled(seq, seq.sampler->sample(logits));
+}
+
+bool Scheduler::emit_sampled(Seq& seq, GeneratedToken tok) {
   if (tok.is_stop) {
     finish(seq, FinishReason::kStop, {}, tok.token);
     return true;
@@ -753,7 +772,8 @@ bool Scheduler::sample_full_hits() {
     Seq& seq = *running_[i];
     const int64_t n = static_cast<int64_t>(seq.tokens.size());
     std::span<const float> logits;
-    if (seq.generated == 0 && n == seq.prompt_len && seq.computed > 0 &&
+    // (An order's prompt needs every position's KV for the decode worker: no shortcut.)
+    if (seq.remote_room == 0 && seq.generated == 0 && n == seq.prompt_len && seq.computed > 0 &&
         seq.computed == (n - 1) / ps * ps) {
       logits = prompt_logits_.find(seq.tokens, seq.spec.cache_salt);
     }
@@ -788,7 +808,7 @@ void Scheduler::admit() {
       waiting_.pop_front();
       continue;
     }
-    if (static_cast<int32_t>(running_.size()) >= options_.max_running_requests) {
+    if (static_cast<int32_t>(running_.size() + remote_.size()) >= options_.max_running_requests) {
       // The batch is full: a request of a better class takes the worst one's place.
       if (preempt_for(seq)) continue;
       break;
@@ -796,6 +816,11 @@ void Scheduler::admit() {
     const Admission a = try_admit(seq);
     if (a == Admission::kParked) {
       parked_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      continue;
+    }
+    if (a == Admission::kRemote) {
+      remote_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
       continue;
     }
@@ -829,6 +854,8 @@ void Scheduler::admit() {
     }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
+    // An order's pages that this worker's own cache held go out at once.
+    if (running_.back()->remote_room != 0) pd_send_ready(*running_.back(), false);
   }
 }
 
@@ -934,11 +961,13 @@ bool Scheduler::step() {
   const int32_t vocab = model_->config().vocab_size;
   size_t row = 0;
   std::vector<Seq*> done;
+  std::vector<Seq*> sent;  // orders whose prompt is computed: their last pages go out
   for (size_t i = 0; i < plan.size(); ++i) {
     Seq& seq = *plan[i].seq;
     seq.computed = plan[i].start + plan[i].count;
     if (!batch[i].want_logits) {
       cache_computed_pages(seq);
+      if (seq.remote_room != 0) pd_send_ready(seq, false);
       continue;
     }
     const std::span<const float> logits(logits_.data() + row * static_cast<size_t>(vocab),
@@ -949,7 +978,22 @@ bool Scheduler::step() {
       prompt_logits_.put(seq.tokens, seq.spec.cache_salt, logits);
     }
     cache_computed_pages(seq);
+    if (seq.remote_room != 0) {
+      // The order's first token: the decode worker gets it with PrefillDone, once the last
+      // pages (the partial one included) have landed.
+      auto it = orders_.find(seq.remote_room);
+      if (it != orders_.end()) it->second.first_token = seq.sampler->sample(logits).token;
+      pd_send_ready(seq, true);
+      sent.push_back(&seq);
+      continue;
+    }
     if (emit_token(seq, logits)) done.push_back(&seq);
+  }
+  for (Seq* s : sent) {
+    auto it = std::find_if(running_.begin(), running_.end(),
+                           [&](const std::unique_ptr<Seq>& r) { return r.get() == s; });
+    pd_sending_.push_back(std::move(*it));
+    running_.erase(it);
   }
   if (!done.empty()) {
     std::erase_if(running_, [&](const std::unique_ptr<Seq>& s) {

@@ -18,6 +18,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "common/result.h"
 #include "engine/engine_options.h"
 #include "engine/engine_state.h"
+#include "engine/pd_link.h"
 #include "engine/queue_order.h"
 #include "engine/request.h"
 #include "engine/step_budget.h"
@@ -75,16 +77,20 @@ class Scheduler {
   const Model& model() const { return *model_; }
   // A copy of the counters (thread-safe).
   EngineCounters counters() const;
+  // The worker's disaggregation (thread-safe).
+  PdInfo pd_info() const;
 
  private:
   struct Seq;
+  struct RemoteOrder;
   Scheduler(Model* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
             const Clock* clock);
   void post(std::function<void(EngineState&)> command);
   void run();
   bool step();  // one scheduler iteration; false when idle
   void admit();
-  enum class Admission : uint8_t { kAdmitted, kNoRoom, kParked };
+  // kRemote: the prompt's KV is ordered from a prefill worker (the request waits in remote_).
+  enum class Admission : uint8_t { kAdmitted, kNoRoom, kParked, kRemote };
   Admission try_admit(Seq& seq);
   bool ensure_pages(Seq& seq, int64_t positions);
   // Device pages the running requests still need to finish their prompts, plus one decode
@@ -94,6 +100,29 @@ class Scheduler {
   void finish(Seq& seq, FinishReason reason, std::string error = {}, int32_t stop_token = -1);
   void retract(Seq& seq);
   bool emit_token(Seq& seq, std::span<const float> logits);
+  // Hands a sampled token to the stream; finishes at a stop token or max_tokens (true).
+  bool emit_sampled(Seq& seq, GeneratedToken tok);
+  // The usage figures of a request's first admission (what the cache saved, per tier).
+  void count_admission(Seq& seq);
+
+  // Prefill/decode disaggregation (scheduler_pd.cc; docs/pd-disaggregation.md).
+  Status init_pd();
+  // Applies the channel's messages, the rooms' or leases' deadlines and the transfers'
+  // completions; called every iteration.
+  void pd_poll();
+  bool pd_busy() const;
+  // Decode side.
+  std::optional<Admission> try_remote(Seq& seq, const MatchResult& m);
+  void pd_room_event(const pd::RoomEvent& ev);
+  void pd_fallback(std::unique_ptr<Seq> seq, PdFallback reason);
+  void pd_land(Seq& seq);
+  std::vector<PageId> detach_room_pages(Seq& seq);
+  std::unique_ptr<Seq> take_remote(uint64_t room);
+  // Prefill side.
+  void pd_take_order(const std::string& peer, pd::PrefillOrder order, int64_t received_ms);
+  void pd_send_ready(Seq& seq, bool final);
+  void pd_abort(uint64_t room, bool tell_peer, const std::string& why);
+  void pd_settle_orders();
   bool sample_full_hits();
   // Orders running_ best first (queue_order.h), so that running_.back() is the request to
   // retract first; waiting_ likewise, so that front() is the next to admit.
@@ -166,6 +195,15 @@ class Scheduler {
   std::vector<std::unique_ptr<Seq>> parked_;
   std::unique_ptr<ToolSessions> sessions_;
   int64_t last_session_tick_ms_ = 0;
+  // Disaggregation (null without it). Declared after the pool: the transport goes first.
+  std::unique_ptr<PdLink> pd_;
+  // Decode side: requests whose prompt a prefill worker computes; pages of failed rooms the
+  // peer may still write into, by room, until the quarantine ends.
+  std::vector<std::unique_ptr<Seq>> remote_;
+  std::unordered_map<uint64_t, std::vector<PageId>> quarantine_;
+  // Prefill side: the orders taken, by room; requests whose last pages are on their way.
+  std::unordered_map<uint64_t, RemoteOrder> orders_;
+  std::vector<std::unique_ptr<Seq>> pd_sending_;
 
   // Scheduler thread only.
   std::deque<std::unique_ptr<Seq>> waiting_;
@@ -185,6 +223,7 @@ class Scheduler {
   std::deque<std::function<void(EngineState&)>> commands_;  // GUARDED_BY(mutex_)
   EngineCounters published_counters_;                       // GUARDED_BY(mutex_)
   bool stopping_ = false;                                   // GUARDED_BY(mutex_)
+  bool pd_signal_ = false;  // GUARDED_BY(mutex_): messages or completions arrived
   std::atomic<uint64_t> next_id_{1};
   std::thread thread_;
 };

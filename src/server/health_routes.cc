@@ -6,7 +6,7 @@
 namespace strata {
 namespace {
 
-CacheGaugeValues cache_gauges(const CacheState& s, const EngineCounters& c) {
+CacheGaugeValues cache_gauges(const CacheState& s, const EngineCounters& c, bool pd_enabled) {
   CacheGaugeValues g;
   g.pages_total = s.device.capacity_pages;
   g.pages_free = s.device.free_pages;
@@ -43,6 +43,20 @@ CacheGaugeValues cache_gauges(const CacheState& s, const EngineCounters& c) {
                         {"forward_steps", c.forward_steps},
                         {"prompt_logits_hits", c.prompt_logits_hits}};
   g.prefill_budget_tokens = c.prefill_budget_tokens;
+  if (pd_enabled) {
+    g.pd_events = {{"rooms_ordered", c.pd_rooms_ordered},   {"rooms_done", c.pd_rooms_done},
+                   {"pages_received", c.pd_pages_received}, {"bytes_received", c.pd_bytes_received},
+                   {"orders_accepted", c.pd_orders_accepted},
+                   {"orders_rejected", c.pd_orders_rejected},
+                   {"orders_done", c.pd_orders_done},       {"orders_failed", c.pd_orders_failed},
+                   {"pages_sent", c.pd_pages_sent},         {"bytes_sent", c.pd_bytes_sent}};
+    for (size_t i = 0; i < kPdFallbacks; ++i) {
+      g.pd_fallbacks.emplace_back(pd_fallback_name(static_cast<PdFallback>(i)), c.pd_fallbacks[i]);
+    }
+    g.pd_state = {{"rooms_active", c.pd_rooms_active},
+                  {"quarantined_pages", c.pd_quarantined_pages},
+                  {"peers_alive", c.pd_peers_alive}};
+  }
   for (size_t i = 0; i < c.tool_sessions_by_state.size(); ++i) {
     g.tool_sessions.emplace_back(
         std::string(tool_session_state_name(static_cast<ToolSessionState>(i))),
@@ -62,7 +76,8 @@ void add_health_routes(http::Server& server, RouteContext& ctx) {
   server.route("GET", "/metrics", blocking([&ctx](const http::Request&) {
                  auto state = ctx.engine.cache().state().get();
                  if (!state) return error_response(state.error());
-                 ctx.metrics.set_cache(cache_gauges(*state, ctx.engine.counters()));
+                 ctx.metrics.set_cache(
+                     cache_gauges(*state, ctx.engine.counters(), ctx.engine.pd_info().enabled));
                  if (ctx.http_stats) ctx.metrics.set_http(ctx.http_stats());
                  ctx.metrics.set_conversations(ctx.conversations.stats());
                  ctx.metrics.set_cache_events(ctx.cache_events.subscribers(),

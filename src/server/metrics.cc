@@ -117,6 +117,22 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                .Name("strata_tool_sessions")
                                .Help("Tool sessions by state (docs/tool-sessions.md)")
                                .Register(*registry_);
+  pd_events_family_ = &BuildGauge()
+                           .Name("strata_pd_events_total")
+                           .Help(
+                               "Prefill/decode disaggregation since start: rooms ordered and "
+                               "done (decode side), orders accepted, rejected, done and failed "
+                               "(prefill side), KV pages and bytes moved")
+                           .Register(*registry_);
+  pd_fallbacks_family_ = &BuildGauge()
+                              .Name("strata_pd_fallbacks_total")
+                              .Help("Requests a decode worker prefilled locally after all, by reason")
+                              .Register(*registry_);
+  pd_state_family_ = &BuildGauge()
+                          .Name("strata_pd")
+                          .Help("Disaggregation now: rooms or orders active, pages in quarantine, "
+                                "peers alive")
+                          .Register(*registry_);
   prefill_budget_ = &BuildGauge()
                          .Name("strata_prefill_budget_tokens")
                          .Help("Prefill tokens the last step could carry (step budgeting)")
@@ -214,6 +230,15 @@ void Metrics::set_cache(const CacheGaugeValues& v) {
   prefill_budget_->Set(static_cast<double>(v.prefill_budget_tokens));
   for (const auto& [state, n] : v.tool_sessions) {
     tool_sessions_family_->Add({{"state", state}}).Set(static_cast<double>(n));
+  }
+  for (const auto& [event, n] : v.pd_events) {
+    pd_events_family_->Add({{"event", event}}).Set(static_cast<double>(n));
+  }
+  for (const auto& [reason, n] : v.pd_fallbacks) {
+    pd_fallbacks_family_->Add({{"reason", reason}}).Set(static_cast<double>(n));
+  }
+  for (const auto& [state, n] : v.pd_state) {
+    pd_state_family_->Add({{"state", state}}).Set(static_cast<double>(n));
   }
   for (const auto& [event, n] : v.tier_events) {
     tier_events_family_->Add({{"event", event}}).Set(static_cast<double>(n));

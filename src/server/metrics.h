@@ -43,6 +43,13 @@ struct CacheGaugeValues {
   int64_t prefill_budget_tokens = 0;
   // strata_tool_sessions{state}: tool sessions by state now.
   std::vector<std::pair<std::string, int64_t>> tool_sessions;
+  // Prefill/decode disaggregation (docs/pd-disaggregation.md): strata_pd_events_total{event}
+  // (rooms, orders, pages and bytes moved), strata_pd_fallbacks_total{reason} (requests a
+  // decode worker prefilled locally after all) and strata_pd{state} (rooms active, pages
+  // in quarantine, peers alive). Empty without disaggregation.
+  std::vector<std::pair<std::string, uint64_t>> pd_events;
+  std::vector<std::pair<std::string, uint64_t>> pd_fallbacks;
+  std::vector<std::pair<std::string, int64_t>> pd_state;
 };
 
 class Metrics {
@@ -95,6 +102,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* scheduler_events_family_;
   prometheus::Gauge* prefill_budget_;
   prometheus::Family<prometheus::Gauge>* tool_sessions_family_;
+  prometheus::Family<prometheus::Gauge>* pd_events_family_;
+  prometheus::Family<prometheus::Gauge>* pd_fallbacks_family_;
+  prometheus::Family<prometheus::Gauge>* pd_state_family_;
   prometheus::Gauge* conversations_;
   prometheus::Family<prometheus::Gauge>* conversations_dropped_family_;
   prometheus::Gauge* http_open_;

@@ -39,13 +39,19 @@ int64_t unix_time_s() {
 }
 
 json usage_json(const RequestUsage& u) {
-  return json{
-      {"prompt_tokens", u.prompt_tokens},
-      {"completion_tokens", u.completion_tokens},
-      {"total_tokens", u.prompt_tokens + u.completion_tokens},
-      {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}},
-      {"cached_tokens_details",
-       {{"device", u.cached_device}, {"host", u.cached_host}, {"storage", u.cached_storage}}}};
+  json j{{"prompt_tokens", u.prompt_tokens},
+         {"completion_tokens", u.completion_tokens},
+         {"total_tokens", u.prompt_tokens + u.completion_tokens},
+         {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}},
+         {"cached_tokens_details",
+          {{"device", u.cached_device}, {"host", u.cached_host}, {"storage", u.cached_storage}}}};
+  // A disaggregated request: what the prefill worker computed and moved here.
+  if (u.kv_transferred) {
+    j["kv_transfer"] = {{"tokens", u.kv_transfer_tokens},
+                        {"bytes", u.kv_transfer_bytes},
+                        {"ms", u.kv_transfer_ms}};
+  }
+  return j;
 }
 
 json bytes_of(const std::string& s) {
@@ -292,6 +298,9 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat,
   p.spec.cache_salt = p.params.cache_salt;
   p.spec.session_id = p.params.session_id;
   p.spec.priority = p.params.priority;
+  // Set by a router (strata route --pd): the prefill worker to compute the prompt. Only a
+  // peer this worker is connected to by its own configuration is ever used.
+  p.spec.prefill_peer = std::string(req.header("x-strata-prefill-peer").substr(0, 128));
   p.prompt_tokens = p.spec.prompt;
   if (p.params.forced_output) {
     // Test-only: the engine prefills the forced tokens after the prompt (so the cache and

@@ -57,11 +57,10 @@ struct ServerOptions {
   int64_t max_sessions = 10'000;
   int64_t session_ttl_ms = 3'600'000;
   // What GET /server_info tells a router: the KV event sockets as bound ("" when off; a
-  // wildcard host is answered as the host the router reached this server on) and the
-  // worker's role in prefill/decode disaggregation.
+  // wildcard host is answered as the host the router reached this server on). The role in
+  // prefill/decode disaggregation comes from the engine (Engine::pd_info).
   std::string kv_events_endpoint;
   std::string kv_events_replay_endpoint;
-  std::string role = "mixed";
 };
 
 struct RouteContext {

@@ -51,9 +51,19 @@ json server_info(RouteContext& ctx, const http::Request& req, const CacheState& 
   }
   json storage = nullptr;
   if (s.storage) storage = {{"backend", s.storage->backend}};
+  const PdInfo pd_info = ctx.engine.pd_info();
+  json pd = nullptr;
+  if (pd_info.enabled) {
+    pd = {{"worker_id", pd_info.worker_id},
+          {"endpoint", pd_info.endpoint.empty() ? std::string()
+                                                : connectable(pd_info.endpoint, req)},
+          {"transport", pd_info.transport},
+          {"peers_alive", pd_info.peers_alive}};
+  }
   return json{{"engine", "strata"},
               {"model", ctx.options.model_name},
-              {"role", ctx.options.role},
+              {"role", worker_role_name(pd_info.role)},
+              {"pd", pd},
               {"page_size", s.page_size},
               {"max_model_len", ctx.engine.model_config().max_position_embeddings},
               {"max_prompt_tokens", ctx.options.max_prompt_tokens},

@@ -1,0 +1,75 @@
+// The scheduler's records of a request (Scheduler::Seq) and of a prefill order being
+// computed for a decode worker (Scheduler::RemoteOrder). Internal to the engine: shared
+// by scheduler.cc and scheduler_pd.cc only.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/scheduler.h"
+
+namespace strata {
+
+// A request inside the scheduler. Page ownership: pages[0, tree_pages) belong to the
+// tree and are protected by `receipt`; pages[tree_pages, end) belong to this request.
+struct Scheduler::Seq {
+  uint64_t id = 0;
+  RequestSpec spec;
+  std::shared_ptr<RequestStream> stream;
+  std::vector<int32_t> tokens;  // prompt + generated
+  int32_t prompt_len = 0;       // the original prompt (usage)
+  int64_t computed = 0;         // tokens whose KV is in pages
+  std::vector<PageId> pages;
+  int32_t tree_pages = 0;
+  LockReceipt receipt;
+  bool admitted = false;
+  bool counted = false;  // prompt and cache hits counted (first admission)
+  int32_t generated = 0;
+  RequestUsage usage;
+  std::optional<Sampler> sampler;
+  // Hierarchical cache: tiers tried for this request, and what they gave.
+  bool load_tried = false;
+  bool prefetch_tried = false;
+  LockReceipt load_receipt;      // holds a host path while it loads to the device
+  int64_t park_deadline_ms = 0;  // parked for a prefetch: stop waiting then (0: never)
+  int32_t host_tokens = 0;       // prompt tokens loaded back from the host
+  int32_t storage_tokens = 0;    // of which first read from storage
+  // Scheduling (queue_order.h): set when the request reaches the scheduler thread.
+  SchedClass cls = SchedClass::kNormal;
+  int64_t arrival_ms = 0;
+  // Disaggregation, decode side: a room was tried (once per request), the room this
+  // request's prompt is computed in (0: none), since when, and the pages being received.
+  bool pd_tried = false;
+  uint64_t pd_room = 0;
+  int64_t pd_ordered_ms = 0;
+  bool pd_receiving = false;
+  int32_t pd_first_token = -1;
+  // Prefill side: the room of the order this request computes (0: an ordinary request).
+  uint64_t remote_room = 0;
+};
+
+// Prefill side: one order being computed and sent (docs/pd-disaggregation.md).
+struct Scheduler::RemoteOrder {
+  enum class State : uint8_t { kComputing, kSending, kAborted };
+  State state = State::kComputing;
+  std::string peer;  // the decode worker
+  PageDestinationId destination{};
+  int32_t first_page = 0;  // the prompt page that dst_pages[0] receives
+  int32_t prompt_len = 0;
+  std::vector<PageId> dst_pages;
+  int32_t pages_sent = 0;   // dst_pages[0, pages_sent) handed to the transport
+  int32_t outstanding = 0;  // sends not completed
+  bool send_failed = false;
+  // Protects the sent full pages (in the tree) while the transport may read them: the
+  // request itself may be retracted or end meanwhile.
+  LockReceipt send_receipt;
+  int64_t received_ms = 0;
+  int64_t last_keepalive_ms = 0;
+  uint64_t bytes = 0;
+  int32_t first_token = -1;
+  bool tell_peer = true;  // aborted: send PrefillFailed (not when the peer is dead)
+  std::string why;
+};
+
+}  // namespace strata
