@@ -5,7 +5,8 @@
 #   STRATA_SKIP_SANITIZERS=1   only the release build's tests
 # The ThreadSanitizer stage builds and runs the test programs of the threaded modules
 # (engine scheduler + transfer threads + tool sessions, host pool and transfers, storage
-# worker and backends, the HTTP server and client, the P/D control plane's channel).
+# worker and backends, the HTTP server and client, the P/D control plane's channel, and
+# disaggregation through two engines with UCX: UCX_MEM_EVENTS=no, see docs/kv-transfer.md).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -32,10 +33,12 @@ if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   echo "== ThreadSanitizer build (threaded modules)"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
         -DSTRATA_BUILD_BENCH=OFF >/dev/null
-  cmake --build build-tsan -j "$jobs" --target engine_tests memory_tests storage_tests http_tests pd_tests
+  cmake --build build-tsan -j "$jobs" --target engine_tests memory_tests storage_tests http_tests pd_tests \
+    pd_engine_tests
   echo "== ThreadSanitizer tests"
-  for t in engine_tests memory_tests storage_tests http_tests pd_tests; do
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp "build-tsan/tests/$t" --gtest_brief=1
+  for t in engine_tests memory_tests storage_tests http_tests pd_tests pd_engine_tests; do
+    UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp \
+      "build-tsan/tests/$t" --gtest_brief=1
   done
 fi
 echo "== all tests passed"

@@ -67,6 +67,15 @@ void add_route_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--temperature", w.temperature, "0: take the best; > 0: sample by cost");
   cmd->add_option("--busy-threshold", w.busy_threshold,
                   "Load fraction above which a worker gets no new work");
+  cmd->add_flag("--pd", o->r.pd.enabled,
+                "Prefill/decode disaggregation: a long prompt's decode worker has it prefilled "
+                "by a prefill-role worker");
+  cmd->add_option("--pd-min-prefill-tokens", o->r.pd.min_prefill_tokens,
+                  "--pd: prefill remotely only when the decode worker lacks more prompt tokens "
+                  "than this (>= 0)");
+  cmd->add_option("--pd-max-prefill-queue-tokens", o->r.pd.max_prefill_queue_tokens,
+                  "--pd: a prefill worker with more prompt tokens waiting than this is "
+                  "overloaded (>= 0)");
   cmd->add_option("--session-ttl-s", o->session_ttl_s, "Lifetime of an idle session binding");
   cmd->add_option("--max-sessions", o->r.sessions.max_sessions, "Session bindings kept");
   cmd->add_option("--migrate-after-rejections", o->r.sessions.migrate_after_rejections,

@@ -43,6 +43,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(
   engine->sessions_ =
       std::make_unique<ToolSessions>(*engine->tree_, *engine->clock_, options.tool_session_ttl_ms,
                                      options.max_sessions, options.session_idle_ttl_ms);
+  engine->forward_thread_ = std::thread([raw = engine.get()] { raw->run_forward_thread(); });
   engine->thread_ = std::thread([raw = engine.get()] { raw->run(); });
   return engine;
 }
@@ -68,7 +69,9 @@ Scheduler::~Scheduler() {
     stopping_ = true;
   }
   wake_.notify_one();
+  forward_wake_.notify_one();
   if (thread_.joinable()) thread_.join();
+  if (forward_thread_.joinable()) forward_thread_.join();
   // Its transfers end (and report through the wake-up) while everything here still lives.
   pd_.reset();
 }
@@ -429,11 +432,7 @@ void Scheduler::run() {
       counters_.session_records_dropped = sessions_->dropped_total();
       last_session_tick_ms_ = now_ms;
     }
-    if (!commands.empty()) {
-      EngineState state = make_state();
-      for (auto& cmd : commands) cmd(state);
-      submit_transfers();
-    }
+    run_commands(commands, /*may_retract=*/true);
     if (stop) break;
     // Requests parked for a prefetch stop waiting at their deadline.
     for (size_t i = 0; i < parked_.size();) {
@@ -488,6 +487,59 @@ void Scheduler::run() {
   }
   waiting_.clear();
   flush_events();
+}
+
+void Scheduler::run_commands(std::deque<std::function<void(EngineState&)>>& commands,
+                             bool may_retract) {
+  if (commands.empty()) return;
+  EngineState state = make_state();
+  if (!may_retract) state.make_device_room = nullptr;
+  for (auto& cmd : commands) cmd(state);
+  commands.clear();
+  submit_transfers();
+}
+
+void Scheduler::run_forward_thread() {
+  for (;;) {
+    std::span<const ForwardSequence> batch;
+    {
+      std::unique_lock lock(mutex_);
+      forward_wake_.wait(lock, [&] { return stopping_ || forward_pending_; });
+      if (!forward_pending_) return;
+      forward_pending_ = false;
+      batch = forward_batch_;
+    }
+    Status st = forward_serving_commands(batch);
+    {
+      std::lock_guard lock(mutex_);
+      forward_status_ = std::move(st);
+      forward_finished_ = true;
+    }
+    wake_.notify_one();
+  }
+}
+
+Status Scheduler::forward_serving_commands(std::span<const ForwardSequence> batch) {
+  {
+    std::lock_guard lock(mutex_);
+    forward_batch_ = batch;
+    forward_pending_ = true;
+    forward_finished_ = false;
+  }
+  forward_wake_.notify_one();
+  for (;;) {
+    std::deque<std::function<void(EngineState&)>> commands;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return forward_finished_ || !commands_.empty(); });
+      if (commands_.empty()) {
+        forward_finished_ = false;
+        return std::move(forward_status_);
+      }
+      commands.swap(commands_);
+    }
+    run_commands(commands, /*may_retract=*/false);
+  }
 }
 
 void Scheduler::flush_events() {

@@ -151,6 +151,15 @@ class Scheduler {
   void release_seq_pages(Seq& seq);
   void flush_events();
   Status audit_pages() const;
+  // Runs the forward pass on the forward thread and, while it runs, the commands that
+  // arrive (cache control, tool_end's restore, kv_meta): a command waits for at most the
+  // scheduler's bookkeeping between steps, not for a whole step. Commands then see the
+  // tree and pools as between steps; they only may not retract running requests (the
+  // batch in flight is theirs): make_device_room answers 0 meanwhile, and tool_end's
+  // caller retries after the step.
+  Status forward_serving_commands(std::span<const ForwardSequence> batch);
+  void run_forward_thread();
+  void run_commands(std::deque<std::function<void(EngineState&)>>& commands, bool may_retract);
   // Hierarchical cache, all on the scheduler thread.
   Status init_hicache();
   // Hands the tree's requested copies to the transfer threads; a load among them wakes
@@ -224,6 +233,13 @@ class Scheduler {
   EngineCounters published_counters_;                       // GUARDED_BY(mutex_)
   bool stopping_ = false;                                   // GUARDED_BY(mutex_)
   bool pd_signal_ = false;  // GUARDED_BY(mutex_): messages or completions arrived
+  // The forward thread: one batch at a time, handed over and back under mutex_.
+  std::span<const ForwardSequence> forward_batch_;  // GUARDED_BY(mutex_)
+  bool forward_pending_ = false;                    // GUARDED_BY(mutex_)
+  bool forward_finished_ = false;                   // GUARDED_BY(mutex_)
+  Status forward_status_;                           // GUARDED_BY(mutex_)
+  std::condition_variable forward_wake_;
+  std::thread forward_thread_;
   std::atomic<uint64_t> next_id_{1};
   std::thread thread_;
 };

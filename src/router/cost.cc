@@ -171,7 +171,7 @@ std::optional<Decision> choose(const RequestFeatures& request,
   eligible.reserve(candidates.size());
   double assigned_sum = 0.0;
   for (const WorkerCandidate& c : candidates) {
-    if (!c.eligible) continue;
+    if (!c.eligible || c.prefill_only) continue;
     eligible.push_back(&c);
     assigned_sum += static_cast<double>(c.sessions_assigned);
   }

@@ -45,11 +45,13 @@
 // worker), so new sessions spread to a cold worker until it catches up while cache hits
 // that matter are kept.
 //
-// The pool. Workers that are not eligible (unhealthy, breaker open, draining) are never
-// chosen. A worker whose load_fraction is above busy_threshold is saturated and left out,
-// unless every eligible worker is saturated: then the pool is all eligible workers,
-// Decision::all_saturated is set and the router queues the request (AdmissionQueue)
-// instead of sending it; the decision still names the best worker.
+// The pool. Workers that are not eligible (unhealthy, breaker open, draining) and
+// prefill-role workers (prefill_only: they serve only a decode worker's prefill orders,
+// pd_choice.h) are never chosen, and do not count in the load-floor mean. A worker whose
+// load_fraction is above busy_threshold is saturated and left out, unless every eligible
+// worker is saturated: then the pool is all eligible workers, Decision::all_saturated is
+// set and the router queues the request (AdmissionQueue) instead of sending it; the
+// decision still names the best worker.
 //
 // Choice. temperature == 0: the minimum cost; equal costs go to the lowest worker id
 // (deterministic, whatever the order of the candidates; the router's own in-flight
@@ -107,7 +109,8 @@ Status validate(const CostWeights& weights);
 // One worker as the router sees it for this request.
 struct WorkerCandidate {
   uint32_t id = 0;
-  bool eligible = true;  // healthy, circuit breaker allows, not draining
+  bool eligible = true;       // healthy, circuit breaker allows, not draining
+  bool prefill_only = false;  // role "prefill": never chosen, with or without --pd
   // The prompt's leading cached run on this worker, each block counted in its best tier.
   int64_t cached_device_blocks = 0;
   int64_t cached_host_blocks = 0;
@@ -166,9 +169,9 @@ struct Decision {
   double runner_up_cost = 0.0;
 };
 
-// nullopt: no candidate is eligible (the router answers 503). `rng` is used only when
-// weights.temperature > 0. Preconditions: validate(weights) succeeded; counts >= 0,
-// pinned + predicted <= the run (checked).
+// nullopt: no candidate is eligible and not prefill_only (the router answers 503). `rng` is
+// used only when weights.temperature > 0. Preconditions: validate(weights) succeeded;
+// counts >= 0, pinned + predicted <= the run (checked).
 std::optional<Decision> choose(const RequestFeatures& request,
                                std::span<const WorkerCandidate> candidates,
                                const CostWeights& weights, std::mt19937_64& rng);

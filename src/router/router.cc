@@ -91,6 +91,7 @@ Status validate(const RouterOptions& o) {
   if (auto st = validate(o.sessions); !st) return st;
   if (auto st = validate(o.breaker); !st) return st;
   if (auto st = validate(o.queue); !st) return st;
+  if (auto st = validate(o.pd); !st) return st;
   auto bad = [](std::string m) { return make_error(ErrorCode::kInvalidArgument, std::move(m)); };
   if (o.load_poll_ms < 10) return bad("--load-poll-ms must be >= 10");
   if (o.predicted_ttl_ms < 0) return bad("--predicted-ttl-ms must be >= 0");
@@ -164,7 +165,24 @@ RouterMetrics::RouterMetrics()
       worker_gauges(prometheus::BuildGauge()
                         .Name("strata_router_worker")
                         .Help("Per worker: healthy, load_fraction, active requests, index blocks")
-                        .Register(*registry)) {}
+                        .Register(*registry)),
+      pd_decisions(prometheus::BuildCounter()
+                       .Name("strata_router_pd_decisions_total")
+                       .Help("--pd: routed requests by where their prompt was prefilled")
+                       .Register(*registry)),
+      pd_kv_transfer_tokens(prometheus::BuildCounter()
+                                .Name("strata_router_pd_kv_transfer_tokens_total")
+                                .Help("Prompt tokens whose KV a prefill worker moved to the "
+                                      "decode worker (the workers' usage.kv_transfer)")
+                                .Register(*registry)
+                                .Add({})),
+      pd_remote_without_transfer(
+          prometheus::BuildCounter()
+              .Name("strata_router_pd_remote_without_transfer_total")
+              .Help("Requests sent for a remote prefill whose usage reported no kv_transfer "
+                    "(the decode worker prefilled locally)")
+              .Register(*registry)
+              .Add({})) {}
 
 Router::Impl::Impl(RouterOptions o, const Tokenizer& t, const ChatTemplate* c, std::string model)
     : options(std::move(o)),
@@ -302,7 +320,13 @@ json Router::Impl::worker_json(const Worker& w) {
            {"requests", w.requests},
            {"new_sessions", w.new_sessions},
            {"failures", w.failures},
+           {"prefill_orders", w.prefill_orders},
            {"sessions", sessions.sessions_on(w.id, now)}}},
+         {"pd", w.pd_worker_id.empty() ? json(nullptr)
+                                       : json{{"worker_id", w.pd_worker_id},
+                                              {"endpoint", w.pd_endpoint},
+                                              {"transport", w.pd_transport},
+                                              {"prefill_usable", prefill_usable(w, now)}}},
          {"kv_events", w.kv_events.empty() ? json(nullptr) : json(w.kv_events)},
          {"last_error", w.last_error}};
   if (w.events) {
@@ -320,6 +344,48 @@ json Router::Impl::worker_json(const Worker& w) {
 
 bool Router::Impl::eligible(const Worker& w, int64_t now) const {
   return w.joined && !w.draining && (w.reachable || w.poll_failures < 3) && w.breaker.can_send(now);
+}
+
+bool Router::Impl::prefill_usable(const Worker& w, int64_t now) const {
+  return w.role == "prefill" && !w.pd_worker_id.empty() && eligible(w, now) &&
+         w.breaker.state(now) == BreakerState::kClosed;
+}
+
+void Router::Impl::apply_server_info(Worker& w, const json& info) {
+  if (info.contains("role") && info["role"].is_string()) {
+    const std::string role = info["role"].get<std::string>();
+    if (role == "mixed" || role == "prefill" || role == "decode") w.role = role;
+  }
+  w.pd_worker_id.clear();
+  w.pd_endpoint.clear();
+  w.pd_transport.clear();
+  auto it = info.find("pd");
+  if (it == info.end() || !it->is_object()) return;
+  auto str = [&](const char* key) {
+    auto f = it->find(key);
+    return f != it->end() && f->is_string() ? f->get<std::string>() : std::string();
+  };
+  w.pd_worker_id = str("worker_id");
+  w.pd_endpoint = str("endpoint");
+  w.pd_transport = str("transport");
+}
+
+awaitable<void> Router::Impl::refresh_info(std::shared_ptr<Worker> w) {
+  http::ClientRequest req = upstream_request(*w, "GET", "/server_info", "", false);
+  req.read_timeout_ms = 2'000;
+  auto r = co_await client.request(std::move(req));
+  json info;
+  if (r && r->status == 200) info = json::parse(r->body, nullptr, false);
+  std::lock_guard lock(mutex);
+  w->refreshing = false;
+  if (!info.is_object()) co_return;  // info_stale stays: the next poll tries again
+  const std::string before = w->role + "/" + w->pd_worker_id;
+  apply_server_info(*w, info);
+  w->info_stale = false;
+  if (before != w->role + "/" + w->pd_worker_id) {
+    STRATA_LOG_INFO("worker {} ({}): now role {}, PD id '{}'", w->id, w->url, w->role,
+                    w->pd_worker_id);
+  }
 }
 
 Result<std::vector<int32_t>> Router::Impl::chat_tokens(
@@ -383,8 +449,10 @@ awaitable<void> Router::Impl::join(std::shared_ptr<Worker> w) {
       co_return;
     }
     w->block_size = info["page_size"].get<int>();
-    if (info.contains("role") && info["role"].is_string())
-      w->role = info["role"].get<std::string>();
+    {
+      std::lock_guard lock(mutex);
+      apply_server_info(*w, info);
+    }
     if (info.contains("kv_events") && info["kv_events"].is_object()) {
       const json& ev = info["kv_events"];
       if (ev.contains("endpoint") && ev["endpoint"].is_string()) {
@@ -443,6 +511,7 @@ void Router::Impl::on_stale(WorkerId id, const std::string& reason) {
     auto it = workers.find(id);
     if (it == workers.end()) return;
     w = it->second;
+    w->info_stale = true;  // a restarted worker (its sequence went back) may have a new PD id
   }
   boost::asio::co_spawn(io, rebuild_index(w), boost::asio::detached);
 }
@@ -495,6 +564,15 @@ awaitable<void> Router::Impl::poll_load(std::shared_ptr<Worker> w) {
   req.read_timeout_ms = std::max<int64_t>(500, options.load_poll_ms * 5);
   auto r = co_await client.request(std::move(req));
   if (apply_load(*w, r)) wake_queue();
+  bool refresh = false;
+  {
+    std::lock_guard lock(mutex);
+    if (strata && w->info_stale && w->reachable && !w->refreshing) {
+      w->refreshing = true;
+      refresh = true;
+    }
+  }
+  if (refresh) co_await refresh_info(w);
 }
 
 bool Router::Impl::apply_load(Worker& worker, const Result<http::ClientResponse>& r) {
@@ -511,6 +589,8 @@ bool Router::Impl::apply_load(Worker& worker, const Result<http::ClientResponse>
     return false;
   }
   const bool was_saturated = w->load_fraction > options.weights.busy_threshold;
+  // Back after failed polls: it may have restarted with another role or PD id.
+  if (w->poll_failures > 0) w->info_stale = true;
   w->reachable = true;
   w->poll_failures = 0;
   if (strata) {
@@ -667,6 +747,7 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
     c.id = id;
     c.eligible = eligible(*w, now) &&
                  std::find(req.exclude.begin(), req.exclude.end(), id) == req.exclude.end();
+    c.prefill_only = w->role == "prefill";
     c.block_size = w->block_size;
     if (auto it = matches.find(id); it != matches.end()) {
       const WorkerMatch& m = it->second;
@@ -730,7 +811,11 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   if (out.all_saturated) return out;  // queued, not sent: nothing charged
   Worker& w = *out.worker;
-  out.charged_prefill = std::max<int64_t>(0, out.prompt_tokens - out.predicted_cached_tokens);
+  if (options.pd.enabled && !req.pd_local_only) choose_prefill_worker(out, matches, hashes, now);
+  // A remote prefill leaves the decode worker no prefill to do (its own load report
+  // corrects this should it fall back to a local one).
+  out.charged_prefill =
+      out.prefill ? 0 : std::max<int64_t>(0, out.prompt_tokens - out.predicted_cached_tokens);
   w.inflight_prefill_tokens += out.charged_prefill;
   ++w.active_requests;
   ++w.requests;
@@ -758,6 +843,63 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
   return out;
 }
 
+void Router::Impl::choose_prefill_worker(RouteChoice& out,
+                                         const std::map<WorkerId, WorkerMatch>& matches,
+                                         const std::map<int, std::vector<uint64_t>>& hashes,
+                                         int64_t now) {
+  const Worker& decode = *out.worker;
+  std::vector<PrefillCandidate> cands;
+  std::vector<std::shared_ptr<Worker>> ws;
+  for (const auto& [id, w] : workers) {
+    if (!w->joined || w->role != "prefill") continue;
+    PrefillCandidate c;
+    c.id = id;
+    c.usable = prefill_usable(*w, now) && w->block_size == decode.block_size;
+    if (auto it = matches.find(id); it != matches.end()) {
+      const WorkerMatch& m = it->second;
+      const int64_t run = int64_t{m.device_blocks} + m.host_blocks + m.storage_blocks;
+      c.cached_tokens = std::min(out.prompt_tokens, run * w->block_size);
+    }
+    c.queued_prefill_tokens = std::max(w->inflight_prefill_tokens, w->reported_queued_prefill);
+    c.saturated =
+        w->load_fraction > options.weights.busy_threshold || now < w->recommended_pause_until_ms;
+    cands.push_back(c);
+    ws.push_back(w);
+  }
+  PdRequest pr;
+  pr.prompt_tokens = out.prompt_tokens;
+  pr.decode_cached_tokens = std::min(out.prompt_tokens, out.predicted_cached_tokens);
+  pr.decode_has_channel = !decode.pd_worker_id.empty();
+  const PdChoice pd = choose_prefill(pr, cands, options.pd);
+  metrics.pd_decisions.Add({{"decision", std::string(pd_decision_name(pd.decision))}}).Increment();
+  if (!pd.prefill_worker) {
+    STRATA_LOG_DEBUG(
+        "pd: {} for worker {}: prompt {} tokens, {} uncached there, {} prefill workers",
+        pd_decision_name(pd.decision), decode.id, pr.prompt_tokens, pd.remote_tokens, cands.size());
+    return;
+  }
+  size_t k = 0;
+  while (ws[k]->id != *pd.prefill_worker) ++k;
+  Worker& p = *ws[k];
+  out.prefill = ws[k];
+  out.prefill_peer = p.pd_worker_id;
+  out.charged_remote_prefill = pd.prefill_compute_tokens;
+  p.inflight_prefill_tokens += out.charged_remote_prefill;
+  ++p.prefill_orders;
+  // Predict-on-route: the prefill worker's tree will hold the prompt too, so a sibling
+  // request finds its prefix there before the events arrive.
+  if (auto it = hashes.find(p.block_size); it != hashes.end()) {
+    const int64_t ttl = p.events ? options.predicted_ttl_ms : options.approximate_ttl_ms;
+    if (ttl > 0) index.insert_predicted(p.id, it->second, now, ttl);
+    approx_index.insert_predicted(p.id, it->second, now, options.approximate_ttl_ms);
+  }
+  STRATA_LOG_DEBUG(
+      "pd: remote for worker {}: prompt {} tokens, {} uncached there; prefill worker {} ({}, "
+      "PD id {}) computes {} (cached {}, queued {})",
+      decode.id, pr.prompt_tokens, pd.remote_tokens, p.id, p.url, p.pd_worker_id,
+      pd.prefill_compute_tokens, cands[k].cached_tokens, cands[k].queued_prefill_tokens);
+}
+
 bool Router::Impl::policy_uses_cache() const {
   return options.policy != Policy::kRoundRobin && options.policy != Policy::kLeastLoaded;
 }
@@ -766,6 +908,7 @@ void Router::Impl::first_token(const RouteChoice& c) {
   std::lock_guard lock(mutex);
   Worker& w = *c.worker;
   w.inflight_prefill_tokens -= c.charged_prefill;
+  if (c.prefill) c.prefill->inflight_prefill_tokens -= c.charged_remote_prefill;
   ++w.decode_requests;
 }
 
@@ -777,6 +920,7 @@ void Router::Impl::finished(const RouteChoice& c, bool started) {
       --w.decode_requests;
     } else {
       w.inflight_prefill_tokens -= c.charged_prefill;
+      if (c.prefill) c.prefill->inflight_prefill_tokens -= c.charged_remote_prefill;
     }
     --w.active_requests;
   }

@@ -2,7 +2,9 @@
 // (docs/router.md). It renders and tokenizes each request as the workers will, looks the
 // prompt's blocks up in an index built from every worker's KV events, scores each worker
 // (cost.h), and proxies the request there, streaming or not, with x-strata-worker and
-// x-strata-route headers on the answer.
+// x-strata-route headers on the answer. Prefill-role workers never get requests; with
+// --pd, a long prompt's decode worker is told to have it prefilled by one of them
+// (pd_choice.h, x-strata-prefill-peer upstream, x-strata-prefill-worker on the answer).
 //
 // Pieces: the prefix index (prefix_index.h) fed by one event subscriber per worker
 // (event_subscriber.h); sticky session bindings (session_table.h); a circuit breaker per
@@ -28,6 +30,7 @@
 #include "router/admission_queue.h"
 #include "router/circuit_breaker.h"
 #include "router/cost.h"
+#include "router/pd_choice.h"
 #include "router/session_table.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -56,7 +59,8 @@ struct RouterOptions {
   SessionTableOptions sessions;
   CircuitBreakerOptions breaker;
   AdmissionQueueOptions queue;
-  int64_t load_poll_ms = 200;               // GET /load (or /metrics) of every worker
+  PdOptions pd;                // --pd: long prompts prefilled by a prefill worker (pd_choice.h)
+  int64_t load_poll_ms = 200;  // GET /load (or /metrics) of every worker
   int64_t predicted_ttl_ms = 2'000;         // predict-on-route entries (precise policies)
   int64_t approximate_ttl_ms = 120'000;     // what was sent to a worker without events
   int32_t max_attempts = 3;                 // tries of one request (429/503/connect errors), >= 1

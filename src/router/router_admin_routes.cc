@@ -354,6 +354,7 @@ http::Response metrics(Router::Impl& r) {
       set("eligible", r.eligible(*w, now) ? 1 : 0);
       set("load_fraction", w->load_fraction);
       set("active_requests", static_cast<double>(w->active_requests));
+      set("inflight_prefill_tokens", static_cast<double>(w->inflight_prefill_tokens));
       set("sessions", static_cast<double>(r.sessions.sessions_on(w->id, now)));
     }
   }
@@ -377,7 +378,10 @@ void add_router_admin_routes(http::Server& server, Router::Impl& r) {
     int eligible = 0;
     {
       std::lock_guard lock(r.mutex);
-      for (const auto& [id, w] : r.workers) eligible += r.eligible(*w, r.now_ms()) ? 1 : 0;
+      // Prefill-role workers take no requests of their own: they do not make the router up.
+      for (const auto& [id, w] : r.workers) {
+        eligible += w->role != "prefill" && r.eligible(*w, r.now_ms()) ? 1 : 0;
+      }
     }
     http::Response out = router_json(
         eligible > 0 ? 200 : 503,
@@ -399,8 +403,14 @@ void add_router_admin_routes(http::Server& server, Router::Impl& r) {
         if (s.worker == w["id"].get<WorkerId>()) w["index_blocks"] = s.blocks;
       }
     }
+    const PdOptions& pd = r.options.pd;
     http::Response out =
-        router_json(200, json{{"policy", policy_name(r.options.policy)}, {"workers", list}});
+        router_json(200, json{{"policy", policy_name(r.options.policy)},
+                              {"pd",
+                               {{"enabled", pd.enabled},
+                                {"min_prefill_tokens", pd.min_prefill_tokens},
+                                {"max_prefill_queue_tokens", pd.max_prefill_queue_tokens}}},
+                              {"workers", list}});
     co_await ex.respond(std::move(out));
   });
   server.route("POST", "/workers",

@@ -39,8 +39,8 @@ struct Worker {
   std::string url;              // as given, normalised without a trailing '/'
   http::Url addr;               // parsed
   std::string kind = "strata";  // "strata" (GET /server_info, /load) or "vllm", "sglang"
-  std::string role = "mixed";
-  int block_size = 0;                       // 0 until joined
+  std::string role = "mixed";   // "mixed", "prefill" or "decode"; written under Impl::mutex
+  int block_size = 0;           // 0 until joined
   std::string kv_events, kv_events_replay;  // "" when the worker publishes none
   bool from_file = false;                   // listed in --workers-file
 
@@ -64,6 +64,14 @@ struct Worker {
   int64_t decode_requests = 0;          // streams past their first token
   int64_t active_requests = 0;
   uint64_t requests = 0, new_sessions = 0, failures = 0, retried_away = 0;
+  uint64_t prefill_orders = 0;  // --pd: requests whose prefill the router sent here
+  // The worker's PD channel, from /server_info `pd` (re-read when the worker answers again
+  // after failed polls, or its event stream restarted: a restarted worker may have a new id).
+  std::string pd_worker_id;  // "": no PD channel (`pd` null, or not a Strata worker)
+  std::string pd_endpoint;   // a prefill worker's control-plane endpoint ("" for decode)
+  std::string pd_transport;  // "ucx" or "storage"
+  bool info_stale = false;   // /server_info to be read again
+  bool refreshing = false;   // ... in flight
   std::unique_ptr<EventSubscriber> events;  // null: approximate (no events)
 
   explicit Worker(CircuitBreakerOptions b) : breaker(b) {}
@@ -83,7 +91,10 @@ struct RouterMetrics {
   prometheus::Counter& streams_broken;
   prometheus::Histogram& decision_seconds;
   prometheus::Histogram& queue_seconds;
-  prometheus::Family<prometheus::Gauge>& worker_gauges;  // {worker, what}
+  prometheus::Family<prometheus::Gauge>& worker_gauges;   // {worker, what}
+  prometheus::Family<prometheus::Counter>& pd_decisions;  // {decision} (pd_decision_name)
+  prometheus::Counter& pd_kv_transfer_tokens;             // usage.kv_transfer.tokens reported
+  prometheus::Counter& pd_remote_without_transfer;        // remote, but usage had no kv_transfer
   RouterMetrics();
 };
 
@@ -95,6 +106,12 @@ struct RouteChoice {
   int64_t charged_prefill = 0;  // added to the worker's inflight_prefill_tokens
   bool all_saturated = false;
   uint64_t probe = 0;  // the breaker's half-open probe number (CircuitBreaker::admit)
+  // --pd, a remote prefill: the prefill worker, its PD id (sent to the decode worker as
+  // x-strata-prefill-peer), and the prompt tokens charged to its inflight_prefill_tokens
+  // until the first byte. Null / "" / 0 when the decode worker prefills locally.
+  std::shared_ptr<Worker> prefill;
+  std::string prefill_peer;
+  int64_t charged_remote_prefill = 0;
 };
 
 // What a request brings to a decision.
@@ -103,6 +120,7 @@ struct RouteRequest {
   std::string session;          // "" when none
   std::string tenant;
   std::vector<WorkerId> exclude;  // tried already
+  bool pd_local_only = false;     // salted or with log-probabilities: never a remote prefill
 };
 
 struct Router::Impl {
@@ -148,6 +166,10 @@ struct Router::Impl {
   nlohmann::json worker_json(const Worker& w);  // caller holds mutex
   // Joins a worker: reads /server_info (Strata), registers it in the index, subscribes.
   boost::asio::awaitable<void> join(std::shared_ptr<Worker> w);
+  // Takes a Strata worker's /server_info role and `pd` in (caller holds mutex).
+  void apply_server_info(Worker& w, const nlohmann::json& info);
+  // Reads /server_info again (a worker back after failed polls may have restarted).
+  boost::asio::awaitable<void> refresh_info(std::shared_ptr<Worker> w);
   boost::asio::awaitable<void> poll_load(std::shared_ptr<Worker> w);
   // Takes a load report in; true when the worker just stopped being saturated.
   bool apply_load(Worker& w, const Result<http::ClientResponse>& r);
@@ -158,11 +180,18 @@ struct Router::Impl {
 
   // Can take new requests: joined, not draining, answering, breaker closed (or probing).
   bool eligible(const Worker& w, int64_t now) const;  // caller holds mutex
+  // --pd: can compute a decode worker's prefill: eligible, breaker closed, PD id known.
+  bool prefill_usable(const Worker& w, int64_t now) const;  // caller holds mutex
   bool policy_uses_cache() const;
 
   // ---- decisions (router.cc) ----
   // nullopt: no eligible worker.
   std::optional<RouteChoice> choose(const RouteRequest& req);
+  // --pd, after the decode worker `out.worker` was chosen and before it is charged: decides
+  // where the prompt is prefilled (pd_choice.h), counts and logs the decision, and for a
+  // remote prefill fills out.prefill* and charges the prefill worker. Caller holds mutex.
+  void choose_prefill_worker(RouteChoice& out, const std::map<WorkerId, WorkerMatch>& matches,
+                             const std::map<int, std::vector<uint64_t>>& hashes, int64_t now);
   // The request reached its first token (prefill done) or ended; undoes choose()'s charge.
   void first_token(const RouteChoice& c);
   void finished(const RouteChoice& c, bool started);

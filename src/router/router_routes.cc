@@ -4,7 +4,10 @@
 // byte (connection refused, a 429 or 503, a timeout) is retried on the next-best worker,
 // up to --max-attempts; a worker that breaks a stream after its first byte ends the
 // client's stream with an error event. GET /v1/models, /tokenize and /detokenize go to a
-// worker as they are (docs/router.md).
+// worker as they are (docs/router.md). With --pd, a request whose prompt is prefilled
+// remotely goes to its decode worker with x-strata-prefill-peer (the prefill worker's PD
+// id) and is answered with x-strata-prefill-worker (its URL); a client's own
+// x-strata-prefill-peer never reaches a worker.
 #include <boost/asio/use_awaitable.hpp>
 
 #include "common/log.h"
@@ -23,6 +26,9 @@ struct Prepared {
   std::vector<int32_t> tokens;
   std::string session;
   bool stream = false;
+  // A worker keeps these prompts' prefill local (docs/pd-disaggregation.md): a cache_salt
+  // (tenant isolation) or log-probabilities travel in no prefill order.
+  bool pd_local_only = false;
 };
 
 Result<Prepared> bad(std::string message) {
@@ -95,6 +101,11 @@ Result<Prepared> prepare(const Router::Impl& r, const http::Request& req, bool c
       return bad("'prompt' must be a string or an array of token ids");
     }
   }
+  auto set = [&](const char* key) {
+    auto it = body.find(key);
+    return it != body.end() && !it->is_null() && *it != false && *it != 0 && *it != "";
+  };
+  p.pd_local_only = set("cache_salt") || set("logprobs") || set("top_logprobs");
   p.body = injected ? body.dump() : req.body;
   return p;
 }
@@ -106,23 +117,52 @@ std::string tenant_of(const http::Request& req) {
   return auth.substr(0, 256);
 }
 
-// The worker's usage.prompt_tokens_details.cached_tokens in a body or a stream chunk.
-std::optional<int64_t> reported_cached(std::string_view data) {
-  if (data.find("\"cached_tokens\"") == std::string_view::npos) return std::nullopt;
+// What a worker's `usage` (in a body or a stream chunk) says about the prompt.
+struct UsageReport {
+  bool present = false;                       // the data carries a usage object
+  std::optional<int64_t> cached_tokens;       // usage.prompt_tokens_details.cached_tokens
+  std::optional<int64_t> kv_transfer_tokens;  // usage.kv_transfer.tokens (a remote prefill)
+};
+
+UsageReport reported_usage(std::string_view data) {
+  UsageReport out;
+  // Every usage object names prompt_tokens; most stream chunks carry none (cheap skip).
+  if (data.find("\"prompt_tokens\"") == std::string_view::npos) return out;
   json j = json::parse(data, nullptr, false);
-  if (!j.is_object() || !j.contains("usage") || !j["usage"].is_object()) return std::nullopt;
+  if (!j.is_object() || !j.contains("usage") || !j["usage"].is_object()) return out;
   const json& u = j["usage"];
+  out.present = true;
   if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
     const json& d = u["prompt_tokens_details"];
     if (d.contains("cached_tokens") && d["cached_tokens"].is_number_integer()) {
-      return d["cached_tokens"].get<int64_t>();
+      out.cached_tokens = d["cached_tokens"].get<int64_t>();
     }
   }
-  return std::nullopt;
+  if (u.contains("kv_transfer") && u["kv_transfer"].is_object()) {
+    const json& k = u["kv_transfer"];
+    if (k.contains("tokens") && k["tokens"].is_number_integer()) {
+      out.kv_transfer_tokens = k["tokens"].get<int64_t>();
+    }
+  }
+  return out;
+}
+
+void count_usage(Router::Impl& r, const RouteChoice& c, std::string_view data) {
+  const UsageReport u = reported_usage(data);
+  if (!u.present) return;
+  if (u.cached_tokens) {
+    r.metrics.reported_cached_tokens.Increment(static_cast<double>(*u.cached_tokens));
+  }
+  if (u.kv_transfer_tokens) {
+    r.metrics.pd_kv_transfer_tokens.Increment(static_cast<double>(*u.kv_transfer_tokens));
+  } else if (c.prefill) {
+    r.metrics.pd_remote_without_transfer.Increment();
+  }
 }
 
 http::Headers route_headers(const RouteChoice& c, int attempt) {
   http::Headers h{{"x-strata-worker", c.worker->url}, {"x-strata-route", c.reason}};
+  if (c.prefill) h.emplace_back("x-strata-prefill-worker", c.prefill->url);
   if (attempt > 0) h.emplace_back("x-strata-attempts", std::to_string(attempt + 1));
   return h;
 }
@@ -192,6 +232,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
   rr.tokens = p->tokens;
   rr.session = p->session;
   rr.tenant = tenant_of(req);
+  rr.pd_local_only = p->pd_local_only;
   r.metrics.prompt_tokens.Increment(static_cast<double>(p->tokens.size()));
   int64_t queued_since = -1;
   std::optional<http::ClientResponse> last_refusal;  // a worker's 429/503, if all refuse
@@ -213,6 +254,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
     if (auto a = req.header("authorization"); !a.empty()) {
       up.headers.emplace_back("Authorization", std::string(a));
     }
+    if (!c->prefill_peer.empty()) up.headers.emplace_back("x-strata-prefill-peer", c->prefill_peer);
     const std::string worker_url = c->worker->url;
     if (!p->stream) {
       auto resp = co_await r.client.request(std::move(up));
@@ -237,9 +279,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
                 rr.session, c->probe);
       r.finished(*c, false);
       r.metrics.predicted_cached_tokens.Increment(static_cast<double>(c->predicted_cached_tokens));
-      if (auto cached = reported_cached(resp->body)) {
-        r.metrics.reported_cached_tokens.Increment(static_cast<double>(*cached));
-      }
+      count_usage(r, *c, resp->body);
       r.metrics.requests.Add({{"status", std::to_string(resp->status)}}).Increment();
       http::Response out{.status = resp->status,
                          .content_type = std::string(resp->header("content-type")),
@@ -304,9 +344,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
         r.first_token(*c);
       }
       const std::string& data = **ev;
-      if (auto cached = reported_cached(data)) {
-        r.metrics.reported_cached_tokens.Increment(static_cast<double>(*cached));
-      }
+      count_usage(r, *c, data);
       if (!ex.send("data: " + data + "\n\n")) {
         cancel.cancel();
         open = false;

@@ -137,6 +137,12 @@ test('strata route --pd sends long prompts through the prefill worker', async ()
     assert.equal(r.headers.get('x-strata-prefill-worker'), prefill.base);
     assert.equal(got.choices[0].text, want.json.choices[0].text);
     assert.ok(got.usage.kv_transfer.tokens > 0);
+    // A salted prompt (tenant isolation) stays on the decode worker: no order carries a salt.
+    const salted = await fetch(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ ...completion(words(400, 32)), cache_salt: 'tenant-a' }) });
+    assert.equal(salted.status, 200);
+    assert.equal(salted.headers.get('x-strata-prefill-worker'), null);
+    assert.equal((await salted.json()).usage.kv_transfer, undefined);
     // A short prompt stays on the decode worker.
     const s = await fetch(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' },
       body: JSON.stringify(completion('hello there', 4)) });
