@@ -18,6 +18,7 @@
 //
 //   node src/bench/http/pd_bench.mjs STRATA_BINARY MODEL_DIR [--seconds 30] [--chat 4]
 //        [--chat-tokens 48] [--long-words 1500] [--long-every-ms 2500] [--only colocated,mixed,pd]
+//        [--pd-min-prefill-tokens 256] [--kv-cache-tokens 32768]
 import { spawn, execFileSync } from 'node:child_process';
 
 const [bin, model, ...rest] = process.argv.slice(2);
@@ -39,6 +40,7 @@ const SLO_ITL = Number(opt('slo-itl-ms', 250));
 const SLO_LONG_TTFT = Number(opt('slo-long-ttft-ms', 8000));
 const ONLY = opt('only', 'colocated,mixed,pd').split(',');
 const KV_TOKENS = opt('kv-cache-tokens', '32768');
+const PD_MIN = opt('pd-min-prefill-tokens', '256');
 
 let hasTaskset = true;
 try { execFileSync('taskset', ['-c', '0', 'true']); } catch { hasTaskset = false; }
@@ -66,7 +68,7 @@ const procs = [];
 async function start(args, what, cores) {
   const argv = hasTaskset && cores ? ['taskset', '-c', cores, bin, ...args] : [bin, ...args];
   const proc = spawn(argv[0], argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, UCX_TLS: process.env.UCX_TLS || 'sm,tcp' } });
+    env: { ...process.env, UCX_TLS: process.env.UCX_TLS || 'sm' } });
   procs.push(proc);
   let err = '';
   proc.stderr.on('data', (d) => { err += d; });
@@ -153,7 +155,7 @@ async function runTraffic(base) {
   });
   const longs = [];
   const longLoop = (async () => {
-    while (performance.now() < deadline) {
+    while (performance.now() + LONG_EVERY / 2 < deadline) {
       longs.push(streamed(base, words(LONG_WORDS), 8).then((r) => {
         if (!r.ok) return;
         long.ok++;
@@ -207,7 +209,7 @@ try {
       const d = await start([...serveArgs, '--threads', '1', '--role', 'decode', '--pd-worker-id', 'd1',
         '--pd-prefill-peer', info.pd.endpoint], 'decode worker', '1');
       base = (await start(['route', '--model', model, '--port', '0', '--log-level', 'warn', '--pd',
-        '--worker', d.base, '--worker', p.base], 'router')).base;
+        '--pd-min-prefill-tokens', PD_MIN, '--worker', d.base, '--worker', p.base], 'router')).base;
       await waitJoined(base, 2);
     } else {
       throw new Error('unknown deployment ' + what);
