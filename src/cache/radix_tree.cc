@@ -118,7 +118,25 @@ void RadixTree::recycle_node(std::unique_ptr<RadixNode> node) {
   spare_nodes_.push_back(std::move(node));
 }
 
+void RadixTree::BlockIndex::settle_deferred() const {
+  // One run over every deferred block, each entry prefetched a few blocks ahead.
+  std::vector<std::pair<BlockHash, Loc>> run;
+  for (RadixNode* node : deferred_) {
+    for (size_t k = 1; k < node->hashes.size(); ++k) {
+      run.emplace_back(node->hashes[k], Loc{node, static_cast<int32_t>(k)});
+    }
+  }
+  deferred_.clear();
+  const size_t n = run.size();
+  for (size_t k = 0; k < std::min(n, kPrefetchAhead); ++k) map_.prefetch(run[k].first);
+  for (size_t k = 0; k < n; ++k) {
+    if (k + kPrefetchAhead < n) map_.prefetch(run[k + kPrefetchAhead].first);
+    map_.try_emplace(run[k].first, run[k].second);
+  }
+}
+
 void RadixTree::index_pages(RadixNode* node) {
+  index_.undefer(node);  // indexed in full here
   const std::vector<BlockHash>& hs = node->hashes;
   const size_t n = hs.size();
   for (size_t k = 0; k < std::min(n, kPrefetchAhead); ++k) index_.prefetch(hs[k]);
@@ -210,7 +228,7 @@ RadixNode* RadixTree::find_child(const RadixNode* parent, std::span<const TokenI
                                  std::string_view extra) const {
   const BlockHash h =
       hash_block(last_hash(parent), first_page, parent == root_.get() ? extra : std::string_view());
-  const auto it = index_.find(h);
+  const auto it = index_.find_first(h);  // a node's first block: never deferred
   if (it == index_.end()) return nullptr;
   const Loc& loc = it->second;
   if (loc.offset != 0 || loc.node->parent != parent) return nullptr;
@@ -504,15 +522,15 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
         hash_block(parent_hash, tokens.subspan(static_cast<size_t>(k) * ps, ps),
                    (node == root_.get() && k == i) ? std::string_view(extra) : std::string_view());
     leaf->hashes[static_cast<size_t>(k - i)] = parent_hash;
-    // Each new entry is a cache miss: start them all while hashing the rest.
-    index_.prefetch(parent_hash);
+    if (k == i) index_.prefetch(parent_hash);  // the one entry made now: start its miss
   }
+  // Only the first block is indexed now (matching needs no other); the rest waits for the
+  // first lookup by hash (BlockIndex). A first block the index has already (a 64-bit
+  // collision) makes no node.
   int32_t count = 0;
-  while (count < n_pages - i &&
-         index_.try_emplace(leaf->hashes[static_cast<size_t>(count)], Loc{leaf, count}).second) {
-    ++count;
-  }
+  if (index_.try_emplace(leaf->hashes[0], Loc{leaf, 0}).second) count = n_pages - i;
   leaf->hashes.resize(static_cast<size_t>(count));
+  if (count > 1) index_.defer(leaf);
   for (int32_t k = i + count; k < n_pages; ++k) result.rejected_pages.push_back(page_of(k));
   if (count == 0) {
     recycle_node(std::move(leaf_owned));

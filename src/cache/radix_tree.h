@@ -56,6 +56,7 @@
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 
 #include "cache/block_hash.h"
 #include "cache/eviction_policy.h"
@@ -435,7 +436,72 @@ class RadixTree {
   KvEventSink* events_;
   const Clock* clock_;
   std::unique_ptr<RadixNode> root_;
-  absl::flat_hash_map<BlockHash, Loc> index_;  // every cached block -> its node and offset
+  // The hash index: every cached block -> its node and offset. Lazy past a node's first
+  // block: insert indexes a new node's first block at once (all that matching needs, see
+  // find_child) and leaves the rest to the first lookup by hash (pins, evictions and
+  // transfers by hash, tool sessions, the audit), which indexes every deferred node in one
+  // prefetched run. A node removed before anyone asked never has the rest indexed or
+  // erased. Lookups that settle: find, contains, at, size, begin; find_first, end,
+  // prefetch and the writes do not (end() never settles: it would move entries under an
+  // iterator just found).
+  class BlockIndex {
+   public:
+    using Map = absl::flat_hash_map<BlockHash, Loc>;
+    Map::iterator find(BlockHash h) {
+      settle();
+      return map_.find(h);
+    }
+    Map::const_iterator find(BlockHash h) const {
+      settle();
+      return map_.find(h);
+    }
+    // Only for a node's first block, which is never deferred.
+    Map::const_iterator find_first(BlockHash h) const { return map_.find(h); }
+    bool contains(BlockHash h) const {
+      settle();
+      return map_.contains(h);
+    }
+    const Loc& at(BlockHash h) const {
+      settle();
+      return map_.at(h);
+    }
+    size_t size() const {
+      settle();
+      return map_.size();
+    }
+    Map::const_iterator begin() const {
+      settle();
+      return map_.begin();
+    }
+    Map::const_iterator end() const { return map_.end(); }
+    Map::iterator end() { return map_.end(); }
+    void prefetch(BlockHash h) const { map_.prefetch(h); }
+    void insert_or_assign(BlockHash h, Loc loc) { map_.insert_or_assign(h, loc); }
+    std::pair<Map::iterator, bool> try_emplace(BlockHash h, Loc loc) {
+      return map_.try_emplace(h, loc);
+    }
+    void erase(BlockHash h) { map_.erase(h); }
+    void clear() {
+      map_.clear();
+      deferred_.clear();
+    }
+    // `node`'s blocks after its first wait for the next settling lookup.
+    void defer(RadixNode* node) { deferred_.insert(node); }
+    // Forgets `node`'s deferred blocks (it is removed, or indexed in full now). True when
+    // it had some: then only its first block is in the index.
+    bool undefer(RadixNode* node) { return deferred_.erase(node) != 0; }
+    // Indexes every deferred node's remaining blocks (an existing entry is kept: a 64-bit
+    // collision never re-points a block).
+    void settle() const {
+      if (!deferred_.empty()) settle_deferred();
+    }
+
+   private:
+    void settle_deferred() const;
+    mutable Map map_;
+    mutable absl::flat_hash_set<RadixNode*> deferred_;
+  };
+  BlockIndex index_;
   std::unique_ptr<EvictionPolicy> eviction_;   // orders the evictable sets
   PinTable pins_;                              // every pin of a cached block
   std::vector<TransferRequest> transfers_;     // requested, not yet taken

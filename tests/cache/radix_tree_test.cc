@@ -497,3 +497,60 @@ TEST_F(RadixTreeTest, SnapshotDescribesNodes) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// The hash index is lazy past a node's first block (radix_tree.h, BlockIndex): these paths
+// never settle it by an audit in between, so the deferred state itself is exercised.
+class LazyIndexTest : public ::testing::Test {
+ protected:
+  LazyIndexTest() : alloc_(64), tree_(RadixTreeOptions{kPage}, &alloc_, &sink_, &clock_) {}
+  InsertResult put_raw(const std::vector<TokenId>& tokens) {
+    MatchResult m = tree_.match_prefix(tokens);
+    std::vector<PageId> pages = m.device_pages;
+    const int32_t need = static_cast<int32_t>(tokens.size()) / kPage - m.num_pages;
+    EXPECT_TRUE(alloc_.allocate(need, pages).has_value());
+    return tree_.insert(tokens, pages);
+  }
+  PageAllocator alloc_;
+  VectorEventSink sink_;
+  ManualClock clock_{1000};
+  RadixTree tree_;
+};
+
+TEST_F(LazyIndexTest, DeepBlocksAreFoundByHashAfterInsert) {
+  const auto tokens = seq({1, 2, 3, 4, 5});
+  put_raw(tokens);
+  const auto hs = hash_blocks(tokens, kPage);
+  for (BlockHash h : hs) EXPECT_TRUE(tree_.contains(h));
+  EXPECT_EQ(tree_.pin(std::span<const BlockHash>(hs).subspan(3)).pinned, 2);
+  ASSERT_TRUE(tree_.check_invariants().has_value()) << tree_.check_invariants().error().message;
+}
+
+TEST_F(LazyIndexTest, EvictedBeforeAnyLookupLeavesNoStaleEntry) {
+  for (int round = 0; round < 20; ++round) {
+    put_raw(seq({round + 1, 90, 91, 92}));  // never looked up by hash
+    EXPECT_GT(tree_.evict(4).evicted_pages, 0);
+  }
+  ASSERT_TRUE(tree_.check_invariants().has_value()) << tree_.check_invariants().error().message;
+  std::vector<PageId> owned;
+  tree_.collect_device_pages(owned);
+  EXPECT_TRUE(alloc_.audit(owned).has_value());
+}
+
+TEST_F(LazyIndexTest, SplitOfADeferredNodeIndexesBothHalves) {
+  const auto a = seq({1, 2, 3, 4});
+  put_raw(a);
+  // A sibling branch after two pages splits the deferred node.
+  put_raw(seq({1, 2, 7, 8}));
+  for (BlockHash h : hash_blocks(a, kPage)) EXPECT_TRUE(tree_.contains(h));
+  for (BlockHash h : hash_blocks(seq({1, 2, 7, 8}), kPage)) EXPECT_TRUE(tree_.contains(h));
+  ASSERT_TRUE(tree_.check_invariants().has_value()) << tree_.check_invariants().error().message;
+  EXPECT_EQ(tree_.evict(100).evicted_pages, 6);
+  EXPECT_FALSE(tree_.contains(hash_blocks(a, kPage)[3]));
+  ASSERT_TRUE(tree_.check_invariants().has_value()) << tree_.check_invariants().error().message;
+}
+
+}  // namespace
+}  // namespace strata
