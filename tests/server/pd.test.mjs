@@ -5,8 +5,7 @@
 // prefill worker killed mid-stream of orders (requests still complete).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { startServer, words, STRATA, tinyQwen3Model } from './server_harness.mjs';
+import { startServer, startRouter, words } from './server_harness.mjs';
 
 process.env.UCX_TLS = process.env.UCX_TLS || 'tcp';
 
@@ -105,21 +104,9 @@ test('an unknown peer in the header prefills locally and changes nothing else', 
 });
 
 test('strata route --pd sends long prompts through the prefill worker', async () => {
-  const router = spawn(STRATA, ['route', '--model', tinyQwen3Model(), '--port', '0', '--pd',
-    '--pd-min-prefill-tokens', '32', '--worker', decode.base, '--worker', prefill.base, '--log-level', 'warn'],
-  { stdio: ['ignore', 'pipe', 'pipe'] });
-  let stderr = '';
-  router.stderr.on('data', (d) => { stderr += d.toString(); });
-  const port = await new Promise((resolve, reject) => {
-    let out = '';
-    const timer = setTimeout(() => reject(new Error('router did not start: ' + stderr)), 30000);
-    router.stdout.on('data', (d) => {
-      out += d.toString();
-      const m = out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
-    });
-  });
-  const base = `http://127.0.0.1:${port}`;
+  const router = await startRouter(['--pd', '--pd-min-prefill-tokens', '32', '--worker', decode.base,
+    '--worker', prefill.base]);
+  const base = router.base;
   try {
     // Wait until both workers joined.
     for (let i = 0; i < 200; i++) {
@@ -151,9 +138,7 @@ test('strata route --pd sends long prompts through the prefill worker', async ()
     assert.equal(s.headers.get('x-strata-prefill-worker'), null);
     assert.equal(sj.usage.kv_transfer, undefined);
   } finally {
-    const exited = new Promise((res) => router.on('exit', res));
-    process.kill(router.pid, 'SIGTERM');
-    await exited;
+    await router.stop();
   }
 });
 

@@ -9,7 +9,7 @@ import { spawn } from 'node:child_process';
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import { createRequire } from 'node:module';
-import { startServer, words, STRATA, SOURCE_DIR, tinyQwen3Model } from './server_harness.mjs';
+import { startServer, startRouter as startRouterProcess, words, STRATA, SOURCE_DIR, tinyQwen3Model } from './server_harness.mjs';
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
 const OpenAI = require('openai').default ?? require('openai');
@@ -25,42 +25,8 @@ async function startWorker(extra = []) {
     '--enable-hierarchical-cache', '--hicache-ratio', '2', ...extra]);
 }
 
-async function startRouter(args) {
-  const proc = spawn(STRATA, ['route', '--model', tinyQwen3Model(), '--port', '0', '--log-level', 'warn',
-    '--admin-api-key', KEY, '--load-poll-ms', '50', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let stderr = '';
-  proc.stderr.on('data', (d) => { stderr += d.toString(); });
-  const port = await new Promise((resolve, reject) => {
-    let out = '';
-    const timer = setTimeout(() => reject(new Error('router did not start: ' + stderr)), 30000);
-    proc.stdout.on('data', (d) => {
-      out += d.toString();
-      const m = out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
-    });
-    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`router exited ${code}: ${stderr}`)); });
-  });
-  const base = `http://127.0.0.1:${port}`;
-  const call = async (method, p, body, headers = {}) => {
-    const r = await fetch(base + p, { method, headers: { 'content-type': 'application/json', ...headers },
-      body: body === undefined ? undefined : (typeof body === 'string' ? body : JSON.stringify(body)) });
-    const text = await r.text();
-    let json = null;
-    try { json = JSON.parse(text); } catch { /* not JSON */ }
-    return { status: r.status, json, text, headers: r.headers };
-  };
-  return {
-    base, proc, stderr: () => stderr,
-    post: (p, body, headers) => call('POST', p, body, headers),
-    get: (p, headers) => call('GET', p, undefined, headers),
-    del: (p, headers) => call('DELETE', p, undefined, headers),
-    async stop() {
-      if (proc.exitCode !== null || proc.signalCode !== null) return proc.exitCode ?? proc.signalCode;
-      const exited = new Promise((r) => proc.on('exit', (code, sig) => r(code ?? sig)));
-      process.kill(proc.pid, 'SIGTERM');
-      return exited;
-    },
-  };
+function startRouter(args) {
+  return startRouterProcess(['--admin-api-key', KEY, '--load-poll-ms', '50', ...args]);
 }
 
 async function waitFor(fn, what, ms = 15000) {

@@ -74,6 +74,45 @@ export async function startServer(args = []) {
   };
 }
 
+// Starts `strata route` over the tiny model on a free loopback port; stopped by its pid.
+export async function startRouter(args = []) {
+  const proc = spawn(STRATA, ['route', '--model', tinyQwen3Model(), '--port', '0', '--log-level', 'warn',
+    ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  proc.stderr.on('data', (d) => { stderr += d.toString(); });
+  const port = await new Promise((resolve, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error('router did not start: ' + stderr)), 30000);
+    proc.stdout.on('data', (d) => {
+      out += d.toString();
+      const m = out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
+    });
+    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`router exited ${code}: ${stderr}`)); });
+  });
+  const base = `http://127.0.0.1:${port}`;
+  const call = async (method, p, body, headers = {}) => {
+    const r = await fetch(base + p, { method, headers: { 'content-type': 'application/json', ...headers },
+      body: body === undefined ? undefined : (typeof body === 'string' ? body : JSON.stringify(body)) });
+    const text = await r.text();
+    let json = null;
+    try { json = JSON.parse(text); } catch { /* not JSON */ }
+    return { status: r.status, json, text, headers: r.headers };
+  };
+  return {
+    base, proc, stderr: () => stderr,
+    post: (p, body, headers) => call('POST', p, body, headers),
+    get: (p, headers) => call('GET', p, undefined, headers),
+    del: (p, headers) => call('DELETE', p, undefined, headers),
+    async stop() {
+      if (proc.exitCode !== null || proc.signalCode !== null) return proc.exitCode ?? proc.signalCode;
+      const exited = new Promise((r) => proc.on('exit', (code, sig) => r(code ?? sig)));
+      process.kill(proc.pid, 'SIGTERM');
+      return exited;
+    },
+  };
+}
+
 // A long, deterministic text (for prompts that span many pages).
 export function words(n, seed = 1) {
   const vocab = ['alpha', 'river', 'stone', 'cloud', 'metric', 'vector', 'quiet', 'orange', 'signal', 'harbor',
