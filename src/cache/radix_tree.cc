@@ -28,10 +28,6 @@ bool same_tokens(const TokenId* a, const TokenId* b, int32_t n) {
   return std::memcmp(a, b, sizeof(TokenId) * static_cast<size_t>(n)) == 0;
 }
 
-// Index entries prefetched ahead of the one being used: enough misses in flight to hide
-// the memory latency, few enough that the lines are still there when their turn comes.
-constexpr size_t kPrefetchAhead = 16;
-
 // The node pool's bounds: how many removed nodes wait for reuse, and the largest vectors
 // a waiting node keeps (a bigger node gives its memory back), so that the pool holds at
 // most a few MiB whatever the tree held before.
@@ -118,34 +114,6 @@ void RadixTree::recycle_node(std::unique_ptr<RadixNode> node) {
   spare_nodes_.push_back(std::move(node));
 }
 
-void RadixTree::BlockIndex::settle_deferred() const {
-  // One run over every deferred block, each entry prefetched a few blocks ahead.
-  std::vector<std::pair<BlockHash, Loc>> run;
-  for (RadixNode* node : deferred_) {
-    for (size_t k = 1; k < node->hashes.size(); ++k) {
-      run.emplace_back(node->hashes[k], Loc{node, static_cast<int32_t>(k)});
-    }
-  }
-  deferred_.clear();
-  const size_t n = run.size();
-  for (size_t k = 0; k < std::min(n, kPrefetchAhead); ++k) map_.prefetch(run[k].first);
-  for (size_t k = 0; k < n; ++k) {
-    if (k + kPrefetchAhead < n) map_.prefetch(run[k + kPrefetchAhead].first);
-    map_.try_emplace(run[k].first, run[k].second);
-  }
-}
-
-void RadixTree::index_pages(RadixNode* node) {
-  index_.undefer(node);  // indexed in full here
-  const std::vector<BlockHash>& hs = node->hashes;
-  const size_t n = hs.size();
-  for (size_t k = 0; k < std::min(n, kPrefetchAhead); ++k) index_.prefetch(hs[k]);
-  for (size_t k = 0; k < n; ++k) {
-    if (k + kPrefetchAhead < n) index_.prefetch(hs[k + kPrefetchAhead]);
-    index_.insert_or_assign(hs[k], Loc{node, static_cast<int32_t>(k)});
-  }
-}
-
 bool RadixTree::begin_unindex_batch() {
   if (unindex_batch_open_) return false;
   unindex_batch_open_ = true;
@@ -154,21 +122,14 @@ bool RadixTree::begin_unindex_batch() {
 
 void RadixTree::end_unindex_batch(bool opened) {
   if (!opened) return;
-  unindex(unindex_batch_);
+  index_.erase(unindex_batch_);
   unindex_batch_.clear();
   // A flush can batch the whole tree's blocks: keep a bounded scratch only.
   constexpr size_t kMaxKeptBatch = 64 * 1024;
-  if (unindex_batch_.capacity() > kMaxKeptBatch) std::vector<BlockHash>().swap(unindex_batch_);
-  unindex_batch_open_ = false;
-}
-
-void RadixTree::unindex(std::span<const BlockHash> hashes) {
-  const size_t n = hashes.size();
-  for (size_t k = 0; k < std::min(n, kPrefetchAhead); ++k) index_.prefetch(hashes[k]);
-  for (size_t k = 0; k < n; ++k) {
-    if (k + kPrefetchAhead < n) index_.prefetch(hashes[k + kPrefetchAhead]);
-    index_.erase(hashes[k]);
+  if (unindex_batch_.capacity() > kMaxKeptBatch) {
+    std::vector<BlockIndex::Owned>().swap(unindex_batch_);
   }
+  unindex_batch_open_ = false;
 }
 
 void RadixTree::emit(KvEvent event) {
@@ -320,8 +281,7 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
   node->index_in_parent = 0;
   upper->children.push_back(std::move(lower));
 
-  index_pages(upper);
-  index_pages(node);
+  index_.split(upper, node);
 
   ++num_nodes_;
   if (upper->lock_ref > 0) ++locked_nodes_;
@@ -452,9 +412,10 @@ InsertResult RadixTree::insert_host(std::span<const TokenId> tokens, int32_t fir
 //  - Host pages (blocks read from storage): a block the tree has in any tier rejects
 //    its passed page; if the cached prefix ends before first_page the new blocks cannot
 //    hang below it and every page is rejected. block_hashes lists the new blocks.
-// A block hash already cached elsewhere is a 64-bit collision (the tokens differ, or
-// descend would have matched): the leaf stops there and the rest is rejected, rather
-// than corrupt the index.
+// A first block whose hash is cached elsewhere is a 64-bit collision (the tokens differ,
+// or descend would have matched): no leaf is made and its pages are rejected, rather than
+// corrupt the index. A collision further into the leaf is only seen when the index gets to
+// that block (block_index.h).
 InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::string_view cache_salt,
                                       const InsertPages& in) {
   InsertResult result;
@@ -511,8 +472,7 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
     return result;
   }
 
-  // A new leaf under `node` with pages i..n_pages, hashes chained from node's last; it
-  // stops before the first hash the index already has.
+  // A new leaf under `node` with pages i..n_pages, hashes chained from node's last.
   std::unique_ptr<RadixNode> leaf_owned = new_node();
   RadixNode* leaf = leaf_owned.get();
   BlockHash parent_hash = last_hash(node);
@@ -522,20 +482,16 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
         hash_block(parent_hash, tokens.subspan(static_cast<size_t>(k) * ps, ps),
                    (node == root_.get() && k == i) ? std::string_view(extra) : std::string_view());
     leaf->hashes[static_cast<size_t>(k - i)] = parent_hash;
-    if (k == i) index_.prefetch(parent_hash);  // the one entry made now: start its miss
+    // The one entry made now (block_index.h): start its miss while the rest is hashed.
+    if (k == i) index_.prefetch(parent_hash);
   }
-  // Only the first block is indexed now (matching needs no other); the rest waits for the
-  // first lookup by hash (BlockIndex). A first block the index has already (a 64-bit
-  // collision) makes no node.
-  int32_t count = 0;
-  if (index_.try_emplace(leaf->hashes[0], Loc{leaf, 0}).second) count = n_pages - i;
-  leaf->hashes.resize(static_cast<size_t>(count));
-  if (count > 1) index_.defer(leaf);
-  for (int32_t k = i + count; k < n_pages; ++k) result.rejected_pages.push_back(page_of(k));
-  if (count == 0) {
+  // A first block that the index has already (a collision) makes no node.
+  if (!index_.add(leaf)) {
+    for (int32_t k = i; k < n_pages; ++k) result.rejected_pages.push_back(page_of(k));
     recycle_node(std::move(leaf_owned));
     return result;
   }
+  const int32_t count = n_pages - i;
 
   leaf->id = next_node_id_++;
   leaf->parent = node;

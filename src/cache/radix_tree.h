@@ -3,12 +3,15 @@
 // The tree maps token sequences, at page granularity, to the pages that hold their KV.
 // It stores page ids, never KV bytes. Every full page ("block") has a chained 64-bit
 // block hash (block_hash.h); a hash index maps each cached block to its node and offset
-// and is exact at all times (insert, split, eviction, reset).
+// (block_index.h). A lookup by hash sees every cached block; inside, a new node's blocks
+// after its first are indexed only once a lookup by hash needs them.
 //
 // Rooms. One class, one concept per file:
 //   radix_node.h          the node: plain metadata and its tier states
 //   radix_tree.cc         structure: match_prefix, insert (one path for device and host
-//                         blocks), split, the hash index, lock receipts, counters
+//                         blocks), split, lock receipts, counters
+//   block_index.h         the hash index: block hash -> node and offset, lazy past a
+//                         node's first block
 //   radix_tree_pins.cc    applies the pin table's answers to nodes (pin_ref, pin tails)
 //   pin_table.h           the pins themselves: hard counts, soft pins with TTL, priority
 //   eviction_policy.h     the order of the evictable sets (LRU by default)
@@ -55,10 +58,8 @@
 #include <utility>
 #include <vector>
 
-#include <absl/container/flat_hash_map.h>
-#include <absl/container/flat_hash_set.h>
-
 #include "cache/block_hash.h"
+#include "cache/block_index.h"
 #include "cache/eviction_policy.h"
 #include "cache/kv_event.h"
 #include "cache/pin_priority.h"
@@ -339,10 +340,7 @@ class RadixTree {
   const RadixNode* root() const { return root_.get(); }
 
  private:
-  struct Loc {
-    RadixNode* node = nullptr;
-    int32_t offset = 0;
-  };
+  using Loc = BlockLoc;
   struct ReceiptSlot {
     RadixNode* node = nullptr;
     uint32_t generation = 0;
@@ -365,13 +363,9 @@ class RadixTree {
   // that the steady state of insert and evict allocates nothing (new_node, recycle_node).
   std::unique_ptr<RadixNode> new_node();
   void recycle_node(std::unique_ptr<RadixNode> node);
-  // The hash index, with the entries' memory prefetched ahead of use: a block's entry is
-  // almost always a cache miss, and the misses of a run overlap instead of queuing.
-  // Points the index at every page of `node` (entries that exist or not).
-  void index_pages(RadixNode* node);
-  void unindex(std::span<const BlockHash> hashes);
-  // Within evict() and evict_host() the removed nodes' entries are erased in one run at the
-  // end (a long run keeps many misses in flight): nothing there looks up a removed block.
+  // Within evict() and evict_host() the removed nodes' index entries are erased in one run
+  // at the end (a long run keeps many misses in flight): nothing there looks up a removed
+  // block.
   // Returns whether this call opened the batch; only that one closes (and runs) it.
   bool begin_unindex_batch();
   void end_unindex_batch(bool opened);
@@ -436,72 +430,7 @@ class RadixTree {
   KvEventSink* events_;
   const Clock* clock_;
   std::unique_ptr<RadixNode> root_;
-  // The hash index: every cached block -> its node and offset. Lazy past a node's first
-  // block: insert indexes a new node's first block at once (all that matching needs, see
-  // find_child) and leaves the rest to the first lookup by hash (pins, evictions and
-  // transfers by hash, tool sessions, the audit), which indexes every deferred node in one
-  // prefetched run. A node removed before anyone asked never has the rest indexed or
-  // erased. Lookups that settle: find, contains, at, size, begin; find_first, end,
-  // prefetch and the writes do not (end() never settles: it would move entries under an
-  // iterator just found).
-  class BlockIndex {
-   public:
-    using Map = absl::flat_hash_map<BlockHash, Loc>;
-    Map::iterator find(BlockHash h) {
-      settle();
-      return map_.find(h);
-    }
-    Map::const_iterator find(BlockHash h) const {
-      settle();
-      return map_.find(h);
-    }
-    // Only for a node's first block, which is never deferred.
-    Map::const_iterator find_first(BlockHash h) const { return map_.find(h); }
-    bool contains(BlockHash h) const {
-      settle();
-      return map_.contains(h);
-    }
-    const Loc& at(BlockHash h) const {
-      settle();
-      return map_.at(h);
-    }
-    size_t size() const {
-      settle();
-      return map_.size();
-    }
-    Map::const_iterator begin() const {
-      settle();
-      return map_.begin();
-    }
-    Map::const_iterator end() const { return map_.end(); }
-    Map::iterator end() { return map_.end(); }
-    void prefetch(BlockHash h) const { map_.prefetch(h); }
-    void insert_or_assign(BlockHash h, Loc loc) { map_.insert_or_assign(h, loc); }
-    std::pair<Map::iterator, bool> try_emplace(BlockHash h, Loc loc) {
-      return map_.try_emplace(h, loc);
-    }
-    void erase(BlockHash h) { map_.erase(h); }
-    void clear() {
-      map_.clear();
-      deferred_.clear();
-    }
-    // `node`'s blocks after its first wait for the next settling lookup.
-    void defer(RadixNode* node) { deferred_.insert(node); }
-    // Forgets `node`'s deferred blocks (it is removed, or indexed in full now). True when
-    // it had some: then only its first block is in the index.
-    bool undefer(RadixNode* node) { return deferred_.erase(node) != 0; }
-    // Indexes every deferred node's remaining blocks (an existing entry is kept: a 64-bit
-    // collision never re-points a block).
-    void settle() const {
-      if (!deferred_.empty()) settle_deferred();
-    }
-
-   private:
-    void settle_deferred() const;
-    mutable Map map_;
-    mutable absl::flat_hash_set<RadixNode*> deferred_;
-  };
-  BlockIndex index_;
+  BlockIndex index_;  // every cached block -> its node and offset (block_index.h)
   std::unique_ptr<EvictionPolicy> eviction_;   // orders the evictable sets
   PinTable pins_;                              // every pin of a cached block
   std::vector<TransferRequest> transfers_;     // requested, not yet taken
@@ -535,7 +464,7 @@ class RadixTree {
   // Scratch of the hot paths (new_node, recycle_node, the unindex batch).
   std::vector<std::unique_ptr<RadixNode>> spare_nodes_;  // removed nodes, emptied, for reuse
   bool unindex_batch_open_ = false;       // remove_leaf leaves its erasures to the batch
-  std::vector<BlockHash> unindex_batch_;  // removed blocks still in the index
+  std::vector<BlockIndex::Owned> unindex_batch_;  // removed nodes' entries, to erase
 };
 
 }  // namespace strata

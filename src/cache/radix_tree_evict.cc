@@ -69,15 +69,12 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
     host_pages_->free(leaf->host_pages);
     host_evicted_pages_total_ += static_cast<uint64_t>(leaf->num_pages());
   }
-  // A leaf whose blocks past the first were never indexed (nobody looked one up by hash)
-  // has only its first entry to erase.
-  const std::span<const BlockHash> indexed =
-      index_.undefer(leaf) ? std::span<const BlockHash>(leaf->hashes).first(1)
-                           : std::span<const BlockHash>(leaf->hashes);
-  if (unindex_batch_open_) {
-    unindex_batch_.insert(unindex_batch_.end(), indexed.begin(), indexed.end());
-  } else {
-    unindex(indexed);
+  // Its entries (only the first, when the rest was never indexed) go now, or at the end of
+  // the batch.
+  index_.release(leaf, unindex_batch_);
+  if (!unindex_batch_open_) {
+    index_.erase(unindex_batch_);
+    unindex_batch_.clear();
   }
   if (n > 0 && had_host) emit(BlockRemoved{leaf->hashes, Medium::kDevice});
   // The leaf is destroyed below: its hash vector moves into the last event.

@@ -1,6 +1,8 @@
-// Randomized test: thousands of random operations on the radix tree, checked after
-// every step against a simple block-level reference model and the tree's own
-// from-scratch invariant check.
+// Randomized test: thousands of random operations on the radix tree, checked against a
+// simple block-level reference model and the tree's own from-scratch invariant check:
+// after every step for seeds 1-6, after about one step in eight for seeds 7-10 (the check
+// looks blocks up by hash, which indexes every deferred block, block_index.h: the sparse
+// seeds let inserts, splits and evictions meet a lazily indexed tree).
 //
 // The reference knows, per cached block: its parent block, its pin count and each of its
 // soft pins (TTL and expiry, refreshed when a match hits the block); per lock receipt: the chain of
@@ -82,6 +84,7 @@ class RandomTreeTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
   const int seed = GetParam();
+  const bool sparse_checks = seed > 6;
   const bool sanitizer = std::getenv("STRATA_SANITIZER_BUILD") != nullptr;
   const int steps = sanitizer ? 1500 : 5000;
   constexpr int32_t kPage = 2;
@@ -353,7 +356,7 @@ TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
       }
       consume_events("reset");
     }
-    check_all("step");
+    if (!sparse_checks || coin(0.125)) check_all("step");
     if (HasFatalFailure()) {
       ADD_FAILURE() << "seed " << seed << " step " << step << " op " << op;
       return;
@@ -361,7 +364,7 @@ TEST_P(RandomTreeTest, AgreesWithReferenceModel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, RandomTreeTest, ::testing::Values(1, 2, 3, 4, 5, 6));
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomTreeTest, ::testing::Range(1, 11));
 
 }  // namespace
 }  // namespace strata

@@ -501,7 +501,7 @@ TEST_F(RadixTreeTest, SnapshotDescribesNodes) {
 namespace strata {
 namespace {
 
-// The hash index is lazy past a node's first block (radix_tree.h, BlockIndex): these paths
+// The hash index is lazy past a node's first block (block_index.h): these paths
 // never settle it by an audit in between, so the deferred state itself is exercised.
 class LazyIndexTest : public ::testing::Test {
  protected:
@@ -550,6 +550,33 @@ TEST_F(LazyIndexTest, SplitOfADeferredNodeIndexesBothHalves) {
   EXPECT_EQ(tree_.evict(100).evicted_pages, 6);
   EXPECT_FALSE(tree_.contains(hash_blocks(a, kPage)[3]));
   ASSERT_TRUE(tree_.check_invariants().has_value()) << tree_.check_invariants().error().message;
+}
+
+// A split of a deferred node leaves two deferred halves (block_index.h): split again, then
+// pinned deep inside, then evicted, all without a lookup by hash in between.
+TEST_F(LazyIndexTest, SplitsOfDeferredNodesStayExact) {
+  const auto a = seq({1, 2, 3, 4, 5, 6, 7, 8});
+  put_raw(a);
+  put_raw(seq({1, 2, 3, 20}));        // splits a after 3 pages
+  put_raw(seq({1, 21}));              // splits the upper half after 1
+  put_raw(seq({1, 2, 3, 4, 5, 22}));  // splits the lower half after 2
+  EXPECT_EQ(tree_.stats().num_nodes, 7);
+  // Deferred blocks are found, and the audit (which settles) agrees.
+  const auto hs = hash_blocks(a, kPage);
+  EXPECT_EQ(tree_.pin(std::span<const BlockHash>(hs).subspan(6, 1)).pinned, 1);
+  ASSERT_TRUE(tree_.check_invariants().has_value()) << tree_.check_invariants().error().message;
+  EXPECT_EQ(tree_.unpin(std::span<const BlockHash>(hs).subspan(6, 1)).unpinned, 1);
+
+  put_raw(seq({40, 41, 42, 43, 44}));
+  put_raw(seq({40, 41, 50}));  // a fresh split, then everything goes unasked
+  tree_.evict(1000);
+  EXPECT_EQ(tree_.stats().cached_pages, 0);
+  ASSERT_TRUE(tree_.check_invariants().has_value()) << tree_.check_invariants().error().message;
+  for (BlockHash h : hs) EXPECT_FALSE(tree_.contains(h));
+  std::vector<PageId> owned;
+  tree_.collect_device_pages(owned);
+  EXPECT_TRUE(alloc_.audit(owned).has_value());
+  EXPECT_EQ(alloc_.num_free(), 64);
 }
 
 }  // namespace

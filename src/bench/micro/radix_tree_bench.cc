@@ -3,6 +3,8 @@
 //   - 100 "system prompts" of 1,024 tokens, each the stem of 100 conversations whose
 //     own parts add 576 tokens on average (every sequence is 16-token aligned);
 //   - one extra 16K-token prompt for the full-match case.
+// The benchmarks share the tree and run in order; MatchSplitsFreshBranch and
+// LookupSettles16Branches come after the pin benchmarks so as not to change their tree.
 // Run: build/src/bench/micro/bench_radix_tree
 #include <benchmark/benchmark.h>
 
@@ -143,6 +145,48 @@ void BM_Pin1000ChainBlocks(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Pin1000ChainBlocks)->Unit(benchmark::kMicrosecond);
+
+void BM_MatchSplitsFreshBranch(benchmark::State& state) {
+  Fixture& f = shared_fixture();
+  std::uniform_int_distribution<TokenId> tok(0, 150'000);
+  // A prompt that leaves a freshly inserted 1K-token branch after 512 tokens (a new
+  // conversation under a system prompt that came in as part of a longer one): the match
+  // splits the fresh node, whose blocks nobody has looked up by hash yet.
+  std::vector<TokenId> base(f.long_prompt.begin(), f.long_prompt.begin() + 1024);
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::vector<TokenId> seq = base;
+    for (int k = 0; k < 1024; ++k) seq.push_back(tok(f.rng));
+    f.put(seq);
+    std::vector<TokenId> other(seq.begin(), seq.begin() + 1024 + 512);
+    for (int k = 0; k < 512; ++k) other.push_back(tok(f.rng));
+    state.ResumeTiming();
+    MatchResult m = f.tree->match_prefix(other);
+    benchmark::DoNotOptimize(m.num_pages);
+  }
+}
+BENCHMARK(BM_MatchSplitsFreshBranch)->Unit(benchmark::kMicrosecond);
+
+void BM_LookupSettles16Branches(benchmark::State& state) {
+  Fixture& f = shared_fixture();
+  std::uniform_int_distribution<TokenId> tok(0, 150'000);
+  // The deferred half of insert's work, paid by the first lookup by hash after 16 new
+  // 1K-token branches (a pin or a finished transfer after a burst of requests): it
+  // indexes their 16 x 63 blocks after the first.
+  std::vector<TokenId> base(f.long_prompt.begin(), f.long_prompt.begin() + 1024);
+  const BlockHash unknown = 42;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (int b = 0; b < 16; ++b) {
+      std::vector<TokenId> seq = base;
+      for (int k = 0; k < 1024; ++k) seq.push_back(tok(f.rng));
+      f.put(seq);
+    }
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(f.tree->contains(unknown));
+  }
+}
+BENCHMARK(BM_LookupSettles16Branches)->Unit(benchmark::kMicrosecond)->Iterations(2000);
 
 void BM_HashPerToken(benchmark::State& state) {
   std::vector<TokenId> tokens(16 * 1024);
