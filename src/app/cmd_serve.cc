@@ -340,6 +340,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   "RDMA) | storage (through --pd-storage-backend)")
       ->check(CLI::IsMember({"ucx", "storage"}))
       ->capture_default_str();
+  cmd->add_option("--pd-ucx-data-path", o->pd.ucx_data_path,
+                  "UCX: messages (checked against the pool, robust to a peer's death) | put "
+                  "(one-sided puts of the page runs: zero-copy over RDMA)")
+      ->check(CLI::IsMember({"messages", "put"}))
+      ->capture_default_str();
   cmd->add_option("--pd-storage-backend", o->pd.storage_backend,
                   "The store of --pd-transport storage: file | redis");
   cmd->add_option("--pd-storage-backend-extra-config", o->pd.storage_extra_config,

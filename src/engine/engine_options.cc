@@ -70,6 +70,9 @@ Status validate_pd(const PdOptions& p) {
   if (p.transport != "ucx" && p.transport != "storage") {
     return bad("--pd-transport must be ucx or storage");
   }
+  if (p.ucx_data_path != "messages" && p.ucx_data_path != "put") {
+    return bad("--pd-ucx-data-path must be messages or put");
+  }
   if (p.transport == "storage" && p.enabled() && p.storage_backend.empty()) {
     return bad("--pd-transport storage needs --pd-storage-backend file|redis");
   }

@@ -49,6 +49,10 @@ struct PdOptions {
   std::string bind;                         // prefill: ZeroMQ endpoint, "tcp://127.0.0.1:0"
   std::vector<std::string> prefill_peers;   // decode: prefill workers' endpoints
   std::string transport = "ucx";            // "ucx" | "storage"
+  // UCX: how the prefill worker's bytes travel: "messages" (active messages, checked
+  // against the registered pool and robust to a peer's death on tcp) or "put" (one-sided
+  // puts of the merged page runs: zero-copy over RDMA). docs/kv-transfer.md.
+  std::string ucx_data_path = "messages";
   std::string storage_backend;              // storage transport: "file" | "redis"
   std::string storage_extra_config;         // its options (JSON object or @file)
   // What makes two workers' pages interchangeable (model, dtype, page shape); set by serve.

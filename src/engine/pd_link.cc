@@ -96,7 +96,9 @@ Result<std::unique_ptr<PdLink>> PdLink::create(const PdOptions& options, KvPool&
     link->transport_info_.kind = pd::TransportKind::kStorage;
     link->transport_info_.storage_prefix = hex(link->transport_->pool_descriptor());
   } else {
-    auto ucx = UcxTransport::create();
+    UcxTransportOptions uo;
+    uo.data_path = o.ucx_data_path == "put" ? UcxDataPath::kPut : UcxDataPath::kMessages;
+    auto ucx = UcxTransport::create(uo);
     if (!ucx) return std::unexpected(ucx.error());
     link->ucx_ = std::move(*ucx);
     auto t = UcxPageTransport::create(*link->ucx_, pool);

@@ -58,6 +58,7 @@ class PdEngineTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<Engine> start(EngineOptions o) {
+    if (put_) o.pd.ucx_data_path = "put";
     auto e = Engine::create(model_.get(), o, nullptr);
     EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
     return e ? std::move(*e) : nullptr;
@@ -115,6 +116,7 @@ class PdEngineTest : public ::testing::TestWithParam<std::string> {
 
   std::unique_ptr<Model> model_;
   std::filesystem::path store_dir_;
+  bool put_ = false;  // UCX one-sided puts instead of messages
 };
 
 TEST_P(PdEngineTest, GreedyOutputEqualsColocatedForSeveralLengths) {
@@ -148,6 +150,25 @@ TEST_P(PdEngineTest, GreedyOutputEqualsColocatedForSeveralLengths) {
   }
   EXPECT_EQ(pc.pd_orders_done, 8u);
   EXPECT_EQ(pc.pd_pages_sent, dc.pd_pages_received);
+  expect_audited(*decode);
+  expect_audited(*prefill);
+}
+
+TEST_P(PdEngineTest, GreedyOutputOverOneSidedPuts) {
+  if (GetParam() != "ucx") GTEST_SKIP() << "puts are a UCX data path";
+  put_ = true;
+  auto colocated = start(base());
+  auto prefill = start_prefill(base());
+  auto decode = start_decode(prefill->pd_info().endpoint, base());
+  ASSERT_TRUE(wait_peer(*decode, "prefill-1"));
+  int salt = 300;
+  for (int n : {5, 64, 101}) {
+    const auto prompt = test_prompt(n, ++salt);
+    Outcome want = run_greedy(*colocated, prompt, 8);
+    Outcome got = run(*decode, prompt, 8);
+    EXPECT_EQ(got.tokens, want.tokens) << n;
+    EXPECT_TRUE(got.usage.kv_transferred) << n;
+  }
   expect_audited(*decode);
   expect_audited(*prefill);
 }
@@ -369,6 +390,10 @@ TEST(PdOptionsTest, BadCombinationsAreRefused) {
   o.pd.bind = "tcp://127.0.0.1:0";
   EXPECT_FALSE(validate(o).has_value());  // bind is for prefill workers
   o.pd.bind.clear();
+  o.pd.ucx_data_path = "teleport";
+  EXPECT_FALSE(validate(o).has_value());
+  o.pd.ucx_data_path = "put";
+  EXPECT_TRUE(validate(o).has_value());
   o.pd.transport = "carrier-pigeon";
   EXPECT_FALSE(validate(o).has_value());
   o.pd.transport = "storage";
