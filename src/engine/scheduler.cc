@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 
 #include "common/check.h"
@@ -10,6 +11,13 @@
 #include "engine/storage_worker.h"
 
 namespace strata {
+namespace {
+
+// How long the scheduler holds its next step for a command that could not make room
+// during a forward pass (its HTTP handler retries every 5 ms).
+constexpr int64_t kCommandRetryHoldMs = 20;
+
+}  // namespace
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
@@ -58,6 +66,9 @@ Scheduler::Scheduler(Model* model, EngineOptions options,
                                 .min_prefill_tokens = options.min_prefill_tokens,
                                 .max_prefill_tokens = options.chunked_prefill_size}) {
   num_pages_ = options_.kv_cache_tokens / options_.page_size;
+  // A measurement knob (docs/scheduling.md): the forward pass on the scheduler thread, as
+  // before commands ran during it.
+  inline_forward_ = std::getenv("STRATA_INLINE_FORWARD") != nullptr;
   allocator_ = std::make_unique<PageAllocator>(num_pages_);
   tree_ = std::make_unique<RadixTree>(RadixTreeOptions{options_.page_size}, allocator_.get(),
                                       &events_, clock_);
@@ -395,6 +406,17 @@ void Scheduler::run() {
     bool stop = false;
     {
       std::unique_lock lock(mutex_);
+      if (hold_for_commands_until_ms_ > 0) {
+        // A command during the last forward pass needed running requests retracted (a
+        // restore without room): its caller retries within a few ms; hold the next step
+        // until then, so that the retry runs between steps, where retraction is allowed.
+        const int64_t left = hold_for_commands_until_ms_ - clock_->now_ms();
+        hold_for_commands_until_ms_ = 0;
+        if (left > 0) {
+          wake_.wait_for(lock, std::chrono::milliseconds(left),
+                         [&] { return stopping_ || !commands_.empty(); });
+        }
+      }
       const bool busy = (!running_.empty() || !waiting_.empty()) && progressed;
       if (!busy) {
         // Idle (or waiting on copies): sleep until work arrives, waking now and then for
@@ -493,7 +515,14 @@ void Scheduler::run_commands(std::deque<std::function<void(EngineState&)>>& comm
                              bool may_retract) {
   if (commands.empty()) return;
   EngineState state = make_state();
-  if (!may_retract) state.make_device_room = nullptr;
+  if (!may_retract) {
+    // During a forward pass the batch's requests cannot step back: answer "no room" now
+    // and keep the next step for the caller's retry (run()).
+    state.make_device_room = [this](int64_t) {
+      hold_for_commands_until_ms_ = clock_->now_ms() + kCommandRetryHoldMs;
+      return 0;
+    };
+  }
   for (auto& cmd : commands) cmd(state);
   commands.clear();
   submit_transfers();
@@ -509,7 +538,7 @@ void Scheduler::run_forward_thread() {
       forward_pending_ = false;
       batch = forward_batch_;
     }
-    Status st = forward_serving_commands(batch);
+    Status st = model_->forward(batch, *kv_pool_, logits_);
     {
       std::lock_guard lock(mutex_);
       forward_status_ = std::move(st);
@@ -996,7 +1025,8 @@ bool Scheduler::step() {
     (decode ? step_decode : step_prefill) += plan[i].count;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  Status st = model_->forward(batch, *kv_pool_, logits_);
+  Status st = inline_forward_ ? model_->forward(batch, *kv_pool_, logits_)
+                              : forward_serving_commands(batch);
   budget_.observe(
       step_prefill, step_decode,
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());

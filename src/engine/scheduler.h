@@ -239,6 +239,8 @@ class Scheduler {
   bool forward_finished_ = false;                   // GUARDED_BY(mutex_)
   Status forward_status_;                           // GUARDED_BY(mutex_)
   std::condition_variable forward_wake_;
+  int64_t hold_for_commands_until_ms_ = 0;  // scheduler thread only (run_commands, run)
+  bool inline_forward_ = false;             // STRATA_INLINE_FORWARD: no forward thread
   std::thread forward_thread_;
   std::atomic<uint64_t> next_id_{1};
   std::thread thread_;

@@ -236,7 +236,11 @@ TEST_F(SchedulingTest, ARestoreUnderAFullPoolDoesNotWaitForRunningRequests) {
   }
   ASSERT_TRUE(ended.has_value()) << ended.error().message;
   EXPECT_EQ(settled(*e, "a").tier, "device");
-  // (Counters are published after the scheduler's next iteration: read them now.)
+  // (Counters are published at the end of a scheduler iteration; a command may run in the
+  // middle of one, during the forward pass: wait for the publication.)
+  for (int i = 0; i < 200 && e->counters().requests_preempted == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   EXPECT_GE(e->counters().restores_made_room, 1u);
   EXPECT_GE(e->counters().requests_preempted, 1u);
   std::vector<int32_t> next = turn;

@@ -5,6 +5,7 @@
 // cancelled request, forged messages. Every test ends with page audits on both sides.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -27,10 +28,13 @@ class PdEngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     setenv("UCX_TLS", "tcp", 0);
-    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 7,
-                                   ModelOptions{.num_threads = 1});
-    ASSERT_TRUE(model.has_value()) << model.error().message;
-    model_ = std::move(*model);
+    // One model per engine: a Model serves one forward pass at a time (model.h).
+    for (auto& m : models_) {
+      auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 7,
+                                     ModelOptions{.num_threads = 1});
+      ASSERT_TRUE(model.has_value()) << model.error().message;
+      m = std::move(*model);
+    }
     store_dir_ = std::filesystem::temp_directory_path() /
                  ("strata-pd-test-" + std::to_string(::getpid()) + "-" +
                   std::to_string(reinterpret_cast<uintptr_t>(this)));
@@ -59,7 +63,8 @@ class PdEngineTest : public ::testing::TestWithParam<std::string> {
 
   std::unique_ptr<Engine> start(EngineOptions o) {
     if (put_) o.pd.ucx_data_path = "put";
-    auto e = Engine::create(model_.get(), o, nullptr);
+    EXPECT_LT(engines_made_, models_.size());
+    auto e = Engine::create(models_[engines_made_++ % models_.size()].get(), o, nullptr);
     EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
     return e ? std::move(*e) : nullptr;
   }
@@ -114,7 +119,8 @@ class PdEngineTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(inv.has_value()) << inv.error().message;
   }
 
-  std::unique_ptr<Model> model_;
+  std::array<std::unique_ptr<Model>, 3> models_;
+  size_t engines_made_ = 0;
   std::filesystem::path store_dir_;
   bool put_ = false;  // UCX one-sided puts instead of messages
 };
