@@ -196,6 +196,10 @@ void PdLink::drop_destination(const std::string& peer) {
   destinations_.erase(it);
 }
 
+void PdLink::fence_pages() {
+  if (ucx_) (void)ucx_->stats();
+}
+
 TransferDone PdLink::completion(uint64_t room, bool receive, int32_t first_index,
                                 int32_t n_pages) {
   return [this, room, receive, first_index, n_pages](Status st) {

@@ -70,6 +70,13 @@ class PdLink {
   // Forgets a peer's destination (it died or restarted; its sends fail).
   void drop_destination(const std::string& peer);
 
+  // Decode side, before an order goes out (the reserved pages held other KV before) and
+  // before a failed room's pages are reused (some of its bytes may have landed): orders the
+  // scheduler's writes of the pool and the transport thread's writes of received bytes.
+  // The network carries that order in fact; this makes it visible to ThreadSanitizer too
+  // (one lock of the transport's mutex, which its thread holds while it writes bytes).
+  void fence_pages();
+
   // A TransferDone that queues its outcome for the scheduler thread.
   TransferDone completion(uint64_t room, bool receive, int32_t first_index, int32_t n_pages);
   std::vector<PdCompletion> take_completions();

@@ -134,6 +134,7 @@ std::optional<Scheduler::Admission> Scheduler::try_remote(Seq& seq, const MatchR
   order.deadline_ms = options_.pd.order_deadline_ms;
   const int64_t now = clock_->now_ms();
   const uint64_t room = pd::room_value(order.room);
+  pd_->fence_pages();
   Status st = pd_->rooms().open(order, peer, now);
   if (st) st = pd_->channel().send(peer, order);
   if (!st) {
@@ -231,6 +232,7 @@ void Scheduler::pd_room_event(const pd::RoomEvent& ev) {
       std::unique_ptr<Seq> seq = take_remote(room);
       std::vector<PageId> pages = seq ? detach_room_pages(*seq) : std::vector<PageId>{};
       if (ev.reclaimable) {
+        pd_->fence_pages();  // bytes that did land are ordered before the pages' reuse
         allocator_->free(pages);
         (void)pd_->rooms().erase(ev.room);
       } else {
@@ -244,6 +246,7 @@ void Scheduler::pd_room_event(const pd::RoomEvent& ev) {
     case pd::RoomEvent::Kind::kReclaimable: {
       auto it = quarantine_.find(room);
       if (it != quarantine_.end()) {
+        pd_->fence_pages();
         allocator_->free(it->second);
         quarantine_.erase(it);
       }
@@ -558,6 +561,7 @@ void Scheduler::pd_poll() {
         (void)pd_->channel().send(pd_->rooms().find(id)->peer, pd::Cancel{id});
       }
       if (!outcome || outcome->reclaimable) {
+        pd_->fence_pages();
         allocator_->free(pages);
         (void)pd_->rooms().erase(id);
       } else {
