@@ -53,7 +53,9 @@ void BlockIndex::split(RadixNode* upper, RadixNode* lower) {
     const std::vector<BlockHash>& hs = half->hashes;
     prefetched_run(
         map_, hs.size(), [&](size_t k) { return hs[k]; },
-        [&](size_t k) { repoint(hs[k], BlockLoc{half, static_cast<int32_t>(k)}); });
+        [&](size_t k) {
+          repoint(hs[k], BlockLoc{half, static_cast<int32_t>(k)});
+        });
   }
 }
 

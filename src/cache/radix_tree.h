@@ -431,9 +431,9 @@ class RadixTree {
   const Clock* clock_;
   std::unique_ptr<RadixNode> root_;
   BlockIndex index_;  // every cached block -> its node and offset (block_index.h)
-  std::unique_ptr<EvictionPolicy> eviction_;   // orders the evictable sets
-  PinTable pins_;                              // every pin of a cached block
-  std::vector<TransferRequest> transfers_;     // requested, not yet taken
+  std::unique_ptr<EvictionPolicy> eviction_;  // orders the evictable sets
+  PinTable pins_;                             // every pin of a cached block
+  std::vector<TransferRequest> transfers_;    // requested, not yet taken
   std::vector<ReceiptSlot> receipts_;
   std::vector<uint32_t> free_receipts_;
   NodeId next_node_id_ = 1;
@@ -463,7 +463,7 @@ class RadixTree {
 
   // Scratch of the hot paths (new_node, recycle_node, the unindex batch).
   std::vector<std::unique_ptr<RadixNode>> spare_nodes_;  // removed nodes, emptied, for reuse
-  bool unindex_batch_open_ = false;       // remove_leaf leaves its erasures to the batch
+  bool unindex_batch_open_ = false;               // remove_leaf leaves its erasures to the batch
   std::vector<BlockIndex::Owned> unindex_batch_;  // removed nodes' entries, to erase
 };
 
