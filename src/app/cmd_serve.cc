@@ -468,10 +468,10 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     {
       // Pages are interchangeable between workers of the same weights, dtype and page shape.
       const ModelConfig& mc = (*model)->config();
-      eo.pd.kv_layout = storage_namespace(dir, *kv_dtype, o->page_size) + ";layers=" +
-                        std::to_string(mc.num_layers) + ";kv_heads=" +
-                        std::to_string(mc.num_kv_heads) + ";head_dim=" +
-                        std::to_string(mc.head_dim);
+      eo.pd.kv_layout = storage_namespace(dir, *kv_dtype, o->page_size) +
+                        ";layers=" + std::to_string(mc.num_layers) +
+                        ";kv_heads=" + std::to_string(mc.num_kv_heads) +
+                        ";head_dim=" + std::to_string(mc.head_dim);
     }
     // Every batch goes to GET /cache/events' subscribers (if any listen) and, when on,
     // to the ZeroMQ publisher: both number the batches alike.

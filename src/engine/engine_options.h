@@ -45,16 +45,16 @@ const char* worker_role_name(WorkerRole role);
 
 struct PdOptions {
   WorkerRole role = WorkerRole::kMixed;
-  std::string worker_id;                    // "" : made from the host name and a random suffix
-  std::string bind;                         // prefill: ZeroMQ endpoint, "tcp://127.0.0.1:0"
-  std::vector<std::string> prefill_peers;   // decode: prefill workers' endpoints
-  std::string transport = "ucx";            // "ucx" | "storage"
+  std::string worker_id;                   // "" : made from the host name and a random suffix
+  std::string bind;                        // prefill: ZeroMQ endpoint, "tcp://127.0.0.1:0"
+  std::vector<std::string> prefill_peers;  // decode: prefill workers' endpoints
+  std::string transport = "ucx";           // "ucx" | "storage"
   // UCX: how the prefill worker's bytes travel: "messages" (active messages, checked
   // against the registered pool and robust to a peer's death on tcp) or "put" (one-sided
   // puts of the merged page runs: zero-copy over RDMA). docs/kv-transfer.md.
   std::string ucx_data_path = "messages";
-  std::string storage_backend;              // storage transport: "file" | "redis"
-  std::string storage_extra_config;         // its options (JSON object or @file)
+  std::string storage_backend;       // storage transport: "file" | "redis"
+  std::string storage_extra_config;  // its options (JSON object or @file)
   // What makes two workers' pages interchangeable (model, dtype, page shape); set by serve.
   std::string kv_layout;
   int64_t heartbeat_ms = 500;
@@ -166,8 +166,8 @@ enum class PdFallback : uint8_t {
   kPeerDead,         // it died or restarted
   kPrefillFailed,    // it reported a failure
   kProtocolError,
-  kTransfer,         // the pages could not be received (storage read)
-  kSendFailed,       // the order could not be sent
+  kTransfer,    // the pages could not be received (storage read)
+  kSendFailed,  // the order could not be sent
 };
 inline constexpr size_t kPdFallbacks = 8;
 const char* pd_fallback_name(PdFallback reason);

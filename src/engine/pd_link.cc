@@ -84,8 +84,9 @@ Result<std::unique_ptr<PdLink>> PdLink::create(const PdOptions& options, KvPool&
     auto cfg = parse_storage_config(o.storage_backend, o.storage_extra_config);
     if (!cfg) return std::unexpected(cfg.error());
     char ns[32];
-    std::snprintf(ns, sizeof ns, "pd-%016llx",
-                  static_cast<unsigned long long>(XXH3_64bits(o.kv_layout.data(), o.kv_layout.size())));
+    std::snprintf(
+        ns, sizeof ns, "pd-%016llx",
+        static_cast<unsigned long long>(XXH3_64bits(o.kv_layout.data(), o.kv_layout.size())));
     cfg->name_space = ns;
     auto backend = make_storage_backend(*cfg, clock);
     if (!backend) return std::unexpected(backend.error());
@@ -146,8 +147,9 @@ Result<std::unique_ptr<PdLink>> PdLink::create(const PdOptions& options, KvPool&
   }
   STRATA_LOG_INFO("disaggregation: role {}, worker id {}, transport {}{}", worker_role_name(o.role),
                   o.worker_id, o.transport,
-                  o.role == WorkerRole::kPrefill ? ", control plane on " + link->channel_->endpoint()
-                                                 : std::string());
+                  o.role == WorkerRole::kPrefill
+                      ? ", control plane on " + link->channel_->endpoint()
+                      : std::string());
   return link;
 }
 
@@ -200,8 +202,7 @@ void PdLink::fence_pages() {
   if (ucx_) (void)ucx_->stats();
 }
 
-TransferDone PdLink::completion(uint64_t room, bool receive, int32_t first_index,
-                                int32_t n_pages) {
+TransferDone PdLink::completion(uint64_t room, bool receive, int32_t first_index, int32_t n_pages) {
   return [this, room, receive, first_index, n_pages](Status st) {
     {
       std::lock_guard lock(mutex_);

@@ -389,7 +389,8 @@ Status Scheduler::audit_pages() const {
       owned.insert(owned.end(), seq->pages.begin() + seq->tree_pages, seq->pages.end());
     }
   }
-  for (const auto& [room, pages] : quarantine_) owned.insert(owned.end(), pages.begin(), pages.end());
+  for (const auto& [room, pages] : quarantine_)
+    owned.insert(owned.end(), pages.begin(), pages.end());
   if (auto st = allocator_->audit(owned); !st) return st;
   if (!host_allocator_) return {};
   owned.clear();
@@ -708,8 +709,7 @@ Scheduler::Admission Scheduler::try_admit(Seq& seq) {
       }
     }
   }
-  if (pd_ && !pd_->prefill() && !seq.pd_tried && !seq.counted &&
-      !seq.spec.prefill_peer.empty()) {
+  if (pd_ && !pd_->prefill() && !seq.pd_tried && !seq.counted && !seq.spec.prefill_peer.empty()) {
     seq.pd_tried = true;
     if (auto a = try_remote(seq, m)) return *a;
   }

@@ -284,9 +284,8 @@ void Scheduler::pd_take_order(const std::string& peer, pd::PrefillOrder order,
   const ModelConfig& cfg = model_->config();
   const int32_t ps = options_.page_size;
   if (order.page_size != ps) {
-    return reject("page size " + std::to_string(order.page_size) + " differs from " +
-                      std::to_string(ps),
-                  0);
+    return reject(
+        "page size " + std::to_string(order.page_size) + " differs from " + std::to_string(ps), 0);
   }
   const int64_t n = static_cast<int64_t>(order.tokens.size());
   if (n >= cfg.max_position_embeddings) return reject("the prompt exceeds the context", 0);
@@ -301,12 +300,14 @@ void Scheduler::pd_take_order(const std::string& peer, pd::PrefillOrder order,
   }
   if (orders_.contains(room)) return reject("the room is taken", 0);
   SamplingParams sp;
-  sp.temperature = static_cast<float>(pd::sampling_double(order.sampling, "temperature").value_or(1));
+  sp.temperature =
+      static_cast<float>(pd::sampling_double(order.sampling, "temperature").value_or(1));
   sp.top_p = static_cast<float>(pd::sampling_double(order.sampling, "top_p").value_or(1));
   sp.top_k = static_cast<int32_t>(pd::sampling_i64(order.sampling, "top_k").value_or(0));
   sp.seed = pd::sampling_u64(order.sampling, "seed");
   if (auto st = validate_sampling_params(sp); !st) return reject(st.error().message, 0);
-  if (auto st = pd_->leases().acquire(order.room, peer, room, received_ms, order.deadline_ms); !st) {
+  if (auto st = pd_->leases().acquire(order.room, peer, room, received_ms, order.deadline_ms);
+      !st) {
     return reject(st.error().message, st.error().code == ErrorCode::kResourceExhausted
                                           ? std::max<int64_t>(options_.pd.heartbeat_ms, 100)
                                           : 0);
@@ -348,8 +349,8 @@ void Scheduler::pd_send_ready(Seq& seq, bool final) {
   const int32_t ps = options_.page_size;
   const int32_t ready_prompt_pages =
       final ? prompt_pages(seq.prompt_len, ps) : static_cast<int32_t>(seq.computed / ps);
-  const int32_t ready = std::clamp(ready_prompt_pages - ro.first_page, 0,
-                                   static_cast<int32_t>(ro.dst_pages.size()));
+  const int32_t ready =
+      std::clamp(ready_prompt_pages - ro.first_page, 0, static_cast<int32_t>(ro.dst_pages.size()));
   if (final) ro.state = RemoteOrder::State::kSending;
   if (ready <= ro.pages_sent) return;
   PageBatch batch;
@@ -365,7 +366,8 @@ void Scheduler::pd_send_ready(Seq& seq, bool final) {
     if (ro.send_receipt.valid()) STRATA_CHECK(tree_->release(ro.send_receipt).has_value());
     ro.send_receipt = lock;
   }
-  const int64_t deadline = pd_->leases().deadline_of(pd::RoomId{seq.remote_room})
+  const int64_t deadline = pd_->leases()
+                               .deadline_of(pd::RoomId{seq.remote_room})
                                .value_or(clock_->now_ms() + options_.pd.order_deadline_ms);
   const int64_t timeout = std::max<int64_t>(1, deadline - clock_->now_ms());
   const int32_t count = ready - ro.pages_sent;
@@ -435,7 +437,8 @@ void Scheduler::pd_settle_orders() {
       done.tokens_transferred =
           static_cast<uint32_t>(ro.prompt_len - ro.first_page * options_.page_size);
       done.bytes = ro.bytes;
-      done.transfer_ms = static_cast<uint32_t>(std::max<int64_t>(0, clock_->now_ms() - ro.received_ms));
+      done.transfer_ms =
+          static_cast<uint32_t>(std::max<int64_t>(0, clock_->now_ms() - ro.received_ms));
       (void)pd_->channel().send(ro.peer, done);
       ++counters_.pd_orders_done;
     } else if (ro.tell_peer) {

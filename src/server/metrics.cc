@@ -124,14 +124,16 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                "done (decode side), orders accepted, rejected, done and failed "
                                "(prefill side), KV pages and bytes moved")
                            .Register(*registry_);
-  pd_fallbacks_family_ = &BuildGauge()
-                              .Name("strata_pd_fallbacks_total")
-                              .Help("Requests a decode worker prefilled locally after all, by reason")
-                              .Register(*registry_);
+  pd_fallbacks_family_ =
+      &BuildGauge()
+           .Name("strata_pd_fallbacks_total")
+           .Help("Requests a decode worker prefilled locally after all, by reason")
+           .Register(*registry_);
   pd_state_family_ = &BuildGauge()
                           .Name("strata_pd")
-                          .Help("Disaggregation now: rooms or orders active, pages in quarantine, "
-                                "peers alive")
+                          .Help(
+                              "Disaggregation now: rooms or orders active, pages in quarantine, "
+                              "peers alive")
                           .Register(*registry_);
   prefill_budget_ = &BuildGauge()
                          .Name("strata_prefill_budget_tokens")

@@ -47,9 +47,8 @@ json usage_json(const RequestUsage& u) {
           {{"device", u.cached_device}, {"host", u.cached_host}, {"storage", u.cached_storage}}}};
   // A disaggregated request: what the prefill worker computed and moved here.
   if (u.kv_transferred) {
-    j["kv_transfer"] = {{"tokens", u.kv_transfer_tokens},
-                        {"bytes", u.kv_transfer_bytes},
-                        {"ms", u.kv_transfer_ms}};
+    j["kv_transfer"] = {
+        {"tokens", u.kv_transfer_tokens}, {"bytes", u.kv_transfer_bytes}, {"ms", u.kv_transfer_ms}};
   }
   return j;
 }

@@ -54,11 +54,11 @@ json server_info(RouteContext& ctx, const http::Request& req, const CacheState& 
   const PdInfo pd_info = ctx.engine.pd_info();
   json pd = nullptr;
   if (pd_info.enabled) {
-    pd = {{"worker_id", pd_info.worker_id},
-          {"endpoint", pd_info.endpoint.empty() ? std::string()
-                                                : connectable(pd_info.endpoint, req)},
-          {"transport", pd_info.transport},
-          {"peers_alive", pd_info.peers_alive}};
+    pd = {
+        {"worker_id", pd_info.worker_id},
+        {"endpoint", pd_info.endpoint.empty() ? std::string() : connectable(pd_info.endpoint, req)},
+        {"transport", pd_info.transport},
+        {"peers_alive", pd_info.peers_alive}};
   }
   return json{{"engine", "strata"},
               {"model", ctx.options.model_name},

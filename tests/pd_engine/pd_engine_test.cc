@@ -11,11 +11,11 @@
 #include <filesystem>
 #include <thread>
 
+#include "../engine/engine_test_util.h"
 #include "engine/engine.h"
 #include "engine/engine_test_access.h"
 #include "model/make_model.h"
 #include "pd/pd_channel.h"
-#include "../engine/engine_test_util.h"
 
 namespace strata {
 namespace {
@@ -332,10 +332,10 @@ TEST_P(PdEngineTest, StalledRoomFailsAndQuarantinesItsPagesThenPrefillsLocally) 
   ASSERT_TRUE(fake.channel->send("decode-1", pd::OrderAccepted{order->room}).has_value());
   // Forged: a room that does not exist, from the right peer. Refused, nothing applied.
   ASSERT_TRUE(fake.channel
-                  ->send("decode-1", pd::PrefillDone{pd::RoomId{order->room == pd::RoomId{1}
-                                                                    ? uint64_t{2}
-                                                                    : uint64_t{1}},
-                                                     7, 30, 0, 0})
+                  ->send("decode-1",
+                         pd::PrefillDone{
+                             pd::RoomId{order->room == pd::RoomId{1} ? uint64_t{2} : uint64_t{1}},
+                             7, 30, 0, 0})
                   .has_value());
   Outcome got = drain(**stream);  // the stall deadline, then a local prefill
   EXPECT_EQ(got.tokens, want.tokens);
@@ -380,7 +380,8 @@ TEST_P(PdEngineTest, CancelledRequestCancelsItsRoom) {
     }
   }
   EXPECT_TRUE(cancelled);
-  ASSERT_TRUE(fake.channel->send("decode-1", pd::PrefillFailed{order->room, "cancelled"}).has_value());
+  ASSERT_TRUE(
+      fake.channel->send("decode-1", pd::PrefillFailed{order->room, "cancelled"}).has_value());
   expect_audited(*decode);
 }
 
