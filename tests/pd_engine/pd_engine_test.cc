@@ -160,8 +160,10 @@ TEST_P(PdEngineTest, GreedyOutputEqualsColocatedForSeveralLengths) {
   expect_audited(*prefill);
 }
 
-TEST_P(PdEngineTest, GreedyOutputOverOneSidedPuts) {
-  if (GetParam() != "ucx") GTEST_SKIP() << "puts are a UCX data path";
+// Puts are a UCX data path: this suite runs over UCX only.
+class PdPutTest : public PdEngineTest {};
+
+TEST_P(PdPutTest, GreedyOutputOverOneSidedPuts) {
   put_ = true;
   auto colocated = start(base());
   auto prefill = start_prefill(base());
@@ -386,6 +388,8 @@ TEST_P(PdEngineTest, CancelledRequestCancelsItsRoom) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PdEngineTest, ::testing::Values("ucx", "storage"),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Ucx, PdPutTest, ::testing::Values("ucx"),
                          [](const auto& info) { return info.param; });
 
 TEST(PdOptionsTest, BadCombinationsAreRefused) {
