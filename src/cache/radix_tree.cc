@@ -155,6 +155,9 @@ RadixTree::Acct RadixTree::acct(const RadixNode* n) const {
     a.prot = np;
   }
   if (host && (n->pin_ref > 0 || n->host_ref > 0)) a.host_prot = np;
+  if (hierarchical() && dev && !host && a.prot == 0 && (n->pin_ref > 0 || n->host_ref > 0)) {
+    a.bound = np;
+  }
   for (uint8_t f : n->in_storage) a.stored += f != 0 ? 1 : 0;
   a.io = n->io_ref > 0 ? 1 : 0;
   return a;
@@ -165,6 +168,7 @@ void RadixTree::apply(const Acct& before, const Acct& after) {
   host_cached_pages_ += after.host - before.host;
   host_only_pages_ += after.host_only - before.host_only;
   protected_pages_ += after.prot - before.prot;
+  backup_bound_pages_ += after.bound - before.bound;
   host_protected_pages_ += after.host_prot - before.host_prot;
   stored_pages_ += after.stored - before.stored;
   io_pending_nodes_ += after.io - before.io;
@@ -292,6 +296,7 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
   after.host_only += lower_acct.host_only;
   after.prot += lower_acct.prot;
   after.host_prot += lower_acct.host_prot;
+  after.bound += lower_acct.bound;
   after.stored += lower_acct.stored;
   after.io += lower_acct.io;
   apply(before, after);
@@ -598,12 +603,20 @@ RadixNode* RadixTree::node_of(BlockHash hash) const {
   return it == index_.end() ? nullptr : it->second.node;
 }
 
+int64_t RadixTree::unevictable_pages() const {
+  if (!hierarchical() || backup_bound_pages_ == 0) return protected_pages_;
+  // Pinned pages leave the device by a backup and a demotion: as many as the host can take.
+  const int64_t host_room = host_pages_->num_free() + host_evictable_pages_;
+  return protected_pages_ + std::max<int64_t>(0, backup_bound_pages_ - host_room);
+}
+
 TreeStats RadixTree::stats() const {
   TreeStats s;
   s.page_size = options_.page_size;
   s.num_nodes = num_nodes_;
   s.cached_pages = cached_pages_;
   s.protected_pages = protected_pages_;
+  s.unevictable_pages = unevictable_pages();
   s.evictable_pages = evictable_pages_;
   s.pinned_blocks = pins_.pinned_blocks();
   s.soft_pinned_blocks = pins_.soft_pinned_blocks();

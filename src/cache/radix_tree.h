@@ -151,9 +151,13 @@ struct FlushResult {
 struct TreeStats {
   int32_t page_size = 0;
   bool hierarchical = false;
-  int64_t num_nodes = 0;           // excluding the root
-  int64_t cached_pages = 0;        // pages held by the tree on the device
-  int64_t protected_pages = 0;     // pages in locked or pinned nodes
+  int64_t num_nodes = 0;        // excluding the root
+  int64_t cached_pages = 0;     // pages held by the tree on the device
+  int64_t protected_pages = 0;  // pages in locked or pinned nodes
+  // Device pages eviction cannot free now: the protected ones and, with a host tier, the
+  // pinned or session-held pages without a host copy beyond what the host can take
+  // (free host pages plus evictable host-only ones). What admission may not count on.
+  int64_t unevictable_pages = 0;
   int64_t evictable_pages = 0;     // pages in leaves that can be evicted now
   int64_t pinned_blocks = 0;       // distinct blocks with a pin
   int64_t soft_pinned_blocks = 0;  // of which with a TTL
@@ -284,11 +288,13 @@ class RadixTree {
   // Drops each soft pin whose own expiry passed at the clock's time. Returns the pins
   // dropped.
   int32_t expire_soft_pins();
-  // The no-deadlock rule: releases pins until at least `pages` more pages are
-  // unprotected or no pin is left, soft pins first (lowest priority, then least
-  // recently used), then hard pins in the same order; a block's priority is the max over
-  // its soft pins. Each chosen block loses all its pins. Returns the blocks unpinned, in
-  // order. Scans the tree: for rare use only.
+  // The no-deadlock rule: releases pins until unevictable_pages() fell by at least `pages`
+  // or no pin is in the way, soft pins first (lowest priority, then least recently used),
+  // then hard pins in the same order; a block's priority is the max over its soft pins.
+  // Each chosen block loses all its pins. With a host tier a pin never holds the device
+  // (pinned pages are backed up and demoted): only pins of device pages without a host
+  // copy are candidates, and releasing them helps only while the host cannot take their
+  // backups. Returns the blocks unpinned, in order. Scans the tree: for rare use only.
   std::vector<BlockHash> release_pins_for(int64_t pages);
   // True when the first full page of `tokens` is cached with an operator's pin: a hard
   // pin, or a soft pin above the lowest priority (a client's own pins are soft at the
@@ -331,6 +337,8 @@ class RadixTree {
   // Whether eviction can never free this node's device pages for now (what the
   // admission arithmetic counts as protected).
   bool device_protected(const RadixNode* node) const { return acct(node).prot > 0; }
+  // TreeStats::unevictable_pages: device pages that eviction (or demotion) cannot free now.
+  int64_t unevictable_pages() const;
   // Hashes of every cached block (order unspecified).
   std::vector<BlockHash> all_block_hashes() const;
   // Recomputes every derived quantity from scratch and compares: hash index, refs,
@@ -387,6 +395,9 @@ class RadixTree {
   void add_lock_ref(RadixNode* node, int32_t delta);  // node..root
   struct Acct {
     int64_t device = 0, host = 0, host_only = 0, prot = 0, host_prot = 0, stored = 0, io = 0;
+    // With a host tier: device pages of a pinned or session-held node without a host copy
+    // (not otherwise protected): they leave the device only after a backup.
+    int64_t bound = 0;
   };
   Acct acct(const RadixNode* node) const;
   void apply(const Acct& before, const Acct& after);
@@ -441,6 +452,7 @@ class RadixTree {
   int64_t num_nodes_ = 0;
   int64_t cached_pages_ = 0;
   int64_t protected_pages_ = 0;
+  int64_t backup_bound_pages_ = 0;  // Acct::bound summed
   int64_t evictable_pages_ = 0;
   int64_t locked_nodes_ = 0;
   int64_t outstanding_locks_ = 0;

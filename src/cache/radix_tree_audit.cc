@@ -87,6 +87,7 @@ Status RadixTree::check_invariants() const {
       acct_sum.host_only += a.host_only;
       acct_sum.prot += a.prot;
       acct_sum.host_prot += a.host_prot;
+      acct_sum.bound += a.bound;
       acct_sum.stored += a.stored;
       acct_sum.io += a.io;
     }
@@ -158,6 +159,7 @@ Status RadixTree::check_invariants() const {
   if (acct_sum.device != cached_pages_) return fail("cached page count drifted");
   if (static_cast<size_t>(pages) != index_.size()) return fail("hash index has stale entries");
   if (acct_sum.prot != protected_pages_) return fail("protected page count drifted");
+  if (acct_sum.bound != backup_bound_pages_) return fail("backup-bound page count drifted");
   if (acct_sum.host != host_cached_pages_ || acct_sum.host_only != host_only_pages_ ||
       acct_sum.host_prot != host_protected_pages_ || acct_sum.stored != stored_pages_ ||
       acct_sum.io != io_pending_nodes_) {

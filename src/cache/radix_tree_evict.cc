@@ -314,6 +314,7 @@ Status RadixTree::reset() {
   num_nodes_ = 0;
   cached_pages_ = 0;
   protected_pages_ = 0;
+  backup_bound_pages_ = 0;
   evictable_pages_ = 0;
   locked_nodes_ = 0;
   emit(AllBlocksCleared{});

@@ -115,6 +115,9 @@ int32_t RadixTree::expire_soft_pins() {
 std::vector<BlockHash> RadixTree::release_pins_for(int64_t pages) {
   // Every pinned block with its node's recency, in the tree's walk order (the pin table
   // orders them stably).
+  // With a host tier a pin keeps a block on the host, not on the device: only the pins of
+  // device pages without a host copy can be in the way, and only while the host cannot
+  // take their backups (unevictable_pages() counts them).
   std::vector<PinTable::Candidate> candidates;
   std::vector<const RadixNode*> stack{root_.get()};
   while (!stack.empty()) {
@@ -122,14 +125,15 @@ std::vector<BlockHash> RadixTree::release_pins_for(int64_t pages) {
     stack.pop_back();
     for (const auto& c : n->children) stack.push_back(c.get());
     if (n->own_pinned_blocks == 0) continue;
+    if (hierarchical() && (n->has_host_pages() || !n->has_device_pages())) continue;
     for (size_t k = 0; k < n->hashes.size(); ++k) {
       if (n->pin_counts[k] > 0) candidates.push_back({n->hashes[k], n->last_access_tick});
     }
   }
   std::vector<BlockHash> released;
-  const int64_t start = protected_pages_;
+  const int64_t start = unevictable_pages();
   for (BlockHash h : pins_.release_order(candidates)) {
-    if (start - protected_pages_ >= pages) break;
+    if (start - unevictable_pages() >= pages) break;
     const auto it = index_.find(h);
     if (it == index_.end()) continue;
     const Loc loc = it->second;

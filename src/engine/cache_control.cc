@@ -2,6 +2,7 @@
 // the tree's, the pools' and the tool sessions' answers into the public value types.
 #include "engine/cache_control.h"
 
+#include "engine/page_math.h"
 #include "engine/pin_policy.h"
 #include "engine/scheduler.h"
 
@@ -82,15 +83,17 @@ CacheState read_state(const EngineState& s, const StateQuery& query) {
       .cached_host_tokens_total = c.cached_host_tokens,
       .cached_storage_tokens_total = c.cached_storage_tokens,
       .prompt_tokens_total = c.prompt_tokens};
-  out.evictions = CacheState::Evictions{.evicted_pages_total = t.evicted_pages_total,
-                                        .demoted_pages_total = t.demoted_pages_total,
-                                        .host_evicted_pages_total = t.host_evicted_pages_total,
-                                        .backed_up_pages_total = t.backed_up_pages_total,
-                                        .loaded_pages_total = t.loaded_pages_total,
-                                        .backups_skipped_total = t.backups_skipped_total,
-                                        .loads_failed_total = c.loads_failed,
-                                        .auto_unpinned_blocks_total = c.auto_unpinned_blocks,
-                                        .expired_pins_total = t.expired_pins_total};
+  out.evictions =
+      CacheState::Evictions{.evicted_pages_total = t.evicted_pages_total,
+                            .demoted_pages_total = t.demoted_pages_total,
+                            .host_evicted_pages_total = t.host_evicted_pages_total,
+                            .backed_up_pages_total = t.backed_up_pages_total,
+                            .loaded_pages_total = t.loaded_pages_total,
+                            .backups_skipped_total = t.backups_skipped_total,
+                            .loads_failed_total = c.loads_failed,
+                            .auto_unpinned_blocks_total = c.auto_unpinned_blocks,
+                            .expired_pins_total = t.expired_pins_total,
+                            .auto_unpinned_host_blocks_total = c.auto_unpinned_host_blocks};
   out.running_requests = c.running;
   out.waiting_requests = c.waiting;
   if (query.with_tree) {
@@ -159,34 +162,14 @@ std::future<Result<CacheNodeContent>> CacheControl::node(uint64_t id) {
   });
 }
 
-std::future<Result<ToolSessionView>> CacheControl::tool_start(std::string session_id) {
-  return scheduler_.call(
-      [id = std::move(session_id)](EngineState& s) { return s.sessions->tool_start(id); });
+std::future<Result<ToolSessionView>> CacheControl::tool_start(std::string session_id,
+                                                              std::function<void()> on_ready) {
+  return scheduler_.tool_session(std::move(session_id), std::nullopt, std::move(on_ready));
 }
 
-std::future<Result<ToolSessionView>> CacheControl::tool_end(std::string session_id,
-                                                            uint64_t epoch) {
-  return scheduler_.call([id = std::move(session_id), epoch](EngineState& s) {
-    auto r = s.sessions->tool_end(id, epoch);
-    if (!r && r.error().code == ErrorCode::kOutOfPages && s.make_device_room) {
-      // The device is held by running requests: a restoring agent goes first. They step
-      // back (their computed pages stay cached, demoted or evicted like any other) and the
-      // restore runs now instead of waiting for them to finish (docs/scheduling.md).
-      auto meta = s.sessions->kv_meta(id);
-      if (!meta) return r;
-      const int64_t ps = s.options.page_size;
-      if (s.make_device_room((meta->tokens + ps - 1) / ps + 1) == 0) return r;
-      r = s.sessions->tool_end(id, epoch);
-    }
-    if (!r || r->state != ToolSessionState::kRestoring || !s.land_loads) return r;
-    // The copies take far less than a step: land them now, so that the answer (and the
-    // agent's next request) need not wait for the scheduler's next iteration.
-    s.land_loads();
-    auto now = s.sessions->kv_meta(id);
-    if (!now) return now;
-    now->moved_tokens = r->moved_tokens;
-    return now;
-  });
+std::future<Result<ToolSessionView>> CacheControl::tool_end(std::string session_id, uint64_t epoch,
+                                                            std::function<void()> on_ready) {
+  return scheduler_.tool_session(std::move(session_id), epoch, std::move(on_ready));
 }
 
 std::future<Result<ToolSessionView>> CacheControl::kv_meta(std::string session_id) {

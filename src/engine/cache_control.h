@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <optional>
 #include <string>
@@ -118,6 +119,7 @@ struct CacheState {
     uint64_t evicted_pages_total = 0, demoted_pages_total = 0, host_evicted_pages_total = 0;
     uint64_t backed_up_pages_total = 0, loaded_pages_total = 0, backups_skipped_total = 0;
     uint64_t loads_failed_total = 0, auto_unpinned_blocks_total = 0, expired_pins_total = 0;
+    uint64_t auto_unpinned_host_blocks_total = 0;  // of auto_unpinned: the host was full
   };
   struct Node {
     uint64_t id = 0, parent = 0;  // parent 0: a child of the root
@@ -190,8 +192,14 @@ class CacheControl {
   // Finding the node walks the tree at the step boundary (linear in the nodes, as a
   // tree snapshot is): meant for a person's clicks, not for every request.
   std::future<Result<CacheNodeContent>> node(uint64_t id);
-  std::future<Result<ToolSessionView>> tool_start(std::string session_id);
-  std::future<Result<ToolSessionView>> tool_end(std::string session_id, uint64_t epoch);
+  // tool_start answers once the offload landed (OFFLOADED); tool_end once the restore
+  // landed (RUNNABLE), after making room by retracting running requests or waiting for
+  // room for up to 10 s (then kOutOfPages). `on_ready` (may be empty) is called on the
+  // scheduler thread when the future becomes ready: an HTTP handler's waker.
+  std::future<Result<ToolSessionView>> tool_start(std::string session_id,
+                                                  std::function<void()> on_ready = {});
+  std::future<Result<ToolSessionView>> tool_end(std::string session_id, uint64_t epoch,
+                                                std::function<void()> on_ready = {});
   std::future<Result<ToolSessionView>> kv_meta(std::string session_id);
 
  private:

@@ -116,7 +116,13 @@ struct EngineCounters {
   uint64_t prompt_tokens = 0;
   uint64_t generated_tokens = 0;
   uint64_t cached_prompt_tokens = 0;
+  // Blocks unpinned by the no-deadlock rule; of which because the host tier could not hold
+  // the pinned pages (the rest: no room on the device, without a host tier).
   uint64_t auto_unpinned_blocks = 0;
+  uint64_t auto_unpinned_host_blocks = 0;
+  // Times queued requests let go of the prefix they had loaded back, for a request ahead of
+  // them that had no room otherwise.
+  uint64_t queued_holds_released = 0;
   uint64_t forward_steps = 0;
   uint64_t prompt_logits_hits = 0;     // full hits sampled from remembered logits (no forward)
   uint64_t cached_host_tokens = 0;     // prompt tokens loaded back from the host

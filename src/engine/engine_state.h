@@ -34,12 +34,14 @@ struct EngineState {
   // Waits for the host -> device copies in flight to land and advances the tool sessions
   // (a restore started by this command is then RUNNABLE). Does nothing without a host tier.
   std::function<void()> land_loads;
+  // Tests: `gate` (may be empty: none) is asked, on the scheduler thread, whether each
+  // finished device <-> host copy lands at this poll; false delays it to a later poll (the
+  // timing of a busy machine, reproduced by a seeded generator).
+  std::function<void(std::function<bool()>)> set_copy_gate;
   // Hierarchical cache (null / 0 without it).
   PageAllocator* host_pages = nullptr;
   StorageBackend* storage = nullptr;
   ToolSessions* sessions = nullptr;
-  // Pages --max-pinned-ratio applies to: the host pool with a host tier, else the device.
-  int64_t pin_budget_pages = 0;
 };
 
 }  // namespace strata

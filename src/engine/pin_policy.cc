@@ -6,6 +6,14 @@
 
 namespace strata {
 
+int64_t pin_pool_pages(const EngineState& s) {
+  return s.host_pages != nullptr ? s.host_pages->num_pages() : s.device_pages.num_pages();
+}
+
+int64_t pin_budget_pages(const EngineState& s) {
+  return static_cast<int64_t>(s.options.max_pinned_ratio * static_cast<double>(pin_pool_pages(s)));
+}
+
 Result<PinOutcome> apply_pin(EngineState& s, const PinCommand& command) {
   PinOptions options{.ttl_ms = std::max<int64_t>(command.ttl_ms, 0), .priority = command.priority};
   const bool client = command.authority == PinAuthority::kClient;
@@ -21,15 +29,16 @@ Result<PinOutcome> apply_pin(EngineState& s, const PinCommand& command) {
   }
   const int64_t added = static_cast<int64_t>(fresh.size());
   const bool host = s.host_pages != nullptr;
-  const int64_t pool_pages = host ? s.host_pages->num_pages() : s.device_pages.num_pages();
+  const int64_t pool_pages = pin_pool_pages(s);
   const std::string pool = std::to_string(pool_pages) + (host ? " host pages" : " pages");
   const int64_t pinned = s.tree.stats().pinned_blocks;
-  if (pinned + added > s.pin_budget_pages) {
-    return make_error(ErrorCode::kOverBudget,
-                      "pin refused: " + std::to_string(pinned) +
-                          " blocks are pinned and this call adds " + std::to_string(added) +
-                          "; --max-pinned-ratio allows " + std::to_string(s.pin_budget_pages) +
-                          " of " + pool);
+  const int64_t budget_pages = pin_budget_pages(s);
+  if (pinned + added > budget_pages) {
+    return make_error(ErrorCode::kOverBudget, "pin refused: " + std::to_string(pinned) +
+                                                  " blocks are pinned and this call adds " +
+                                                  std::to_string(added) +
+                                                  "; --max-pinned-ratio allows " +
+                                                  std::to_string(budget_pages) + " of " + pool);
   }
   if (client) {
     const auto budget =

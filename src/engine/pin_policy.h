@@ -18,6 +18,11 @@
 
 namespace strata {
 
+// The pool the budgets apply to: host pages with a hierarchical cache, else device pages.
+int64_t pin_pool_pages(const EngineState& s);
+// Blocks that may be pinned at once: --max-pinned-ratio of that pool.
+int64_t pin_budget_pages(const EngineState& s);
+
 // kOverBudget (nothing pinned) when the blocks this call would newly pin do not fit.
 Result<PinOutcome> apply_pin(EngineState& s, const PinCommand& command);
 

@@ -7,18 +7,11 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "engine/page_math.h"
 #include "engine/scheduler_seq.h"
 #include "engine/storage_worker.h"
 
 namespace strata {
-namespace {
-
-// How long the scheduler holds its next step for a command that could not make room
-// during a forward pass (its HTTP handler retries every 5 ms).
-constexpr int64_t kCommandRetryHoldMs = 20;
-
-}  // namespace
-
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::kStop:
@@ -163,7 +156,7 @@ void Scheduler::land_loads() {
   for (const auto& [ticket, pending] : pending_transfers_) {
     if (pending.request.direction == TransferDirection::kHostToDevice) transfers_->wait(ticket);
   }
-  poll_io();
+  poll_io(/*force=*/true);
   counters_.tool_sessions_expired += static_cast<uint64_t>(sessions_->tick());
   last_session_tick_ms_ = clock_->now_ms();
 }
@@ -197,9 +190,16 @@ void Scheduler::start_prefetch(Seq& seq, const MatchResult& m) {
 
 // Finished copies and storage calls: the tree learns what landed, parked requests go back
 // to the queue, backups continue to storage, prefetch hits become host nodes.
-void Scheduler::poll_io() {
+void Scheduler::poll_io(bool force) {
   if (!transfers_) return;
-  for (TransferTicket t : transfers_->take_completed()) {
+  std::vector<TransferTicket> landed = std::move(held_copies_);
+  held_copies_.clear();
+  for (TransferTicket t : transfers_->take_completed()) landed.push_back(t);
+  for (TransferTicket t : landed) {
+    if (!force && copy_gate_ && !copy_gate_()) {
+      held_copies_.push_back(t);  // (tests) it lands at a later poll
+      continue;
+    }
     auto it = pending_transfers_.find(t);
     if (it == pending_transfers_.end()) continue;
     PendingTransfer done = std::move(it->second);
@@ -314,7 +314,7 @@ Result<std::shared_ptr<RequestStream>> Scheduler::submit(RequestSpec spec) {
   spec.max_tokens = static_cast<int32_t>(
       std::min<int64_t>(spec.max_tokens, context - static_cast<int64_t>(spec.prompt.size())));
   const int64_t pages_needed =
-      (static_cast<int64_t>(spec.prompt.size()) + 1 + options_.page_size - 1) / options_.page_size;
+      pages_to_run(static_cast<int64_t>(spec.prompt.size()), options_.page_size);
   if (pages_needed > num_pages_) {
     return make_error(ErrorCode::kResourceExhausted,
                       "the prompt needs " + std::to_string(pages_needed) +
@@ -358,14 +358,80 @@ void Scheduler::post(std::function<void(EngineState&)> command) {
   wake_.notify_one();
 }
 
+std::future<Result<ToolSessionView>> Scheduler::tool_session(std::string id,
+                                                             std::optional<uint64_t> end_epoch,
+                                                             std::function<void()> on_ready) {
+  auto waiter = std::make_shared<SessionWaiter>();
+  waiter->id = std::move(id);
+  waiter->start = !end_epoch.has_value();
+  waiter->epoch = end_epoch.value_or(0);
+  waiter->on_ready = std::move(on_ready);
+  auto future = waiter->promise.get_future();
+  post([this, waiter](EngineState& s) {
+    waiter->deadline_ms = clock_->now_ms() + kRestoreRoomWaitMs;
+    session_waiters_.push_back(std::move(*waiter));
+    serve_session_waiters(s);
+  });
+  return future;
+}
+
+void Scheduler::serve_session_waiters(EngineState& s) {
+  for (size_t i = 0; i < session_waiters_.size();) {
+    SessionWaiter& w = session_waiters_[i];
+    std::optional<Result<ToolSessionView>> answer = advance(w, s);
+    if (!answer) {
+      ++i;
+      continue;
+    }
+    w.promise.set_value(std::move(*answer));
+    if (w.on_ready) w.on_ready();
+    session_waiters_.erase(session_waiters_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+}
+
+std::optional<Result<ToolSessionView>> Scheduler::advance(SessionWaiter& w, EngineState& s) {
+  const int64_t now_ms = clock_->now_ms();
+  if (!w.begun) {
+    Result<ToolSessionView> r =
+        w.start ? sessions_->tool_start(w.id) : sessions_->tool_end(w.id, w.epoch);
+    if (!r && r.error().code == ErrorCode::kOutOfPages) {
+      // The device is held by running requests: a restoring agent goes first. They step
+      // back (their computed pages stay cached, demoted or evicted like any other) and the
+      // restore runs now instead of waiting for them to finish (docs/scheduling.md).
+      // During a forward pass they cannot: the restore waits for the step's end.
+      auto meta = sessions_->kv_meta(w.id);
+      if (!meta) return Result<ToolSessionView>(std::unexpected(meta.error()));
+      if (s.make_device_room(pages_for(meta->tokens, options_.page_size) + 1) > 0) {
+        r = sessions_->tool_end(w.id, w.epoch);
+      }
+      // Still none: only other resuming sessions (or copies in flight) hold the pool, and
+      // their pages come back; the session stays OFFLOADED meanwhile.
+      if (!r && r.error().code == ErrorCode::kOutOfPages && now_ms < w.deadline_ms) {
+        return std::nullopt;
+      }
+    }
+    if (!r) return r;
+    w.begun = true;
+    w.moved_tokens = r->moved_tokens;
+    w.deadline_ms = now_ms + kSessionMoveWaitMs;
+    // A restore's copies take far less than a step: land them now, so that the answer (and
+    // the agent's next request) need not wait for the scheduler's next iteration.
+    if (!w.start && r->state == ToolSessionState::kRestoring) land_loads();
+  }
+  auto view = sessions_->kv_meta(w.id);
+  if (!view) return view;
+  const bool moving =
+      view->state == ToolSessionState::kOffloading || view->state == ToolSessionState::kRestoring;
+  if (moving && now_ms < w.deadline_ms) return std::nullopt;
+  view->moved_tokens = w.moved_tokens;
+  return view;
+}
+
 EngineState Scheduler::make_state() {
   EngineState s{*tree_, *allocator_, *kv_pool_, options_, counters_, 0, {}};
   s.host_pages = host_allocator_.get();
   s.sessions = sessions_.get();
   s.storage = storage_.get();
-  s.pin_budget_pages = static_cast<int64_t>(
-      options_.max_pinned_ratio *
-      static_cast<double>(host_allocator_ ? host_allocator_->num_pages() : num_pages_));
   for (const auto* list : {&running_, &remote_, &pd_sending_}) {
     for (const auto& seq : *list) {
       s.request_private_pages += static_cast<int64_t>(seq->pages.size()) - seq->tree_pages;
@@ -378,6 +444,7 @@ EngineState Scheduler::make_state() {
   s.audit_pages = [this] { return audit_pages(); };
   s.make_device_room = [this](int64_t pages) { return make_room_for_restore(pages); };
   s.land_loads = [this] { land_loads(); };
+  s.set_copy_gate = [this](std::function<bool()> gate) { copy_gate_ = std::move(gate); };
   return s;
 }
 
@@ -407,25 +474,15 @@ void Scheduler::run() {
     bool stop = false;
     {
       std::unique_lock lock(mutex_);
-      if (hold_for_commands_until_ms_ > 0) {
-        // A command during the last forward pass needed running requests retracted (a
-        // restore without room): its caller retries within a few ms; hold the next step
-        // until then, so that the retry runs between steps, where retraction is allowed.
-        const int64_t left = hold_for_commands_until_ms_ - clock_->now_ms();
-        hold_for_commands_until_ms_ = 0;
-        if (left > 0) {
-          wake_.wait_for(lock, std::chrono::milliseconds(left),
-                         [&] { return stopping_ || !commands_.empty(); });
-        }
-      }
       const bool busy = (!running_.empty() || !waiting_.empty()) && progressed;
       if (!busy) {
         // Idle (or waiting on copies): sleep until work arrives, waking now and then for
         // soft-pin expiry, or soon when copies are in flight.
-        const auto nap = io_busy() || !running_.empty() || !waiting_.empty()
-                             ? std::chrono::milliseconds(1)
-                         : pd_busy() ? std::chrono::milliseconds(5)
-                                     : std::chrono::milliseconds(200);
+        const auto nap =
+            io_busy() || !running_.empty() || !waiting_.empty() || !session_waiters_.empty()
+                ? std::chrono::milliseconds(1)
+            : pd_busy() ? std::chrono::milliseconds(5)
+                        : std::chrono::milliseconds(200);
         wake_.wait_for(lock, nap, [&] {
           return stopping_ || !inbox_.empty() || !commands_.empty() || pd_signal_;
         });
@@ -456,6 +513,10 @@ void Scheduler::run() {
       last_session_tick_ms_ = now_ms;
     }
     run_commands(commands, /*may_retract=*/true);
+    if (!session_waiters_.empty()) {
+      EngineState state = make_state();
+      serve_session_waiters(state);
+    }
     if (stop) break;
     // Requests parked for a prefetch stop waiting at their deadline.
     for (size_t i = 0; i < parked_.size();) {
@@ -489,7 +550,7 @@ void Scheduler::run() {
   // Shutdown: everything still here ends cancelled, pages go back. Copies in flight
   // finish first (the transfer threads still write pages the tree owns).
   while (!pending_transfers_.empty() || !pending_storage_.empty()) {
-    poll_io();
+    poll_io(/*force=*/true);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (auto& seq : parked_) waiting_.push_back(std::move(seq));
@@ -504,10 +565,12 @@ void Scheduler::run() {
   pd_sending_.clear();
   for (auto& seq : running_) finish(*seq, FinishReason::kCancelled);
   running_.clear();
-  for (auto& seq : waiting_) {
-    if (seq->load_receipt.valid()) STRATA_CHECK(tree_->release(seq->load_receipt).has_value());
-    seq->stream->push(StreamItem{{}, FinishReason::kCancelled, seq->usage, {}});
+  for (SessionWaiter& w : session_waiters_) {
+    w.promise.set_value(make_error(ErrorCode::kFailedPrecondition, "the engine is stopping"));
+    if (w.on_ready) w.on_ready();
   }
+  session_waiters_.clear();
+  for (auto& seq : waiting_) finish(*seq, FinishReason::kCancelled);
   waiting_.clear();
   flush_events();
 }
@@ -517,12 +580,9 @@ void Scheduler::run_commands(std::deque<std::function<void(EngineState&)>>& comm
   if (commands.empty()) return;
   EngineState state = make_state();
   if (!may_retract) {
-    // During a forward pass the batch's requests cannot step back: answer "no room" now
-    // and keep the next step for the caller's retry (run()).
-    state.make_device_room = [this](int64_t) {
-      hold_for_commands_until_ms_ = clock_->now_ms() + kCommandRetryHoldMs;
-      return 0;
-    };
+    // During a forward pass the batch's requests cannot step back: no room now (a restore
+    // that needs it waits for the step's end: serve_session_waiters).
+    state.make_device_room = [](int64_t) { return 0; };
   }
   for (auto& cmd : commands) cmd(state);
   commands.clear();
@@ -582,15 +642,15 @@ int64_t Scheduler::running_reserve() const {
   const int64_t ps = options_.page_size;
   int64_t reserve = 0;
   for (const auto& seq : running_) {
-    const int64_t need = (static_cast<int64_t>(seq->tokens.size()) + ps) / ps;  // +1 slot
+    const int64_t need = pages_to_run(static_cast<int64_t>(seq->tokens.size()), ps);
     reserve += std::max<int64_t>(0, need - static_cast<int64_t>(seq->pages.size()));
   }
   return reserve;
 }
 
 bool Scheduler::ensure_pages(Seq& seq, int64_t positions) {
-  const int64_t need = (positions + options_.page_size - 1) / options_.page_size -
-                       static_cast<int64_t>(seq.pages.size());
+  const int64_t need =
+      pages_for(positions, options_.page_size) - static_cast<int64_t>(seq.pages.size());
   if (need <= 0) return true;
   if (allocator_->num_free() < need)
     tree_->evict(static_cast<int32_t>(need - allocator_->num_free()));
@@ -627,9 +687,14 @@ void Scheduler::release_seq_pages(Seq& seq) {
   seq.tree_pages = 0;
   if (seq.receipt.valid()) STRATA_CHECK(tree_->release(seq.receipt).has_value());
   seq.receipt = LockReceipt{};
+  if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
+  seq.load_receipt = LockReceipt{};
   seq.admitted = false;
 }
 
+// The one way a request ends, from any state (waiting, parked, running, remote): its pages
+// and locks go back, its tool session learns what is cached, the counters count it, and
+// the stream gets the last item.
 void Scheduler::finish(Seq& seq, FinishReason reason, std::string error, int32_t stop_token) {
   if (seq.remote_room != 0) {
     // An order's request ended before its pages went out (cancelled at shutdown, an error):
@@ -714,18 +779,8 @@ Scheduler::Admission Scheduler::try_admit(Seq& seq) {
     if (auto a = try_remote(seq, m)) return *a;
   }
   const int64_t remaining_pages =
-      (static_cast<int64_t>(seq.tokens.size()) + ps) / ps - m.num_pages;  // +1 decode slot
-  const TreeStats stats = tree_->stats();
-  // Pages the matched path holds become protected by our lock.
-  int64_t newly_protected = 0;
-  for (const RadixNode* n = m.last_node; n != nullptr && n != tree_->root(); n = n->parent) {
-    if (!tree_->device_protected(n)) newly_protected += n->num_pages();
-  }
-  const int64_t available =
-      allocator_->num_free() + stats.cached_pages - stats.protected_pages - newly_protected;
-  // The running requests keep what they still need to finish their prompts (and one decode
-  // slot): a request admitted into that room would lock its prefix and starve them.
-  if (available - running_reserve() < remaining_pages) return Admission::kNoRoom;
+      pages_to_run(static_cast<int64_t>(seq.tokens.size()), ps) - m.num_pages;
+  if (device_room(m.last_node) < remaining_pages) return Admission::kNoRoom;
   seq.receipt = tree_->lock(m.last_node);
   if (seq.load_receipt.valid()) {
     STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
@@ -773,8 +828,18 @@ void Scheduler::order_queues() {
 }
 
 int64_t Scheduler::reclaimable_pages() const {
-  const TreeStats st = tree_->stats();
-  return allocator_->num_free() + st.cached_pages - st.protected_pages;
+  return allocator_->num_free() + tree_->stats().cached_pages - tree_->unevictable_pages();
+}
+
+int64_t Scheduler::device_room(const RadixNode* path) const {
+  // Pages the path holds become protected by the new lock.
+  int64_t newly_protected = 0;
+  for (const RadixNode* n = path; n != nullptr && n != tree_->root(); n = n->parent) {
+    if (!tree_->device_protected(n)) newly_protected += n->num_pages();
+  }
+  // The running requests keep what they still need to finish their prompts (and one decode
+  // slot): a request admitted into that room would lock its prefix and starve them.
+  return reclaimable_pages() - newly_protected - running_reserve();
 }
 
 std::ptrdiff_t Scheduler::worst_running(const std::function<bool(const Seq&)>& eligible) const {
@@ -808,6 +873,39 @@ int32_t Scheduler::make_room_for_restore(int64_t pages) {
   }
   if (retracted > 0) ++counters_.restores_made_room;
   return retracted;
+}
+
+bool Scheduler::pages_will_return() const {
+  return !running_.empty() || io_busy() || tree_->io_pending() || !remote_.empty() ||
+         !pd_sending_.empty() || !quarantine_.empty();
+}
+
+bool Scheduler::release_queued_holds() {
+  bool released = false;
+  for (auto& seq : waiting_) {
+    if (!seq->load_receipt.valid()) continue;
+    STRATA_CHECK(tree_->release(seq->load_receipt).has_value());
+    seq->load_receipt = LockReceipt{};
+    seq->load_tried = false;  // it loads again (or matches on the device) when its turn comes
+    released = true;
+  }
+  if (released) ++counters_.queued_holds_released;
+  return released;
+}
+
+bool Scheduler::unpin_for(const Seq& seq) {
+  const int64_t need = pages_to_run(static_cast<int64_t>(seq.tokens.size()), options_.page_size);
+  const std::vector<BlockHash> released =
+      tree_->release_pins_for(std::max<int64_t>(need - reclaimable_pages(), 1));
+  if (released.empty()) return false;
+  counters_.auto_unpinned_blocks += released.size();
+  if (tree_->hierarchical()) counters_.auto_unpinned_host_blocks += released.size();
+  STRATA_LOG_WARN(
+      "pinned pages left no room for a {}-token request: unpinned {} blocks (soft pins first, "
+      "least recently used first){}",
+      seq.tokens.size(), released.size(),
+      tree_->hierarchical() ? ": the host tier cannot hold them" : "");
+  return true;
 }
 
 bool Scheduler::preempt_for(const Seq& head) {
@@ -878,14 +976,7 @@ void Scheduler::admit() {
   while (!waiting_.empty()) {
     Seq& seq = *waiting_.front();
     if (seq.stream->cancelled()) {
-      if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
-      seq.load_receipt = LockReceipt{};
-      seq.usage.prompt_tokens = seq.prompt_len;
-      ++counters_.requests_cancelled;
-      if (!seq.spec.session_id.empty()) {
-        sessions_->on_request_finished(seq.spec.session_id, {}, seq.spec.cache_salt);
-      }
-      seq.stream->push(StreamItem{{}, FinishReason::kCancelled, seq.usage, {}});
+      finish(seq, FinishReason::kCancelled);
       waiting_.pop_front();
       continue;
     }
@@ -909,29 +1000,21 @@ void Scheduler::admit() {
       // A request of a better class (a resumed session, VIP traffic) does not wait for
       // requests of a worse one to finish: they step back (their pages stay cached).
       if (preempt_for(seq)) continue;
-      if (running_.empty() && !tree_->io_pending()) {
-        // Nothing runs and the head cannot start: only pins and restored sessions' device
-        // holds can be in the way (the prompt fits the pool, checked at submit). Holds end
-        // by themselves within resume_hold_ms: wait for them. Else unpin as few as needed.
-        if (sessions_->holds_device()) break;
-        const int32_t ps = options_.page_size;
-        const int64_t need = (static_cast<int64_t>(seq.tokens.size()) + ps) / ps;
-        const TreeStats st = tree_->stats();
-        const int64_t shortfall =
-            need - (allocator_->num_free() + st.cached_pages - st.protected_pages);
-        auto released = tree_->release_pins_for(std::max<int64_t>(shortfall, 1));
-        if (!released.empty()) {
-          counters_.auto_unpinned_blocks += released.size();
-          STRATA_LOG_WARN(
-              "pinned pages left no room for a {}-token request: unpinned {} blocks "
-              "(soft pins first, least recently used first)",
-              seq.tokens.size(), released.size());
-          continue;  // try again with the room made
-        }
-        finish(seq, FinishReason::kError, "the request cannot fit the KV pool");
-        waiting_.pop_front();
-      }
-      break;  // FIFO: wait for running requests (or copies in flight) to free pages
+      // FIFO: wait while something that gives pages back by itself is under way (running
+      // requests, copies, storage reads, P/D rooms and sends, a restored session's hold).
+      if (pages_will_return() || sessions_->holds_device()) break;
+      // Nothing will: the prompt fits the pool (checked at submit), so only holds that
+      // wait for this request to go first, or pins, can be in the way.
+      if (release_queued_holds()) continue;
+      if (unpin_for(seq)) continue;
+      STRATA_LOG_ERROR(
+          "no room for a {}-token request with nothing in the way: free {}, cached {}, "
+          "unevictable {}",
+          seq.tokens.size(), allocator_->num_free(), tree_->stats().cached_pages,
+          tree_->unevictable_pages());
+      finish(seq, FinishReason::kError, "the request cannot fit the KV pool");
+      waiting_.pop_front();
+      continue;
     }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();

@@ -75,6 +75,18 @@ class Scheduler {
   const EngineOptions& options() const { return options_; }
   int32_t num_pages() const { return num_pages_; }
   const Model& model() const { return *model_; }
+  // Tool sessions (engine/tool_sessions.h), for CacheControl: tool_start (no `end_epoch`)
+  // or tool_end. The future is ready once the move has landed: the offload on the host,
+  // or the restore on the device (RUNNABLE). A restore without device room makes room by
+  // retracting running requests (between steps) and otherwise waits for room, up to
+  // kRestoreRoomWaitMs, before it answers kOutOfPages. `on_ready` (may be empty) is called
+  // on the scheduler thread once the future is ready (an HTTP handler's waker).
+  std::future<Result<ToolSessionView>> tool_session(std::string id,
+                                                    std::optional<uint64_t> end_epoch,
+                                                    std::function<void()> on_ready);
+  static constexpr int64_t kRestoreRoomWaitMs = 10'000;
+  static constexpr int64_t kSessionMoveWaitMs = 30'000;  // then it answers where the KV is
+
   // A copy of the counters (thread-safe).
   EngineCounters counters() const;
   // The worker's disaggregation (thread-safe).
@@ -83,6 +95,12 @@ class Scheduler {
  private:
   struct Seq;
   struct RemoteOrder;
+  struct SessionWaiter;
+  // Advances the callers waiting on tool_session() (scheduler thread, between steps or
+  // during a forward pass: `s.make_device_room` says whether requests may step back).
+  void serve_session_waiters(EngineState& s);
+  // One waiter: its answer, or nullopt while it waits.
+  std::optional<Result<ToolSessionView>> advance(SessionWaiter& w, EngineState& s);
   Scheduler(Model* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
             const Clock* clock);
   void post(std::function<void(EngineState&)> command);
@@ -142,12 +160,27 @@ class Scheduler {
   // A request of a better class than `head` waits: the worst running request of a worse
   // class steps back (retracted, queued again). False when there is none.
   bool preempt_for(const Seq& head);
+  // The no-deadlock rule (admit(), when the head of the queue finds no room):
+  // Whether pages come back without anyone letting go: running requests, copies or
+  // storage calls in flight, parked requests, P/D rooms, sends and quarantines.
+  bool pages_will_return() const;
+  // Queued requests that loaded their prefix back hold it until their turn: they let go
+  // (and load again, or match on the device, when it comes). False when none held any.
+  bool release_queued_holds();
+  // Releases pins (pin_table.h's order) for `seq`'s shortfall: device pins without a host
+  // tier; with one, only pins of device pages the host cannot take. False: none released.
+  bool unpin_for(const Seq& seq);
   // The index in running_ of the worst-ranked request `eligible` accepts, or -1.
   std::ptrdiff_t worst_running(const std::function<bool(const Seq&)>& eligible) const;
   // Retracts running_[index] and queues it again (counted as preempted).
   void step_back(std::ptrdiff_t index);
-  // Device pages that are free or held only by the cache (evictable now).
+  // Device pages that are free or that eviction (demotion, with a host tier) can free:
+  // TreeStats::unevictable_pages is what it cannot.
   int64_t reclaimable_pages() const;
+  // The room computation of admission (try_admit, try_remote): the device pages a request
+  // whose cached prefix ends at `path` (locked on admission; null or the root: none) can
+  // take now, beside what the running requests still need (running_reserve).
+  int64_t device_room(const RadixNode* path) const;
   void release_seq_pages(Seq& seq);
   void flush_events();
   Status audit_pages() const;
@@ -155,8 +188,8 @@ class Scheduler {
   // arrive (cache control, tool_end's restore, kv_meta): a command waits for at most the
   // scheduler's bookkeeping between steps, not for a whole step. Commands then see the
   // tree and pools as between steps; they only may not retract running requests (the
-  // batch in flight is theirs): make_device_room answers 0 meanwhile, and tool_end's
-  // caller retries after the step.
+  // batch in flight is theirs): make_device_room answers 0 meanwhile, and a restore that
+  // needs it waits for the step's end (serve_session_waiters).
   Status forward_serving_commands(std::span<const ForwardSequence> batch);
   void run_forward_thread();
   void run_commands(std::deque<std::function<void(EngineState&)>>& commands, bool may_retract);
@@ -165,7 +198,8 @@ class Scheduler {
   // Hands the tree's requested copies to the transfer threads; a load among them wakes
   // the parked request `load_for_seq` when it lands.
   void submit_transfers(uint64_t load_for_seq = 0);
-  void poll_io();
+  // `force`: every finished copy lands now, whatever copy_gate_ says.
+  void poll_io(bool force = false);
   void start_prefetch(Seq& seq, const MatchResult& m);
   void unpark(uint64_t seq_id);
   bool io_busy() const;
@@ -192,6 +226,10 @@ class Scheduler {
     uint64_t waiting_seq = 0;  // a parked request waiting for this load, or 0
   };
   std::unordered_map<TransferTicket, PendingTransfer> pending_transfers_;
+  // Tests (EngineState::set_copy_gate): asked for each finished copy at each poll; false
+  // keeps it in flight (in held_copies_) until a later poll, as a busy machine would.
+  std::function<bool()> copy_gate_;
+  std::vector<TransferTicket> held_copies_;
   struct PendingStorage {
     uint64_t seq_id = 0;          // the request that asked (prefetch), or 0
     std::vector<int32_t> tokens;  // prefetch: tokens through the last fetched page
@@ -203,6 +241,7 @@ class Scheduler {
   // Requests parked until a load or prefetch lands (or its deadline passes).
   std::vector<std::unique_ptr<Seq>> parked_;
   std::unique_ptr<ToolSessions> sessions_;
+  std::vector<SessionWaiter> session_waiters_;  // tool_session() callers, scheduler thread
   int64_t last_session_tick_ms_ = 0;
   // Disaggregation (null without it). Declared after the pool: the transport goes first.
   std::unique_ptr<PdLink> pd_;
@@ -239,8 +278,7 @@ class Scheduler {
   bool forward_finished_ = false;                   // GUARDED_BY(mutex_)
   Status forward_status_;                           // GUARDED_BY(mutex_)
   std::condition_variable forward_wake_;
-  int64_t hold_for_commands_until_ms_ = 0;  // scheduler thread only (run_commands, run)
-  bool inline_forward_ = false;             // STRATA_INLINE_FORWARD: no forward thread
+  bool inline_forward_ = false;  // STRATA_INLINE_FORWARD: no forward thread
   std::thread forward_thread_;
   std::atomic<uint64_t> next_id_{1};
   std::thread thread_;

@@ -22,6 +22,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "engine/page_math.h"
 #include "engine/scheduler.h"
 #include "engine/scheduler_seq.h"
 
@@ -48,7 +49,7 @@ PdFallback fallback_of(pd::RoomFailReason r) {
 
 // Pages of the prompt: ceil(n / page_size).
 int32_t prompt_pages(int64_t n, int32_t ps) {
-  return static_cast<int32_t>((n + ps - 1) / ps);
+  return static_cast<int32_t>(pages_for(n, ps));
 }
 
 // A keep-alive PagesWritten goes to the decode worker at least this often while an order
@@ -100,14 +101,7 @@ std::optional<Scheduler::Admission> Scheduler::try_remote(Seq& seq, const MatchR
   const int32_t room_pages = prompt_pages(n, ps) - m.num_pages;
   // Room as for a local admission: the pages the prompt needs, beside what running
   // requests still need.
-  const TreeStats stats = tree_->stats();
-  int64_t newly_protected = 0;
-  for (const RadixNode* x = m.last_node; x != nullptr && x != tree_->root(); x = x->parent) {
-    if (!tree_->device_protected(x)) newly_protected += x->num_pages();
-  }
-  const int64_t available =
-      allocator_->num_free() + stats.cached_pages - stats.protected_pages - newly_protected;
-  if (available - running_reserve() < room_pages + 1) {
+  if (device_room(m.last_node) < room_pages + 1) {
     seq.pd_tried = false;  // try again once there is room
     return Admission::kNoRoom;
   }

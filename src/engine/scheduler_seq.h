@@ -3,6 +3,8 @@
 // by scheduler.cc and scheduler_pd.cc only.
 #pragma once
 
+#include <functional>
+#include <future>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +49,18 @@ struct Scheduler::Seq {
   int32_t pd_first_token = -1;
   // Prefill side: the room of the order this request computes (0: an ordinary request).
   uint64_t remote_room = 0;
+};
+
+// A caller of tool_session(): tool_start, or tool_end (`start` false), until its move landed.
+struct Scheduler::SessionWaiter {
+  std::string id;
+  bool start = false;
+  uint64_t epoch = 0;        // tool_end's
+  bool begun = false;        // the session accepted the move; waiting for its copies
+  int64_t moved_tokens = 0;  // what the move reported when it began
+  int64_t deadline_ms = 0;   // stop waiting (for room, then for the copies) then
+  std::promise<Result<ToolSessionView>> promise;
+  std::function<void()> on_ready;
 };
 
 // Prefill side: one order being computed and sent (docs/pd-disaggregation.md).

@@ -318,15 +318,8 @@ int32_t ToolSessions::tick() {
       set_state(s, ToolSessionState::kRunnable);
     }
   }
-  expired_total_ += static_cast<uint64_t>(expired);
   trim();
   return expired;
-}
-
-int64_t ToolSessions::protected_count() const {
-  int64_t n = 0;
-  for (const auto& [id, s] : sessions_) n += s.protected_ ? 1 : 0;
-  return n;
 }
 
 }  // namespace strata

@@ -61,13 +61,9 @@ class ToolSessions {
   // Advances OFFLOADING -> OFFLOADED and RESTORING -> RUNNABLE as copies land, and
   // releases sessions past the TTL. Returns the sessions released by the TTL.
   int32_t tick();
-  uint64_t expired_total() const { return expired_total_; }
-  size_t size() const { return sessions_.size(); }
   // Sessions by state, indexed by ToolSessionState (O(sessions not RUNNABLE)).
   std::array<int64_t, 4> count_by_state() const;
   uint64_t dropped_total() const { return dropped_total_; }
-  // Sessions whose host copy is protected now (for invariant checks).
-  int64_t protected_count() const;
   // Whether a restoring or just-restored session holds device pages: such holds end by
   // themselves (the restore lands; the next turn arrives or resume_hold_ms passes), so
   // the no-deadlock rule waits for them instead of failing a request.
@@ -117,7 +113,6 @@ class ToolSessions {
   std::unordered_set<std::string> not_runnable_;  // ids in a state tick() must advance
   std::unordered_set<std::string> held_;          // RUNNABLE ids whose device copy is held
   int64_t resume_hold_ms_;
-  uint64_t expired_total_ = 0;
   uint64_t dropped_total_ = 0;
 };
 

@@ -168,15 +168,19 @@ json state_json(const CacheState& s) {
                {"cached_storage_tokens_total", hits.cached_storage_tokens_total},
                {"prompt_tokens_total", hits.prompt_tokens_total}};
   const CacheState::Evictions& e = s.evictions;
-  j["evictions"] = {{"evicted_pages_total", e.evicted_pages_total},
-                    {"demoted_pages_total", e.demoted_pages_total},
-                    {"host_evicted_pages_total", e.host_evicted_pages_total},
-                    {"backed_up_pages_total", e.backed_up_pages_total},
-                    {"loaded_pages_total", e.loaded_pages_total},
-                    {"backups_skipped_total", e.backups_skipped_total},
-                    {"loads_failed_total", e.loads_failed_total},
-                    {"auto_unpinned_blocks_total", e.auto_unpinned_blocks_total},
-                    {"expired_pins_total", e.expired_pins_total}};
+  j["evictions"] = {
+      {"evicted_pages_total", e.evicted_pages_total},
+      {"demoted_pages_total", e.demoted_pages_total},
+      {"host_evicted_pages_total", e.host_evicted_pages_total},
+      {"backed_up_pages_total", e.backed_up_pages_total},
+      {"loaded_pages_total", e.loaded_pages_total},
+      {"backups_skipped_total", e.backups_skipped_total},
+      {"loads_failed_total", e.loads_failed_total},
+      {"auto_unpinned_blocks_total", e.auto_unpinned_blocks_total},
+      {"auto_unpinned_blocks_by_reason",
+       {{"device_room", e.auto_unpinned_blocks_total - e.auto_unpinned_host_blocks_total},
+        {"host_room", e.auto_unpinned_host_blocks_total}}},
+      {"expired_pins_total", e.expired_pins_total}};
   j["requests"] = {{"running", s.running_requests}, {"waiting", s.waiting_requests}};
   if (s.nodes) {
     json nodes = json::array();

@@ -19,6 +19,7 @@ CacheGaugeValues cache_gauges(const CacheState& s, const EngineCounters& c, bool
   g.waiting = s.waiting_requests;
   g.evicted_pages_total = s.evictions.evicted_pages_total;
   g.auto_unpinned_blocks_total = s.evictions.auto_unpinned_blocks_total;
+  g.auto_unpinned_host_blocks_total = s.evictions.auto_unpinned_host_blocks_total;
   g.expired_pins_total = s.evictions.expired_pins_total;
   if (s.host) {
     g.host_pages = {{"total", s.host->capacity_pages},      {"free", s.host->free_pages},
@@ -40,6 +41,7 @@ CacheGaugeValues cache_gauges(const CacheState& s, const EngineCounters& c, bool
   g.scheduler_events = {{"retracted", c.requests_retracted},
                         {"preempted", c.requests_preempted},
                         {"restores_made_room", c.restores_made_room},
+                        {"queued_holds_released", c.queued_holds_released},
                         {"forward_steps", c.forward_steps},
                         {"prompt_logits_hits", c.prompt_logits_hits}};
   g.prefill_budget_tokens = c.prefill_budget_tokens;

@@ -86,11 +86,15 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                     .Help("Pages evicted from the device pool since start")
                     .Register(*registry_)
                     .Add({});
-  auto_unpinned_ = &BuildGauge()
-                        .Name("strata_auto_unpinned_blocks_total")
-                        .Help("Blocks unpinned by the scheduler's no-deadlock rule")
-                        .Register(*registry_)
-                        .Add({});
+  auto& auto_unpinned = BuildGauge()
+                            .Name("strata_auto_unpinned_blocks_total")
+                            .Help(
+                                "Blocks unpinned by the scheduler's no-deadlock rule, by "
+                                "the tier that had no room (device_room: without a host "
+                                "tier; host_room: the host could not hold pinned pages)")
+                            .Register(*registry_);
+  auto_unpinned_device_ = &auto_unpinned.Add({{"reason", "device_room"}});
+  auto_unpinned_host_ = &auto_unpinned.Add({{"reason", "host_room"}});
   expired_pins_ = &BuildGauge()
                        .Name("strata_expired_pins_total")
                        .Help("Soft pins dropped when their TTL ran out")
@@ -111,7 +115,8 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                   .Help(
                                       "Scheduler events since start: requests retracted for "
                                       "pages, preempted for a better class, restores that made "
-                                      "room, forward steps")
+                                      "room, queued requests' load holds released for the "
+                                      "head of the queue, forward steps")
                                   .Register(*registry_);
   tool_sessions_family_ = &BuildGauge()
                                .Name("strata_tool_sessions")
@@ -221,7 +226,9 @@ void Metrics::set_cache(const CacheGaugeValues& v) {
   running_->Set(static_cast<double>(v.running));
   waiting_->Set(static_cast<double>(v.waiting));
   evictions_->Set(static_cast<double>(v.evicted_pages_total));
-  auto_unpinned_->Set(static_cast<double>(v.auto_unpinned_blocks_total));
+  auto_unpinned_device_->Set(
+      static_cast<double>(v.auto_unpinned_blocks_total - v.auto_unpinned_host_blocks_total));
+  auto_unpinned_host_->Set(static_cast<double>(v.auto_unpinned_host_blocks_total));
   expired_pins_->Set(static_cast<double>(v.expired_pins_total));
   for (const auto& [state, n] : v.host_pages) {
     host_pages_family_->Add({{"state", state}}).Set(static_cast<double>(n));

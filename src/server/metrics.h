@@ -32,6 +32,7 @@ struct CacheGaugeValues {
   int64_t waiting = 0;
   uint64_t evicted_pages_total = 0;
   uint64_t auto_unpinned_blocks_total = 0;
+  uint64_t auto_unpinned_host_blocks_total = 0;  // of which: the host could not hold them
   uint64_t expired_pins_total = 0;
   // Hierarchical cache and tool sessions: host pages by state, and monotonic totals by
   // event (strata_host_kv_pages{state}, strata_tier_events_total{event}).
@@ -95,7 +96,8 @@ class Metrics {
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
   prometheus::Gauge* evictions_;
-  prometheus::Gauge* auto_unpinned_;
+  prometheus::Gauge* auto_unpinned_device_;  // {reason="device_room"}
+  prometheus::Gauge* auto_unpinned_host_;    // {reason="host_room"}
   prometheus::Gauge* expired_pins_;
   prometheus::Family<prometheus::Gauge>* host_pages_family_;
   prometheus::Family<prometheus::Gauge>* tier_events_family_;

@@ -1,8 +1,9 @@
 // Tool-call sessions, behind the admin key when one is set: POST /session/tool_start and
-// /session/tool_end, GET /session/kv_meta (docs/tool-sessions.md). The engine's calls run
-// on the HTTP worker pool; the waits between them (a restore waiting for room, copies in
-// flight settling) are timers on the I/O strand, so no thread is held while they wait.
+// /session/tool_end, GET /session/kv_meta (docs/tool-sessions.md). The engine owns the
+// waiting (a restore waiting for room, copies landing): its answer wakes the handler, which
+// holds no thread meanwhile.
 #include <chrono>
+#include <future>
 #include <limits>
 
 #include "server/request_parsing.h"
@@ -12,7 +13,6 @@ namespace strata {
 namespace {
 
 using json = nlohmann::json;
-using SteadyClock = std::chrono::steady_clock;
 using boost::asio::awaitable;
 
 json session_json(const ToolSessionView& v) {
@@ -23,27 +23,8 @@ json session_json(const ToolSessionView& v) {
               {"since", v.since_ms}};
 }
 
-bool transitional(ToolSessionState s) {
-  return s == ToolSessionState::kOffloading || s == ToolSessionState::kRestoring;
-}
-
 Result<ToolSessionView> kv_meta(RouteContext& ctx, const std::string& id) {
   return ctx.engine.cache().kv_meta(id).get();
-}
-
-// Waits until the session's copies landed, so that the answer says where its KV is.
-awaitable<Result<ToolSessionView>> settle(RouteContext& ctx, http::Exchange& ex,
-                                          const std::string& id, ToolSessionView v) {
-  const auto deadline = SteadyClock::now() + std::chrono::seconds(30);
-  while (transitional(v.state) && SteadyClock::now() < deadline && !ex.abandoned()) {
-    co_await ex.sleep(std::chrono::milliseconds(2));
-    auto now = co_await ex.offload([&] { return kv_meta(ctx, id); });
-    if (!now) co_return now;
-    const int64_t moved = v.moved_tokens;
-    v = *now;
-    v.moved_tokens = moved;
-  }
-  co_return v;
 }
 
 struct ToolCall {
@@ -83,27 +64,16 @@ awaitable<void> tool_session(RouteContext& ctx, http::Exchange& ex, bool start) 
     co_await ex.respond(error_response(call.error()));
     co_return;
   }
-  auto once = [&] {
-    return start ? ctx.engine.cache().tool_start(call->session_id).get()
-                 : ctx.engine.cache()
-                       .tool_end(call->session_id, static_cast<uint64_t>(*call->epoch))
-                       .get();
-  };
-  auto r = co_await ex.offload(once);
-  // The engine makes room for a restore by retracting running requests; a restore that
-  // still finds none (only other resuming sessions hold the pool) is retried for a while
-  // as their pages come back; the session stays OFFLOADED in between.
-  const auto retry_until = SteadyClock::now() + std::chrono::seconds(10);
-  while (!start && !r && r.error().code == ErrorCode::kOutOfPages &&
-         SteadyClock::now() < retry_until && !ex.abandoned()) {
-    co_await ex.sleep(std::chrono::milliseconds(5));
-    r = co_await ex.offload(once);
+  // The engine answers once the move has landed (and waits for room for a restore); the
+  // handler sleeps until its waker is called, holding no thread.
+  std::future<Result<ToolSessionView>> answer =
+      start ? ctx.engine.cache().tool_start(call->session_id, ex.waker())
+            : ctx.engine.cache().tool_end(call->session_id, static_cast<uint64_t>(*call->epoch),
+                                          ex.waker());
+  while (answer.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    if (!co_await ex.wait(std::chrono::seconds(1))) co_return;  // client gone, or shutdown
   }
-  if (!r) {
-    co_await ex.respond(error_response(r.error()));
-    co_return;
-  }
-  auto v = co_await settle(ctx, ex, call->session_id, *r);
+  Result<ToolSessionView> v = answer.get();
   if (!v) {
     co_await ex.respond(error_response(v.error()));
     co_return;
