@@ -14,8 +14,13 @@ jobs=${STRATA_JOBS:-$(nproc)}
 
 scripts/install-deps.sh
 
+# Line tables only (-g1): file:line in backtraces and sanitizer reports, and about a quarter
+# less compile time than full debug info (-g), which the builds of this script are dominated
+# by (README, Tests: measured per translation unit).
+flags=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_DEBUG="-g1")
+
 echo "== release build"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}" >/dev/null
 cmake --build build -j "$jobs"
 echo "== release tests"
 (cd build && ctest --output-on-failure -j "$jobs")
@@ -23,7 +28,7 @@ echo "== release tests"
 if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   echo "== sanitizer build (ASan + UBSan)"
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON \
-        -DSTRATA_BUILD_BENCH=OFF >/dev/null
+        -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" >/dev/null
   cmake --build build-asan -j "$jobs"
   echo "== sanitizer tests"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
@@ -32,7 +37,7 @@ if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
 
   echo "== ThreadSanitizer build (threaded modules)"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
-        -DSTRATA_BUILD_BENCH=OFF >/dev/null
+        -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" >/dev/null
   cmake --build build-tsan -j "$jobs" --target engine_tests memory_tests storage_tests http_tests pd_tests \
     pd_engine_tests
   echo "== ThreadSanitizer tests"
