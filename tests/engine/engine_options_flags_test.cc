@@ -49,27 +49,27 @@ TEST(EngineOptionsFlagsTest, TheHelpShowsEachDefault) {
   Parsed p;
   const std::string help = p.app.help();
   for (const char* expected : {"--page-size",
-                               "[16]",
+                               "=16",
                                "--kv-cache-dtype",
-                               "[f32]",
+                               "=f32",
                                "--max-client-pin-ttl-s",
-                               "[300]",
+                               "=300",
                                "--max-conversations",
                                "--max-sessions",
-                               "[10000]",
+                               "=10000",
                                "--conversation-ttl-s",
                                "--session-ttl-s",
-                               "[3600]",
+                               "=3600",
                                "--hicache-write-policy",
-                               "[write_through]",
+                               "=write_through",
                                "--hicache-mem-layout",
-                               "[layer_first]",
+                               "=layer_first",
                                "--hicache-storage-prefetch-policy",
-                               "[best_effort]",
+                               "=best_effort",
                                "--role",
-                               "[mixed]",
+                               "=mixed",
                                "--pd-transport",
-                               "[ucx]"}) {
+                               "=ucx"}) {
     EXPECT_NE(help.find(expected), std::string::npos) << expected << "\n" << help;
   }
 }

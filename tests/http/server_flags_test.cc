@@ -44,9 +44,9 @@ TEST(ServerFlagsTest, DefaultsAreTheFieldsValues) {
   parse(app, {});
   EXPECT_EQ(o.port, 8080);
   const std::string help = app.help();
-  EXPECT_NE(help.find("[8080]"), std::string::npos) << help;
-  EXPECT_NE(help.find("[127.0.0.1]"), std::string::npos) << help;
-  EXPECT_NE(help.find("[16384]"), std::string::npos) << help;
+  EXPECT_NE(help.find("=8080"), std::string::npos) << help;
+  EXPECT_NE(help.find("=127.0.0.1"), std::string::npos) << help;
+  EXPECT_NE(help.find("=16384"), std::string::npos) << help;
 }
 
 TEST(ServerFlagsTest, OutOfRangeValuesAreRefused) {
