@@ -1,6 +1,10 @@
 #include "engine/engine_options.h"
 
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
 #include <string>
+#include <utility>
 
 namespace strata {
 
@@ -10,6 +14,18 @@ Result<PrefetchPolicy> parse_prefetch_policy(std::string_view name) {
   if (name == "timeout") return PrefetchPolicy::kTimeout;
   return make_error(ErrorCode::kInvalidArgument, "unknown prefetch policy '" + std::string(name) +
                                                      "' (best_effort, wait_complete or timeout)");
+}
+
+std::string_view prefetch_policy_name(PrefetchPolicy policy) {
+  switch (policy) {
+    case PrefetchPolicy::kBestEffort:
+      return "best_effort";
+    case PrefetchPolicy::kWaitComplete:
+      return "wait_complete";
+    case PrefetchPolicy::kTimeout:
+      return "timeout";
+  }
+  return "best_effort";
 }
 
 Result<WorkerRole> parse_worker_role(std::string_view name) {
@@ -118,8 +134,8 @@ Status validate(const EngineOptions& o) {
     return bad("--max-client-pinned-ratio must be in [0, 1]");
   }
   if (o.max_client_pin_ttl_ms < 1000) return bad("--max-client-pin-ttl-s must be >= 1");
-  if (o.max_sessions < 0) return bad("--max-sessions must be >= 0");
-  if (o.session_idle_ttl_ms < 1000) return bad("--session-ttl-s must be >= 1");
+  if (o.max_sessions < 0) return bad("--max-conversations must be >= 0");
+  if (o.session_idle_ttl_ms < 1000) return bad("--conversation-ttl-s must be >= 1");
   const HierarchicalCacheOptions& h = o.hicache;
   if (h.enabled) {
     if (h.size_gb <= 0 && !(h.ratio > 1.0 && h.ratio <= 1000.0)) {
@@ -134,6 +150,225 @@ Status validate(const EngineOptions& o) {
     return bad("--hicache-storage-backend needs --enable-hierarchical-cache");
   }
   return validate_pd(o.pd);
+}
+
+// ---- command-line flags ----
+
+namespace {
+
+// A flag whose text names an enum value: `parse` checks it (its error is the parser's
+// message) and the field holds the parsed value. The help shows the default's name.
+template <typename T, typename Parse>
+CLI::Option* add_enum_flag(CLI::App& cmd, const std::string& name, T& field, Parse parse,
+                           std::string_view default_name, const std::string& help) {
+  CLI::Option* opt = cmd.add_option_function<std::string>(
+      name, [&field, parse](const std::string& v) { field = *parse(v); }, help);
+  opt->check(CLI::Validator(
+      [parse](std::string& v) {
+        auto parsed = parse(v);
+        return parsed ? std::string() : parsed.error().message;
+      },
+      ""));
+  return opt->default_str(std::string(default_name));
+}
+
+// A flag in whole seconds that fills a field in milliseconds.
+CLI::Option* add_seconds_flag(CLI::App& cmd, const std::string& name, int64_t& field_ms,
+                              const std::string& help) {
+  return cmd
+      .add_option_function<int64_t>(
+          name, [&field_ms](int64_t s) { field_ms = s * 1000; }, help)
+      ->default_str(std::to_string(field_ms / 1000));
+}
+
+constexpr int64_t kOneYearS = int64_t{365} * 24 * 3600;
+
+}  // namespace
+
+void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
+  const std::string group = "Engine";
+  // --chunked-prefill-size is at least the page size, whichever of the two comes first.
+  cmd.add_option_function<int32_t>(
+         "--page-size",
+         [&o](int32_t v) {
+           o.page_size = v;
+           o.chunked_prefill_size = std::max(o.chunked_prefill_size, v);
+         },
+         "Tokens per KV page")
+      ->check(CLI::Range(1, 256))
+      ->default_str(std::to_string(o.page_size))
+      ->group(group);
+  cmd.add_option("--kv-cache-tokens", o.kv_cache_tokens, "Device KV pool size in tokens")
+      ->check(CLI::Range(64, 1 << 30))
+      ->capture_default_str()
+      ->group(group);
+  add_enum_flag(cmd, "--kv-cache-dtype", o.kv_dtype, parse_kv_dtype, kv_dtype_name(o.kv_dtype),
+                "KV pool dtype: f32 | f16 | bf16")
+      ->group(group);
+  cmd.add_option("--max-running-requests", o.max_running_requests, "Requests in the running batch")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option_function<int32_t>(
+         "--chunked-prefill-size",
+         [&o](int32_t v) { o.chunked_prefill_size = std::max(v, o.page_size); },
+         "Prefill tokens per scheduler step, at most")
+      ->check(CLI::Range(1, 1 << 20))
+      ->default_str(std::to_string(o.chunked_prefill_size))
+      ->group(group);
+  cmd.add_option("--itl-target-ms", o.itl_target_ms,
+                 "Inter-token latency target: a step that decodes carries only as much prefill "
+                 "as fits it (0: auto, 4.5 times the measured decode forward pass)")
+      ->check(CLI::Range(0.0, 60'000.0))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--min-prefill-tokens", o.min_prefill_tokens,
+                 "Prefill tokens every step may carry whatever the latency target says, so "
+                 "that prefill always progresses (at most --chunked-prefill-size)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--priority-aging-ms", o.priority_aging_ms,
+                 "Waiting time worth one point of request priority (no request starves)")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--max-pinned-ratio", o.max_pinned_ratio, "Pinned pages / pool pages, in [0, 1]")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str()
+      ->group(group);
+  add_seconds_flag(cmd, "--max-client-pin-ttl-s", o.max_client_pin_ttl_ms,
+                   "TTL cap of the soft pins a message's cache_control makes without the admin key")
+      ->check(CLI::Range(int64_t{1}, kOneYearS))
+      ->group(group);
+  cmd.add_option("--max-client-pinned-ratio", o.max_client_pinned_ratio,
+                 "Pinned pages that pins made without the admin key may hold / pool pages, in "
+                 "[0, 1]")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str()
+      ->group(group);
+  // Conversation records: the server's exact tokens per session_id and the engine's record
+  // of the same session share these bounds (serve gives the server the same values).
+  cmd.add_option("--max-conversations,--max-sessions", o.max_sessions,
+                 "Conversations (session_id) whose exact tokens and tool-session record are "
+                 "kept; the least recently used beyond are dropped (their next turn renders in "
+                 "full). --max-sessions is the old name")
+      ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))
+      ->capture_default_str()
+      ->group(group);
+  add_seconds_flag(cmd, "--conversation-ttl-s,--session-ttl-s", o.session_idle_ttl_ms,
+                   "Drop a conversation's record after this many seconds without a turn. "
+                   "--session-ttl-s is the old name")
+      ->check(CLI::Range(int64_t{1}, kOneYearS))
+      ->group(group);
+  add_seconds_flag(cmd, "--tool-session-ttl-s", o.tool_session_ttl_ms,
+                   "Release an offloaded tool session whose tool_end never came after this long")
+      ->check(CLI::Range(int64_t{1}, int64_t{30} * 24 * 3600))
+      ->group(group);
+}
+
+void add_hicache_flags(CLI::App& cmd, HierarchicalCacheOptions& o) {
+  const std::string group = "Hierarchical cache";
+  cmd.add_flag("--enable-hierarchical-cache", o.enabled,
+               "Add a host KV pool (L2) behind the device pool, and storage (L3) when a backend "
+               "is given")
+      ->group(group);
+  cmd.add_option("--hicache-ratio", o.ratio, "Host pool size / device pool size, > 1")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--hicache-size", o.size_gb,
+                 "Host pool size in GB (1e9 bytes); overrides --hicache-ratio when > 0")
+      ->capture_default_str()
+      ->group(group);
+  add_enum_flag(cmd, "--hicache-write-policy", o.write_policy, parse_write_policy,
+                write_policy_name(o.write_policy),
+                "write_through | write_through_selective | write_back")
+      ->group(group);
+  add_enum_flag(cmd, "--hicache-mem-layout", o.layout, parse_host_layout,
+                host_layout_name(o.layout),
+                "Host pool layout: layer_first | page_first | page_first_direct")
+      ->group(group);
+  cmd.add_option("--hicache-storage-backend", o.storage_backend,
+                 "Storage tier (L3): file | redis (none when empty)")
+      ->group(group);
+  cmd.add_option("--hicache-storage-backend-extra-config", o.storage_extra_config,
+                 "JSON object (or @file) with backend options: dir, capacity_bytes, host, port, "
+                 "db, password, timeout_ms, prefetch_threshold, prefetch_timeout_base, "
+                 "prefetch_timeout_per_ki_token")
+      ->group(group);
+  add_enum_flag(cmd, "--hicache-storage-prefetch-policy", o.prefetch_policy, parse_prefetch_policy,
+                prefetch_policy_name(o.prefetch_policy), "best_effort | wait_complete | timeout")
+      ->group(group);
+}
+
+void add_pd_flags(CLI::App& cmd, PdOptions& o) {
+  const std::string group = "Prefill/decode disaggregation";
+  cmd.add_option_function<std::string>(
+         "--role", [&o](const std::string& v) { o.role = *parse_worker_role(v); },
+         "Prefill/decode disaggregation: mixed (prefill and decode here) | prefill "
+         "(compute prompts that decode workers order) | decode (order prompts from "
+         "--pd-prefill-peer workers, decode here)")
+      ->check(CLI::IsMember({"mixed", "prefill", "decode"}))
+      ->default_str(worker_role_name(o.role))
+      ->group(group);
+  cmd.add_option("--pd-worker-id", o.worker_id,
+                 "This worker's id on the disaggregation control plane (default: host name "
+                 "and a random suffix)")
+      ->group(group);
+  cmd.add_option("--pd-bind", o.bind,
+                 "Prefill workers: the control plane's ZeroMQ endpoint (default "
+                 "tcp://127.0.0.1:0, a free port; /server_info reports it)")
+      ->group(group);
+  cmd.add_option("--pd-prefill-peer", o.prefill_peers,
+                 "Decode workers: a prefill worker's control-plane endpoint (repeatable); "
+                 "requests name one by its worker id in x-strata-prefill-peer")
+      ->group(group);
+  cmd.add_option("--pd-transport", o.transport,
+                 "How KV pages move between workers: ucx (UCX_TLS picks shared memory, TCP or "
+                 "RDMA) | storage (through --pd-storage-backend)")
+      ->check(CLI::IsMember({"ucx", "storage"}))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--pd-ucx-data-path", o.ucx_data_path,
+                 "UCX: messages (checked against the pool, robust to a peer's death) | put "
+                 "(one-sided puts of the page runs: zero-copy over RDMA)")
+      ->check(CLI::IsMember({"messages", "put"}))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--pd-storage-backend", o.storage_backend,
+                 "The store of --pd-transport storage: file | redis")
+      ->group(group);
+  cmd.add_option("--pd-storage-backend-extra-config", o.storage_extra_config,
+                 "Its options, as --hicache-storage-backend-extra-config")
+      ->group(group);
+  cmd.add_option("--pd-heartbeat-ms", o.heartbeat_ms, "Control-plane heartbeat period")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--pd-peer-timeout-ms", o.peer_timeout_ms,
+                 "Silence after which a peer is dead (its rooms fail over to local prefill)")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--pd-accept-timeout-ms", o.accept_timeout_ms,
+                 "Decode workers: how long an order may wait for the prefill worker's accept")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--pd-stall-ms", o.stall_ms,
+                 "Decode workers: the longest silence of an accepted room before it fails")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--pd-quarantine-ms", o.quarantine_ms,
+                 "Decode workers: how long the pages of a failed room stay unused when the "
+                 "prefill worker did not confirm it stopped writing")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--pd-order-deadline-ms", o.order_deadline_ms,
+                 "Decode workers: a room's whole budget, order to the first token")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--pd-max-queued-prefill-tokens", o.max_queued_prefill_tokens,
+                 "Prefill workers: reject orders while more prompt tokens than this wait here")
+      ->capture_default_str()
+      ->group(group);
 }
 
 }  // namespace strata

@@ -1,5 +1,8 @@
 // What an engine is built with (EngineOptions, validated by validate()) and what it counts
 // (EngineCounters). Public: the server, the bench and `strata serve` set and read these.
+// Each options struct registers its own command-line flags (add_*_flags, next to it):
+// name, default (the field's value when registered), unit conversion and range; `strata
+// serve` composes them.
 #pragma once
 
 #include <array>
@@ -13,11 +16,16 @@
 #include "memory/host_kv_pool.h"  // HostLayout
 #include "memory/kv_dtype.h"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace strata {
 
 // When a request whose prefix is in storage stops waiting for the prefetch.
 enum class PrefetchPolicy : uint8_t { kBestEffort, kWaitComplete, kTimeout };
 Result<PrefetchPolicy> parse_prefetch_policy(std::string_view name);
+std::string_view prefetch_policy_name(PrefetchPolicy policy);
 
 // The hierarchical cache (SGLang HiCache's options; docs/hierarchical-cache.md).
 struct HierarchicalCacheOptions {
@@ -33,6 +41,10 @@ struct HierarchicalCacheOptions {
   std::string storage_namespace;     // isolates models sharing one store (set by serve)
   PrefetchPolicy prefetch_policy = PrefetchPolicy::kBestEffort;
 };
+
+// Registers --enable-hierarchical-cache and --hicache-* (the host pool and the storage tier
+// behind it) on `cmd`, bound to `options`, which must outlive the parse.
+void add_hicache_flags(CLI::App& cmd, HierarchicalCacheOptions& options);
 
 // Prefill/decode disaggregation (docs/pd-disaggregation.md, "Engine integration"). A
 // prefill worker binds the control plane and computes prefills that decode workers order;
@@ -70,6 +82,10 @@ struct PdOptions {
   bool enabled() const { return role == WorkerRole::kPrefill || !prefill_peers.empty(); }
 };
 
+// Registers --role and --pd-* on `cmd`, bound to `options`, which must outlive the parse.
+// kv_layout is not a flag: serve derives it from the model.
+void add_pd_flags(CLI::App& cmd, PdOptions& options);
+
 // What GET /server_info says of a worker's disaggregation (Engine::pd_info()).
 struct PdInfo {
   WorkerRole role = WorkerRole::kMixed;
@@ -101,12 +117,19 @@ struct EngineOptions {
   int64_t tool_session_ttl_ms = 3'600'000;  // --tool-session-ttl-s
   // Records of sessions that hold nothing (no request running, nothing offloaded): at
   // most max_sessions (least recently used dropped), none idle past session_idle_ttl_ms.
-  int64_t max_sessions = 10'000;            // --max-sessions, >= 0
-  int64_t session_idle_ttl_ms = 3'600'000;  // --session-ttl-s
+  // The same bounds as the server's conversation records (server/conversations.h).
+  int64_t max_sessions = 10'000;            // --max-conversations (alias --max-sessions), >= 0
+  int64_t session_idle_ttl_ms = 3'600'000;  // --conversation-ttl-s (alias --session-ttl-s)
   PdOptions pd;
 };
 
 Status validate(const EngineOptions& options);
+
+// Registers the engine's own flags (the KV pool, scheduling, pins, conversation and tool
+// session bounds) on `cmd`, bound to `options`, which must outlive the parse. Flags in
+// seconds fill the _ms fields; --chunked-prefill-size is raised to --page-size when
+// smaller. The sub-structs have their own: add_hicache_flags, add_pd_flags.
+void add_engine_flags(CLI::App& cmd, EngineOptions& options);
 
 // Counters the server exports (monotonic unless noted).
 struct EngineCounters {

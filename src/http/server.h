@@ -24,6 +24,10 @@
 #include "http/exchange.h"
 #include "http/message.h"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace strata::http {
 
 struct ServerOptions {
@@ -43,6 +47,13 @@ struct ServerOptions {
 };
 
 Status validate(const ServerOptions& options);
+
+// Command-line flags of ServerOptions, bound to `options` (which must outlive the parse),
+// each default the field's value when registered. add_listen_flags: --host, --port.
+// add_limit_flags: --http-threads and the --http-* timeouts and size limits. validate()
+// checks them again (with the flag's name) when the server binds.
+void add_listen_flags(CLI::App& cmd, ServerOptions& options);
+void add_limit_flags(CLI::App& cmd, ServerOptions& options);
 
 // Monotonic counters and one gauge (open_connections), read with stats().
 struct ServerStats {

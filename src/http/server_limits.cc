@@ -2,6 +2,7 @@
 // command-line flag in each message), the error bodies a request that breaks a limit (or a
 // route, or a handler) is answered with, the answer a refused connection gets, and stats(),
 // a snapshot of the counters every I/O thread adds to.
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -76,6 +77,65 @@ ServerStats Server::stats() const {
   out.bad_requests = c.bad_requests.load();
   out.handler_faults = c.handler_faults.load();
   return out;
+}
+
+void add_listen_flags(CLI::App& cmd, ServerOptions& o) {
+  const std::string group = "HTTP server";
+  cmd.add_option("--host", o.host, "Bind address")->capture_default_str()->group(group);
+  cmd.add_option("--port", o.port, "Port (0: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str()
+      ->group(group);
+}
+
+void add_limit_flags(CLI::App& cmd, ServerOptions& o) {
+  const std::string group = "HTTP server";
+  cmd.add_option("--http-threads", o.io_threads, "HTTP I/O threads (0: one per core)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--http-header-timeout-s", o.header_timeout_s,
+                 "Close a connection whose request header is not complete after this long")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--http-body-timeout-s", o.body_timeout_s,
+                 "Close a connection whose request body is not complete this long after its "
+                 "header")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--http-idle-timeout-s", o.idle_timeout_s,
+                 "Close a keep-alive connection idle between requests for this long")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--http-write-timeout-s", o.write_timeout_s,
+                 "Close a connection whose client accepts no bytes for this long")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--http-max-header-bytes", o.max_header_bytes,
+                 "Largest request line + headers (431 beyond)")
+      ->check(CLI::Range(int64_t{1024}, int64_t{1} << 30))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--http-max-body-bytes", o.max_body_bytes,
+                 "Largest request body, whatever its content type (413 beyond)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--http-max-connections", o.max_connections,
+                 "Open connections; new ones beyond are refused at once")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--http-max-stream-buffer-bytes", o.max_stream_buffer_bytes,
+                 "Unwritten bytes a streaming response may queue for a slow reader before it "
+                 "is cut")
+      ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40))
+      ->capture_default_str()
+      ->group(group);
 }
 
 }  // namespace strata::http

@@ -32,8 +32,8 @@ class ConversationRecords {
  public:
   struct Stats {
     size_t records = 0;
-    uint64_t dropped_capacity = 0;  // dropped for --max-sessions (least recently used)
-    uint64_t dropped_idle = 0;      // dropped after --session-ttl-s without a turn
+    uint64_t dropped_capacity = 0;  // dropped for --max-conversations (least recently used)
+    uint64_t dropped_idle = 0;      // dropped after --conversation-ttl-s without a turn
   };
 
   // `clock` may be null (the steady clock).

@@ -20,7 +20,17 @@ const CHROMIUM = process.env.STRATA_CHROMIUM ?? '/usr/bin/chromium';
 const SKIP = existsSync(CHROMIUM)
   ? false
   : `${CHROMIUM} is absent: the dashboard tests need Debian's chromium (scripts/install-deps.sh installs it)`;
-if (SKIP) console.log('dashboard browser tests skipped: ' + SKIP);
+// STRATA_REQUIRE_BROWSER=1 (scripts/test.sh sets it: CI installs Chromium) turns a missing
+// browser into a failure, so that a skipped browser test cannot pass CI; a run without it
+// (a developer's machine without Chromium) skips them.
+const REQUIRE_BROWSER = process.env.STRATA_REQUIRE_BROWSER === '1';
+if (SKIP && REQUIRE_BROWSER) {
+  test('a browser is present (STRATA_REQUIRE_BROWSER=1)', () => {
+    assert.fail(`${SKIP}; STRATA_REQUIRE_BROWSER=1 says the browser tests must run`);
+  });
+} else if (SKIP) {
+  console.log('dashboard browser tests skipped: ' + SKIP);
+}
 
 const SCREENS = path.join(WORK_DIR, 'dashboard-screens');
 const DOC_SCREENS = process.env.STRATA_DASHBOARD_SCREENSHOT_DIR;

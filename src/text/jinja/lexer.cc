@@ -3,6 +3,7 @@
 #include <array>
 #include <utility>
 
+#include "common/utf8.h"
 #include "text/jinja/error.h"
 #include "text/jinja/unicode.h"
 
@@ -211,7 +212,7 @@ class Lexer {
     size_t next = pos;
     const char32_t cp = unicode::decode(src_, next);
     std::string out;
-    unicode::append_utf8(out, cp);
+    utf8::append(out, cp);
     return out;
   }
 
@@ -263,19 +264,19 @@ class Lexer {
   void flush_surrogate(std::string& out, uint32_t next_unit) {
     if (pending_high_surrogate_ != 0) {
       if (next_unit >= 0xDC00 && next_unit <= 0xDFFF) {
-        unicode::append_utf8(
-            out, 0x10000 + ((pending_high_surrogate_ - 0xD800) << 10) + (next_unit - 0xDC00));
+        utf8::append(out,
+                     0x10000 + ((pending_high_surrogate_ - 0xD800) << 10) + (next_unit - 0xDC00));
         pending_high_surrogate_ = 0;
         return;
       }
-      unicode::append_utf8(out, unicode::kReplacementChar);
+      utf8::append(out, unicode::kReplacementChar);
       pending_high_surrogate_ = 0;
       if (next_unit >= 0xD800 && next_unit <= 0xDBFF) {
         pending_high_surrogate_ = next_unit;
         return;
       }
     }
-    if (next_unit != kNoUnit) unicode::append_utf8(out, next_unit);
+    if (next_unit != kNoUnit) utf8::append(out, next_unit);
   }
 
   // A string literal's body, with the reference's escapes. Extensions over the reference

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/utf8.h"
 #include "text/jinja/unicode_tables.h"
 
 namespace strata::jinja::unicode {
@@ -42,7 +43,7 @@ void append_mapped(std::string& out, char32_t cp, const CaseRun* runs, size_t nu
       special, special_end, cp, [](const CaseSpecial& s, char32_t c) { return s.code_point < c; });
   if (sp != special_end && sp->code_point == cp) {
     for (uint32_t m : sp->mapped) {
-      if (m != 0) append_utf8(out, m);
+      if (m != 0) utf8::append(out, m);
     }
     return;
   }
@@ -53,11 +54,11 @@ void append_mapped(std::string& out, char32_t cp, const CaseRun* runs, size_t nu
     --it;
     const uint32_t offset = cp - it->start;
     if (offset % it->stride == 0 && offset / it->stride < it->count) {
-      append_utf8(out, static_cast<char32_t>(static_cast<int64_t>(cp) + it->delta));
+      utf8::append(out, static_cast<char32_t>(static_cast<int64_t>(cp) + it->delta));
       return;
     }
   }
-  append_utf8(out, cp);
+  utf8::append(out, cp);
 }
 
 // Iterates the UTF-16 code units of a UTF-8 string.
@@ -131,25 +132,6 @@ char32_t decode(std::string_view s, size_t& pos) {
   }
   pos += len;
   return cp;
-}
-
-void append_utf8(std::string& out, char32_t cp) {
-  if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = kReplacementChar;
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 bool is_js_whitespace(char32_t cp) {
@@ -234,7 +216,7 @@ bool utf16_at(std::string_view s, double index, std::string& out) {
     const char32_t cp = decode(s, pos);
     const size_t width = cp >= 0x10000 ? 2 : 1;
     if (target < unit + width) {
-      append_utf8(out, width == 2 ? kReplacementChar : cp);
+      utf8::append(out, width == 2 ? kReplacementChar : cp);
       return true;
     }
     unit += width;
@@ -311,7 +293,7 @@ std::string to_lower(std::string_view s) {
         cased_after = is_cased(c);
         break;
       }
-      append_utf8(out, cased_before && !cased_after ? 0x03C2 : 0x03C3);
+      utf8::append(out, cased_before && !cased_after ? 0x03C2 : 0x03C3);
       continue;
     }
     append_mapped(out, cp, kLowerRuns, kNumLowerRuns, kLowerSpecial, kNumLowerSpecial);

@@ -3,7 +3,8 @@
 // @huggingface/jinja runs on JavaScript strings (UTF-16). Strata stores UTF-8, so every
 // operation whose result depends on the encoding (length, indexing, comparison, case
 // mapping, whitespace) is reimplemented here to give the byte-identical result V8 gives.
-// Decoding is lenient: an invalid byte decodes as U+FFFD and advances one byte.
+// Decoding is lenient: an invalid byte decodes as U+FFFD and advances one byte. Encoding is
+// common/utf8.h's utf8::append (surrogates and out-of-range values append U+FFFD).
 #pragma once
 
 #include <cstddef>
@@ -16,9 +17,6 @@ inline constexpr char32_t kReplacementChar = 0xFFFD;
 
 // Decodes the code point at s[pos] and advances pos past it. Precondition: pos < s.size().
 char32_t decode(std::string_view s, size_t& pos);
-
-// Appends cp as UTF-8 (surrogates and out-of-range values append U+FFFD).
-void append_utf8(std::string& out, char32_t cp);
 
 // True for a code point that JavaScript's \s and String.prototype.trim treat as whitespace
 // (WhiteSpace and LineTerminator: TAB..CR, SPACE, NBSP, U+1680, U+2000..U+200A, U+2028,

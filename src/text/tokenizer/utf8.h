@@ -1,6 +1,7 @@
 // UTF-8 helpers for the tokenizer: validation, decoding with the WHATWG replacement rule
 // (the one TextDecoder, Node and browsers use: each maximal invalid subpart becomes one
-// U+FFFD), and an incremental decoder for streaming that never splits a code point.
+// U+FFFD), and an incremental decoder for streaming that never splits a code point. The
+// encoder, utf8::append, is common/utf8.h's (shared with the chat templates).
 #pragma once
 
 #include <cstddef>
@@ -8,9 +9,10 @@
 #include <string>
 #include <string_view>
 
+#include "common/utf8.h"  // append, kReplacementChar
+
 namespace strata::utf8 {
 
-inline constexpr char32_t kReplacementChar = 0xFFFD;
 inline constexpr std::string_view kReplacementUtf8 = "\xEF\xBF\xBD";
 
 // True when `text` is well-formed UTF-8 (no surrogates, no overlongs, <= U+10FFFF).
@@ -19,9 +21,6 @@ bool is_valid(std::string_view text);
 // Returns `text` with every maximal invalid subpart replaced by U+FFFD (WHATWG "decode"
 // without BOM handling). Valid input comes back unchanged.
 std::string sanitize(std::string_view text);
-
-// Appends the UTF-8 encoding of `cp` (a scalar value) to `out`.
-void append(std::string& out, char32_t cp);
 
 // Decodes the code point starting at text[pos] and advances pos. Precondition: `text` is
 // valid UTF-8 and pos is at a code point boundary.

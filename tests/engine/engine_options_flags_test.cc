@@ -1,0 +1,159 @@
+// The engine's options register their own flags (engine_options.h): names and aliases,
+// defaults taken from the fields, seconds turned into milliseconds, enums parsed once,
+// ranges refused by the parser.
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+#include "engine/engine_options.h"
+
+namespace strata {
+namespace {
+
+// Parses `args` (without the program name) into fresh options with every engine flag.
+struct Parsed {
+  EngineOptions options;
+  CLI::App app{"test"};
+  Parsed() {
+    add_engine_flags(app, options);
+    add_hicache_flags(app, options.hicache);
+    add_pd_flags(app, options.pd);
+  }
+  void parse(std::vector<std::string> args) {
+    std::vector<const char*> argv{"test"};
+    for (const auto& a : args) argv.push_back(a.c_str());
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  }
+};
+
+TEST(EngineOptionsFlagsTest, NoFlagsLeaveTheDefaults) {
+  Parsed p;
+  p.parse({});
+  const EngineOptions defaults;
+  EXPECT_EQ(p.options.page_size, defaults.page_size);
+  EXPECT_EQ(p.options.chunked_prefill_size, defaults.chunked_prefill_size);
+  EXPECT_EQ(p.options.kv_dtype, defaults.kv_dtype);
+  EXPECT_EQ(p.options.max_client_pin_ttl_ms, defaults.max_client_pin_ttl_ms);
+  EXPECT_EQ(p.options.max_sessions, defaults.max_sessions);
+  EXPECT_EQ(p.options.session_idle_ttl_ms, defaults.session_idle_ttl_ms);
+  EXPECT_EQ(p.options.tool_session_ttl_ms, defaults.tool_session_ttl_ms);
+  EXPECT_EQ(p.options.hicache.write_policy, defaults.hicache.write_policy);
+  EXPECT_EQ(p.options.pd.role, WorkerRole::kMixed);
+  EXPECT_TRUE(validate(p.options));
+}
+
+TEST(EngineOptionsFlagsTest, TheHelpShowsEachDefault) {
+  Parsed p;
+  const std::string help = p.app.help();
+  for (const char* expected : {"--page-size",
+                               "=16",
+                               "--kv-cache-dtype",
+                               "=f32",
+                               "--max-client-pin-ttl-s",
+                               "=300",
+                               "--max-conversations",
+                               "--max-sessions",
+                               "=10000",
+                               "--conversation-ttl-s",
+                               "--session-ttl-s",
+                               "=3600",
+                               "--hicache-write-policy",
+                               "=write_through",
+                               "--hicache-mem-layout",
+                               "=layer_first",
+                               "--hicache-storage-prefetch-policy",
+                               "=best_effort",
+                               "--role",
+                               "=mixed",
+                               "--pd-transport",
+                               "=ucx"}) {
+    EXPECT_NE(help.find(expected), std::string::npos) << expected << "\n" << help;
+  }
+}
+
+TEST(EngineOptionsFlagsTest, SecondsFillMilliseconds) {
+  Parsed p;
+  p.parse(
+      {"--max-client-pin-ttl-s", "12", "--conversation-ttl-s", "7", "--tool-session-ttl-s", "90"});
+  EXPECT_EQ(p.options.max_client_pin_ttl_ms, 12'000);
+  EXPECT_EQ(p.options.session_idle_ttl_ms, 7'000);
+  EXPECT_EQ(p.options.tool_session_ttl_ms, 90'000);
+}
+
+TEST(EngineOptionsFlagsTest, TheOldSessionNamesAreAliases) {
+  Parsed p;
+  p.parse({"--max-sessions", "5", "--session-ttl-s", "9"});
+  EXPECT_EQ(p.options.max_sessions, 5);
+  EXPECT_EQ(p.options.session_idle_ttl_ms, 9'000);
+  Parsed q;
+  q.parse({"--max-conversations", "6"});
+  EXPECT_EQ(q.options.max_sessions, 6);
+}
+
+TEST(EngineOptionsFlagsTest, TheChunkIsAtLeastAPageWhicheverFlagComesFirst) {
+  for (const auto& args :
+       {std::vector<std::string>{"--page-size", "64", "--chunked-prefill-size", "8"},
+        std::vector<std::string>{"--chunked-prefill-size", "8", "--page-size", "64"}}) {
+    Parsed p;
+    p.parse(args);
+    EXPECT_EQ(p.options.page_size, 64);
+    EXPECT_EQ(p.options.chunked_prefill_size, 64);
+  }
+  Parsed p;
+  p.parse({"--page-size", "32", "--chunked-prefill-size", "100"});
+  EXPECT_EQ(p.options.chunked_prefill_size, 100);
+}
+
+TEST(EngineOptionsFlagsTest, EnumsAreParsedOnce) {
+  Parsed p;
+  p.parse({"--kv-cache-dtype", "bf16", "--hicache-write-policy", "write_back",
+           "--hicache-mem-layout", "page_first", "--hicache-storage-prefetch-policy", "timeout",
+           "--role", "decode", "--pd-prefill-peer", "tcp://127.0.0.1:1"});
+  EXPECT_EQ(p.options.kv_dtype, KvDtype::kBF16);
+  EXPECT_EQ(p.options.hicache.write_policy, WritePolicy::kWriteBack);
+  EXPECT_EQ(p.options.hicache.layout, HostLayout::kPageFirst);
+  EXPECT_EQ(p.options.hicache.prefetch_policy, PrefetchPolicy::kTimeout);
+  EXPECT_EQ(p.options.pd.role, WorkerRole::kDecode);
+  EXPECT_EQ(p.options.pd.prefill_peers, std::vector<std::string>{"tcp://127.0.0.1:1"});
+}
+
+TEST(EngineOptionsFlagsTest, BadValuesAreRefusedWithTheFlagsName) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"--kv-cache-dtype", "f64"},
+      {"--hicache-write-policy", "sometimes"},
+      {"--hicache-mem-layout", "sideways"},
+      {"--hicache-storage-prefetch-policy", "never"},
+      {"--role", "router"},
+      {"--page-size", "0"},
+      {"--page-size", "512"},
+      {"--max-pinned-ratio", "1.5"},
+      {"--max-client-pin-ttl-s", "0"},
+      {"--conversation-ttl-s", "0"},
+      {"--max-conversations", "-1"},
+      {"--pd-transport", "carrier-pigeon"},
+  };
+  for (const auto& args : bad) {
+    Parsed p;
+    try {
+      p.parse(args);
+      ADD_FAILURE() << args[0] << " " << args[1] << " was accepted";
+    } catch (const CLI::ParseError& e) {
+      EXPECT_NE(std::string(e.what()).find(args[0]), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(EngineOptionsFlagsTest, PrefetchPolicyNamesRoundTrip) {
+  for (PrefetchPolicy policy :
+       {PrefetchPolicy::kBestEffort, PrefetchPolicy::kWaitComplete, PrefetchPolicy::kTimeout}) {
+    auto parsed = parse_prefetch_policy(prefetch_policy_name(policy));
+    ASSERT_TRUE(parsed);
+    EXPECT_EQ(*parsed, policy);
+  }
+}
+
+}  // namespace
+}  // namespace strata
