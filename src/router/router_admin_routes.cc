@@ -64,21 +64,40 @@ awaitable<WorkerAnswer> call(Router::Impl& r, std::shared_ptr<Worker> w, std::st
   co_return a;
 }
 
-// One answer for a relayed call: 200 when a worker took it, else the first worker's status
-// (502 when none answered), with every worker's answer.
+// One answer for a relayed call: 200 when a worker took it, with every worker's answer;
+// else an error in the workers' shape with the first answering worker's status, message
+// and code (502 when none answered), and every worker's answer beside it.
 http::Response combine(const std::vector<WorkerAnswer>& answers) {
   json list = json::array();
-  int status = 0;
+  const WorkerAnswer* first = nullptr;  // the first worker that answered
   bool ok = false;
   for (const WorkerAnswer& a : answers) {
     list.push_back(json{{"url", a.worker->url}, {"status", a.status}, {"body", a.body}});
     if (a.status >= 200 && a.status < 300) ok = true;
-    if (status == 0 && a.status != 0) status = a.status;
+    if (first == nullptr && a.status != 0) first = &a;
   }
   if (answers.empty()) {
     return router_error(503, "no worker is joined", "unavailable");
   }
-  return router_json(ok ? 200 : (status == 0 ? 502 : status), json{{"workers", list}});
+  if (ok) return router_json(200, json{{"workers", list}});
+  const int status = first == nullptr ? 502 : first->status;
+  std::string message = "no worker answered";
+  std::string code = "unavailable";
+  if (first != nullptr) {
+    message = first->worker->url + " answered " + std::to_string(first->status);
+    code = "upstream_error";
+    const json& b = first->body;
+    if (b.is_object() && b.contains("error") && b["error"].is_object()) {
+      const json& e = b["error"];
+      if (e.contains("message") && e["message"].is_string()) {
+        message = first->worker->url + ": " + e["message"].get<std::string>();
+      }
+      if (e.contains("code") && e["code"].is_string()) code = e["code"].get<std::string>();
+    }
+  }
+  json out = error_json(status, message, code);
+  out["workers"] = std::move(list);
+  return router_json(status, out);
 }
 
 std::vector<std::shared_ptr<Worker>> joined_workers(Router::Impl& r) {
