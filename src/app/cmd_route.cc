@@ -12,6 +12,7 @@
 #include "app/commands.h"
 #include "common/log.h"
 #include "http/server.h"
+#include "request/release_memory.h"
 #include "router/router.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -123,6 +124,20 @@ void add_route_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--replay-timeout-ms", r.replay_timeout_ms, "A KV event replay's timeout");
   cmd->add_option("--router-threads", r.io_threads, "The router's upstream I/O threads");
   cmd->add_option("--http-threads", r.http.io_threads, "Front HTTP I/O threads (0: cores)");
+  // The front server's limits, as `strata serve` names them (the rest keep their defaults).
+  cmd->add_option("--http-header-timeout-s", r.http.header_timeout_s,
+                  "Close a connection whose request header is not complete after this long")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--http-body-timeout-s", r.http.body_timeout_s,
+                  "Close a connection whose request body is not complete this long after its "
+                  "header")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--http-max-body-bytes", r.http.max_body_bytes,
+                  "Largest request body, whatever its content type (413 beyond)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
   cmd->add_option("--seed", r.seed, "Seed of temperature sampling");
   cmd->add_option("--shutdown-timeout-s", o->shutdown_timeout_s,
                   "On SIGINT/SIGTERM: running requests get this long");
@@ -157,6 +172,7 @@ void add_route_command(CLI::App& app, int& exit_code) {
     sigaddset(&signals, SIGINT);
     sigaddset(&signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    tune_allocator();  // as `strata serve`: large bodies leave no arena behind
     auto router = router::Router::create(o->r, **tokenizer, chat ? &*chat : nullptr, name);
     if (!router) return fail(router.error().message);
     if (auto st = (*router)->bind(); !st) return fail(st.error().message);

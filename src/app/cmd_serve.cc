@@ -28,6 +28,7 @@
 #include "http/server.h"
 #include "model/make_model.h"
 #include "model/model.h"
+#include "request/release_memory.h"
 #include "server/api_server.h"
 #include "server/cache_events_stream.h"
 #include "server/kv_event_publisher.h"
@@ -88,25 +89,6 @@ std::string storage_namespace(const std::filesystem::path& dir, KvDtype dtype, i
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return std::string(kv_dtype_name(dtype)) + "-p" + std::to_string(page_size) + "-" + hex;
-}
-
-// glibc's malloc serves a block of at least M_MMAP_THRESHOLD with a mapping of its own,
-// unmapped when the block is freed; smaller blocks come from arenas (one per thread, up
-// to 8 per core) that keep freed memory for reuse, and give back only what is free at an
-// arena's top beyond M_TRIM_THRESHOLD (malloc_trim does not trim the top of a thread's
-// arena). By default both thresholds rise with the largest mapped block freed (up to 32
-// and 64 MiB), so after one 10 MB request the next ones' buffers land in the worker
-// threads' arenas and stay there: measured, 30 to 70 MB more per 10 MB /tokenize until
-// every worker's arena is full. Fixed thresholds keep large blocks mapped and arena tops
-// short. 4 MiB is above the per-token scratch of the sampler (a vocabulary of up to 512 K
-// entries at 8 bytes), and the forward pass reuses its buffers, so decoding does not map
-// and unmap per token.
-void tune_allocator() {
-#ifdef __GLIBC__
-  constexpr int kThresholdBytes = 4 << 20;
-  mallopt(M_MMAP_THRESHOLD, kThresholdBytes);
-  mallopt(M_TRIM_THRESHOLD, kThresholdBytes);
-#endif
 }
 
 // What `strata serve` itself decides (the model to load, logging, the KV event sockets,

@@ -127,7 +127,7 @@ struct EventSubscriber::Impl {
       ++restarts;
       const std::string why = "worker restarted: sequence went from " + std::to_string(last_seq) +
                               " to " + std::to_string(s);
-      index->clear_worker(worker);
+      index->reset_worker(worker);  // another process: its pins and predictions go too
       last_seq = -1;
       go_stale(why, /*always=*/true);
       if (s > 0 && !options.replay_endpoint.empty()) {

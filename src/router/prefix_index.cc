@@ -69,6 +69,14 @@ void PrefixIndex::clear_worker(WorkerId worker) {
   if (workers_[worker].present) clear_blocks_locked(worker);
 }
 
+void PrefixIndex::reset_worker(WorkerId worker) {
+  if (worker >= kMaxWorkers) return;
+  std::unique_lock lock(mutex_);
+  if (!workers_[worker].present) return;
+  clear_blocks_locked(worker);
+  drop_worker_marks_locked(worker);
+}
+
 bool PrefixIndex::has_worker(WorkerId worker) const {
   if (worker >= kMaxWorkers) return false;
   std::shared_lock lock(mutex_);
@@ -331,6 +339,39 @@ size_t PrefixIndex::expire(int64_t now_ms) {
     ++dropped;
   }
   return dropped;
+}
+
+void PrefixIndex::replace_pins(WorkerId worker, std::span<const uint64_t> router_hashes) {
+  if (worker >= kMaxWorkers) return;
+  const uint64_t keep = ~(uint64_t{1} << worker);
+  {
+    std::unique_lock lock(mutex_);
+    if (!workers_[worker].present) return;
+    absl::erase_if(pinned_, [keep](auto& kv) { return (kv.second &= keep) == 0; });
+    workers_[worker].stats.pinned_blocks = 0;
+  }
+  set_pinned(worker, router_hashes, true);
+}
+
+void PrefixIndex::drop_predicted(WorkerId worker, std::span<const uint64_t> router_hashes) {
+  if (worker >= kMaxWorkers) return;
+  std::unique_lock lock(mutex_);
+  if (!workers_[worker].present) return;
+  for (uint64_t h : router_hashes) drop_prediction_locked(worker, h);
+}
+
+std::vector<uint64_t> PrefixIndex::held(WorkerId worker,
+                                        std::span<const uint64_t> router_hashes) const {
+  std::vector<uint64_t> out;
+  if (worker >= kMaxWorkers) return out;
+  const uint64_t bit = uint64_t{1} << worker;
+  std::shared_lock lock(mutex_);
+  for (uint64_t h : router_hashes) {
+    if (auto it = blocks_.find(h); it != blocks_.end() && (it->second.any() & bit) != 0) {
+      out.push_back(h);
+    }
+  }
+  return out;
 }
 
 void PrefixIndex::set_pinned(WorkerId worker, std::span<const uint64_t> router_hashes,

@@ -140,6 +140,10 @@ class PrefixIndex {
   // Drops the worker's event-derived blocks (what AllBlocksCleared does); keeps its
   // predictions, pins and stale mark.
   void clear_worker(WorkerId worker);
+  // The worker is another process now (its event sequence went back, or its instance id
+  // changed): drops its blocks, predictions and pin marks at once, under one lock, so no
+  // match sees the old process's pins on the new one. Keeps the stale mark.
+  void reset_worker(WorkerId worker);
   bool has_worker(WorkerId worker) const;
 
   // Applies a decoded batch, in order, under one exclusive lock. A batch for a worker
@@ -160,8 +164,15 @@ class PrefixIndex {
   // Drops predictions that expire at or before now_ms; returns how many.
   size_t expire(int64_t now_ms);
 
-  // Marks (or unmarks) blocks as pinned on the worker.
+  // Marks (or unmarks) blocks as pinned on the worker. Mark only what the worker
+  // confirmed it pinned.
   void set_pinned(WorkerId worker, std::span<const uint64_t> router_hashes, bool pinned);
+  // Replaces the worker's pin marks by `router_hashes` (what its tree says is pinned).
+  void replace_pins(WorkerId worker, std::span<const uint64_t> router_hashes);
+  // Drops the worker's predictions of `router_hashes` (a request the worker refused).
+  void drop_predicted(WorkerId worker, std::span<const uint64_t> router_hashes);
+  // Those of `router_hashes` the worker holds by events (any tier), in order.
+  std::vector<uint64_t> held(WorkerId worker, std::span<const uint64_t> router_hashes) const;
 
   // The stale mark: the worker's event stream lost events; match() still scores it, with
   // WorkerMatch::stale set, until the owner rebuilds it and clears the mark.

@@ -186,8 +186,7 @@ RouterMetrics::RouterMetrics()
 
 Router::Impl::Impl(RouterOptions o, const Tokenizer& t, const ChatTemplate* c, std::string model)
     : options(std::move(o)),
-      tokenizer(t),
-      chat(c),
+      reader(t, c),
       model_name(std::move(model)),
       client(io.get_executor(), client_options(options)),
       http(options.http),
@@ -195,13 +194,16 @@ Router::Impl::Impl(RouterOptions o, const Tokenizer& t, const ChatTemplate* c, s
       queue(options.queue),
       rng(options.seed) {}
 
-http::Response router_error(int status, std::string message, std::string code) {
-  json body{{"error", {{"message", std::move(message)}, {"type", code}, {"code", code}}}};
-  return http::Response{.status = status, .body = body.dump()};
+http::Response router_error(int status, const std::string& message, const std::string& code) {
+  return http::Response{.status = status, .body = dump_json(error_json(status, message, code))};
+}
+
+http::Response router_error(const Error& e) {
+  return router_error(http_status(e.code), e.message, std::string(error_code_name(e.code)));
 }
 
 http::Response router_json(int status, const json& body) {
-  return http::Response{.status = status, .body = body.dump()};
+  return http::Response{.status = status, .body = dump_json(body)};
 }
 
 // ---- registry ----
@@ -328,6 +330,7 @@ json Router::Impl::worker_json(const Worker& w) {
                                               {"transport", w.pd_transport},
                                               {"prefill_usable", prefill_usable(w, now)}}},
          {"kv_events", w.kv_events.empty() ? json(nullptr) : json(w.kv_events)},
+         {"instance_id", w.instance_id.empty() ? json(nullptr) : json(w.instance_id)},
          {"last_error", w.last_error}};
   if (w.events) {
     const EventSubscriberStats s = w.events->stats();
@@ -351,7 +354,39 @@ bool Router::Impl::prefill_usable(const Worker& w, int64_t now) const {
          w.breaker.state(now) == BreakerState::kClosed;
 }
 
+void Router::Impl::note_instance(Worker& w, const json& report) {
+  const auto it = report.find("instance_id");
+  if (it == report.end() || !it->is_string()) return;
+  const std::string id = it->get<std::string>();
+  if (id == w.instance_id) return;
+  if (!w.instance_id.empty()) {
+    STRATA_LOG_WARN("worker {} ({}) restarted (instance {} -> {}): its index is forgotten", w.id,
+                    w.url, w.instance_id, id);
+    index.reset_worker(w.id);
+    approx_index.reset_worker(w.id);
+    index.mark_stale(w.id, true);
+    w.needs_rebuild = true;
+    w.info_stale = true;  // it may have a new role or PD id
+  }
+  w.instance_id = id;
+}
+
+void Router::Impl::refused(const RouteChoice& c) {
+  if (c.predicted_hashes.empty()) return;
+  index.drop_predicted(c.worker->id, c.predicted_hashes);
+  approx_index.drop_predicted(c.worker->id, c.predicted_hashes);
+}
+
 void Router::Impl::apply_server_info(Worker& w, const json& info) {
+  note_instance(w, info);
+  if (auto m = info.find("max_prompt_tokens"); m != info.end() && m->is_number_integer()) {
+    w.max_prompt_tokens = m->get<int64_t>();
+  }
+  if (w.max_prompt_tokens <= 0) {
+    if (auto m = info.find("max_model_len"); m != info.end() && m->is_number_integer()) {
+      w.max_prompt_tokens = m->get<int64_t>();
+    }
+  }
   if (info.contains("role") && info["role"].is_string()) {
     const std::string role = info["role"].get<std::string>();
     if (role == "mixed" || role == "prefill" || role == "decode") w.role = role;
@@ -386,26 +421,6 @@ awaitable<void> Router::Impl::refresh_info(std::shared_ptr<Worker> w) {
     STRATA_LOG_INFO("worker {} ({}): now role {}, PD id '{}'", w->id, w->url, w->role,
                     w->pd_worker_id);
   }
-}
-
-Result<std::vector<int32_t>> Router::Impl::chat_tokens(
-    const nlohmann::ordered_json& messages, const nlohmann::ordered_json* tools,
-    const nlohmann::ordered_json& template_kwargs, bool add_generation_prompt) const {
-  if (chat == nullptr) {
-    return make_error(ErrorCode::kInvalidArgument, "the model has no chat template");
-  }
-  ChatRenderOptions o;
-  if (tools != nullptr) o.tools = *tools;
-  o.add_generation_prompt = add_generation_prompt;
-  const SpecialTokenStrings& sp = tokenizer.special_token_strings();
-  o.bos_token = sp.bos_token;
-  o.eos_token = sp.eos_token;
-  o.extra_variables =
-      template_kwargs.is_object() ? template_kwargs : nlohmann::ordered_json::object();
-  auto text = chat->render(messages, o);
-  if (!text)
-    return make_error(ErrorCode::kInvalidArgument, "chat template: " + text.error().message);
-  return tokenizer.encode(*text, EncodeOptions{.add_special_tokens = false});
 }
 
 http::ClientRequest Router::Impl::upstream_request(const Worker& w, std::string method,
@@ -530,6 +545,7 @@ awaitable<void> Router::Impl::rebuild_index(std::shared_ptr<Worker> w) {
       json state = json::parse(r->body, nullptr, false);
       if (state.is_object() && state.contains("nodes") && state["nodes"].is_array()) {
         std::vector<SnapshotBlock> blocks;
+        std::vector<uint64_t> pinned;
         for (const json& n : state["nodes"]) {
           uint8_t mask = 0;
           for (const json& t : n.value("tiers", json::array())) {
@@ -538,14 +554,25 @@ awaitable<void> Router::Impl::rebuild_index(std::shared_ptr<Worker> w) {
             if (t == "storage") mask |= tier_bit(Tier::kStorage);
           }
           if (n.value("loading", false)) mask &= static_cast<uint8_t>(~tier_bit(Tier::kDevice));
+          const json no_counts = json::array();
+          const auto pc = n.find("pin_counts");
+          const json& pin_counts = pc != n.end() && pc->is_array() ? *pc : no_counts;
+          size_t i = 0;
           for (const json& h : n.value("block_hashes", json::array())) {
+            const size_t k = i++;
             if (!h.is_number_integer()) continue;
             const auto hash = static_cast<uint64_t>(h.get<int64_t>());
             blocks.push_back(
                 SnapshotBlock{.worker_hash = hash, .router_hash = hash, .tier_mask = mask});
+            // The worker's own word on its pins replaces the router's marks.
+            if (k < pin_counts.size() && pin_counts[k].is_number_unsigned() &&
+                pin_counts[k].get<uint64_t>() > 0) {
+              pinned.push_back(hash);
+            }
           }
         }
         index.rebuild_worker(w->id, blocks);
+        index.replace_pins(w->id, pinned);
         index.mark_stale(w->id, false);
         STRATA_LOG_INFO("worker {}: KV index rebuilt from its tree ({} blocks)", w->id,
                         blocks.size());
@@ -565,14 +592,17 @@ awaitable<void> Router::Impl::poll_load(std::shared_ptr<Worker> w) {
   auto r = co_await client.request(std::move(req));
   if (apply_load(*w, r)) wake_queue();
   bool refresh = false;
+  bool rebuild = false;
   {
     std::lock_guard lock(mutex);
     if (strata && w->info_stale && w->reachable && !w->refreshing) {
       w->refreshing = true;
       refresh = true;
     }
+    rebuild = std::exchange(w->needs_rebuild, false);
   }
   if (refresh) co_await refresh_info(w);
+  if (rebuild && w->events) co_await rebuild_index(w);
 }
 
 bool Router::Impl::apply_load(Worker& worker, const Result<http::ClientResponse>& r) {
@@ -596,6 +626,7 @@ bool Router::Impl::apply_load(Worker& worker, const Result<http::ClientResponse>
   if (strata) {
     json j = json::parse(r->body, nullptr, false);
     if (!j.is_object()) return false;
+    note_instance(*w, j);
     w->load_fraction = j.value("load_fraction", 0.0);
     w->reported_running = j.value("running", int64_t{0});
     w->reported_waiting = j.value("waiting", int64_t{0});
@@ -831,9 +862,10 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
     const int64_t ttl = w.events ? options.predicted_ttl_ms : options.approximate_ttl_ms;
     if (ttl > 0) index.insert_predicted(w.id, it->second, now, ttl);
     approx_index.insert_predicted(w.id, it->second, now, options.approximate_ttl_ms);
+    out.predicted_hashes = it->second;
   } else if (options.policy == Policy::kApproximate && !req.tokens.empty()) {
-    approx_index.insert_predicted(w.id, PrefixIndex::hash_tokens(req.tokens, w.block_size), now,
-                                  options.approximate_ttl_ms);
+    out.predicted_hashes = PrefixIndex::hash_tokens(req.tokens, w.block_size);
+    approx_index.insert_predicted(w.id, out.predicted_hashes, now, options.approximate_ttl_ms);
   }
   STRATA_LOG_DEBUG(
       "route -> worker {} ({}): reason {}, cost {:.0f} (prefill {:.0f}, load {:.0f}, sticky "

@@ -9,6 +9,7 @@
 #include <prometheus/text_serializer.h>
 
 #include "common/log.h"
+#include "request/json_fields.h"
 #include "router/router_impl.h"
 
 namespace strata::router {
@@ -63,21 +64,40 @@ awaitable<WorkerAnswer> call(Router::Impl& r, std::shared_ptr<Worker> w, std::st
   co_return a;
 }
 
-// One answer for a relayed call: 200 when a worker took it, else the first worker's status
-// (502 when none answered), with every worker's answer.
+// One answer for a relayed call: 200 when a worker took it, with every worker's answer;
+// else an error in the workers' shape with the first answering worker's status, message
+// and code (502 when none answered), and every worker's answer beside it.
 http::Response combine(const std::vector<WorkerAnswer>& answers) {
   json list = json::array();
-  int status = 0;
+  const WorkerAnswer* first = nullptr;  // the first worker that answered
   bool ok = false;
   for (const WorkerAnswer& a : answers) {
     list.push_back(json{{"url", a.worker->url}, {"status", a.status}, {"body", a.body}});
     if (a.status >= 200 && a.status < 300) ok = true;
-    if (status == 0 && a.status != 0) status = a.status;
+    if (first == nullptr && a.status != 0) first = &a;
   }
   if (answers.empty()) {
     return router_error(503, "no worker is joined", "unavailable");
   }
-  return router_json(ok ? 200 : (status == 0 ? 502 : status), json{{"workers", list}});
+  if (ok) return router_json(200, json{{"workers", list}});
+  const int status = first == nullptr ? 502 : first->status;
+  std::string message = "no worker answered";
+  std::string code = "unavailable";
+  if (first != nullptr) {
+    message = first->worker->url + " answered " + std::to_string(first->status);
+    code = "upstream_error";
+    const json& b = first->body;
+    if (b.is_object() && b.contains("error") && b["error"].is_object()) {
+      const json& e = b["error"];
+      if (e.contains("message") && e["message"].is_string()) {
+        message = first->worker->url + ": " + e["message"].get<std::string>();
+      }
+      if (e.contains("code") && e["code"].is_string()) code = e["code"].get<std::string>();
+    }
+  }
+  json out = error_json(status, message, code);
+  out["workers"] = std::move(list);
+  return router_json(status, out);
 }
 
 std::vector<std::shared_ptr<Worker>> joined_workers(Router::Impl& r) {
@@ -89,102 +109,95 @@ std::vector<std::shared_ptr<Worker>> joined_workers(Router::Impl& r) {
   return out;
 }
 
-// The router hashes a /cache/{pin,unpin,evict} body names (as the worker reads it:
-// exactly one of block_hashes, token_ids, messages), per block size.
-Result<std::vector<uint64_t>> body_hashes(Router::Impl& r, const json& body, const std::string& raw,
-                                          int block_size) {
-  const int forms = static_cast<int>(body.contains("block_hashes")) +
-                    static_cast<int>(body.contains("token_ids")) +
-                    static_cast<int>(body.contains("messages"));
-  if (forms != 1) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "give exactly one of 'block_hashes', 'token_ids' or 'messages'");
+// How many blocks a worker's /cache/pin answer says it pinned and did not know:
+// {"pinned_count", "unknown_count"}. nullopt for an answer without them.
+struct PinAnswer {
+  int64_t pinned = 0;
+  int64_t unknown = 0;
+};
+std::optional<PinAnswer> pin_answer(const json& body) {
+  if (!body.is_object()) return std::nullopt;
+  const auto p = body.find("pinned_count");
+  const auto u = body.find("unknown_count");
+  if (p == body.end() || u == body.end() || !p->is_number_integer() || !u->is_number_integer()) {
+    return std::nullopt;
   }
-  if (body.contains("cache_salt") && !body["cache_salt"].is_null()) {
-    return std::vector<uint64_t>{};  // salted blocks are not in the router's index
-  }
-  if (body.contains("block_hashes")) {
-    if (!body["block_hashes"].is_array()) {
-      return make_error(ErrorCode::kInvalidArgument, "'block_hashes' must be an array");
-    }
-    std::vector<uint64_t> out;
-    for (const json& h : body["block_hashes"]) {
-      if (!h.is_number_integer()) {
-        return make_error(ErrorCode::kInvalidArgument, "'block_hashes' must hold integers");
-      }
-      out.push_back(static_cast<uint64_t>(h.get<int64_t>()));
-    }
-    return out;
-  }
-  std::vector<int32_t> tokens;
-  if (body.contains("token_ids")) {
-    if (!body["token_ids"].is_array()) {
-      return make_error(ErrorCode::kInvalidArgument, "'token_ids' must be an array");
-    }
-    for (const json& t : body["token_ids"]) {
-      if (!t.is_number_integer()) {
-        return make_error(ErrorCode::kInvalidArgument, "'token_ids' must hold integers");
-      }
-      tokens.push_back(t.get<int32_t>());
-    }
-  } else {
-    const ojson full = ojson::parse(raw);
-    if (!full["messages"].is_array()) {
-      return make_error(ErrorCode::kInvalidArgument, "'messages' must be an array");
-    }
-    const ojson* tools =
-        full.contains("tools") && full["tools"].is_array() ? &full["tools"] : nullptr;
-    const bool add_gen = full.value("add_generation_prompt", false);
-    auto ids = r.chat_tokens(full["messages"], tools,
-                             full.value("chat_template_kwargs", ojson::object()), add_gen);
-    if (!ids) return std::unexpected(ids.error());
-    tokens = std::move(*ids);
-  }
-  return PrefixIndex::hash_tokens(tokens, block_size);
+  return PinAnswer{.pinned = p->get<int64_t>(), .unknown = u->get<int64_t>()};
+}
+
+// The blocks of a pin the worker confirmed: all of them when it knew every hash; else
+// those the index holds there, when their number is what it says it pinned; else none.
+// A mark is never set for a block the worker did not pin.
+std::vector<uint64_t> confirmed_pins(Router::Impl& r, WorkerId worker,
+                                     const std::vector<uint64_t>& hashes, const json& answer) {
+  const auto a = pin_answer(answer);
+  if (!a || a->unknown < 0 || a->pinned <= 0) return {};
+  if (a->unknown == 0 && a->pinned == static_cast<int64_t>(hashes.size())) return hashes;
+  std::vector<uint64_t> held = r.index.held(worker, hashes);
+  if (static_cast<int64_t>(held.size()) == a->pinned) return held;
+  return {};
 }
 
 // /cache/pin, /cache/unpin, /cache/evict: to the workers whose index holds any of the
-// blocks (every worker when none does: a pin may precede the traffic it protects).
+// blocks (every worker when none does: a pin may precede the traffic it protects). The
+// body is read as a worker reads it (request/prompt_reader.h: read_cache_target). Pin
+// marks follow what each worker answered (confirmed_pins); a pin with a TTL is not marked,
+// since it lapses on the worker without telling the router.
 awaitable<void> relay_cache(Router::Impl& r, http::Exchange& ex, std::string op) {
   const http::Request& req = ex.request();
-  json body = json::parse(req.body, nullptr, false);
-  if (!body.is_object()) {
-    co_await ex.respond(router_error(400, "the body must be a JSON object", "invalid_argument"));
+  bool expiring = false;  // a pin with a TTL: it lapses on the worker without an event
+  auto target = co_await ex.offload([&]() -> Result<CacheTarget> {
+    auto body = parse_json_object_as<ojson>(req.body);
+    if (!body) return std::unexpected(body.error());
+    if (auto ttl = body->find("ttl_s"); ttl != body->end() && ttl->is_number()) {
+      expiring = ttl->get<double>() > 0;
+    }
+    if (op == "evict" && !body->contains("block_hashes")) {
+      return make_error(ErrorCode::kInvalidArgument, "'block_hashes' is required");
+    }
+    auto t = read_cache_target(std::move(*body), r.reader);
+    release_memory_after(req.body.size());
+    return t;
+  });
+  if (!target) {
+    co_await ex.respond(router_error(target.error()));
     co_return;
   }
   const auto workers = joined_workers(r);
   std::vector<std::shared_ptr<Worker>> targets;
   std::map<WorkerId, std::vector<uint64_t>> hashes_of;
   for (const auto& w : workers) {
-    auto hs = co_await ex.offload([&] { return body_hashes(r, body, req.body, w->block_size); });
-    if (!hs) {
-      co_await ex.respond(router_error(400, hs.error().message, "invalid_argument"));
-      co_return;
-    }
+    // The router's index holds unsalted blocks only: salted ones are never in it.
+    std::vector<uint64_t> hs;
+    if (target->cache_salt.empty()) hs = target->hashes(w->block_size);
     bool holds = false;
-    for (const WorkerMatch& m : r.index.match(*hs))
+    for (const WorkerMatch& m : r.index.match(hs))
       holds |= m.worker == w->id && m.matched_blocks > 0;
-    if (!holds && !hs->empty()) holds = !r.index.worker_hashes(w->id, *hs).empty();
+    if (!holds && !hs.empty()) holds = !r.index.worker_hashes(w->id, hs).empty();
     if (holds) targets.push_back(w);
-    hashes_of[w->id] = std::move(*hs);
+    hashes_of[w->id] = std::move(hs);
   }
   if (targets.empty()) targets = workers;
   std::vector<WorkerAnswer> answers;
   for (const auto& w : targets) {
     std::string out = req.body;
-    if (w->kind != "strata" && body.contains("block_hashes")) {
+    if (w->kind != "strata" && target->block_hashes) {
       // Another engine names its blocks with its own hashes.
-      json b = body;
+      json b = json::parse(req.body, nullptr, false);
       json list = json::array();
       for (uint64_t h : r.index.worker_hashes(w->id, hashes_of[w->id])) {
         list.push_back(static_cast<int64_t>(h));
       }
       b["block_hashes"] = list;
-      out = b.dump();
+      out = dump_json(b);
     }
     WorkerAnswer a = co_await call(r, w, "POST", "/cache/" + op, out);
-    if (a.status >= 200 && a.status < 300 && (op == "pin" || op == "unpin")) {
-      r.index.set_pinned(w->id, hashes_of[w->id], op == "pin");
+    if (a.status >= 200 && a.status < 300) {
+      if (op == "pin" && !expiring) {
+        r.index.set_pinned(w->id, confirmed_pins(r, w->id, hashes_of[w->id], a.body), true);
+      } else if (op == "unpin") {
+        r.index.set_pinned(w->id, hashes_of[w->id], false);
+      }
     }
     answers.push_back(std::move(a));
   }

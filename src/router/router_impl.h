@@ -27,6 +27,9 @@
 #include "common/clock.h"
 #include "http/client.h"
 #include "http/server.h"
+#include "request/error_shape.h"
+#include "request/prompt_reader.h"
+#include "request/release_memory.h"
 #include "router/event_subscriber.h"
 #include "router/prefix_index.h"
 #include "router/router.h"
@@ -70,8 +73,14 @@ struct Worker {
   std::string pd_worker_id;  // "": no PD channel (`pd` null, or not a Strata worker)
   std::string pd_endpoint;   // a prefill worker's control-plane endpoint ("" for decode)
   std::string pd_transport;  // "ucx" or "storage"
-  bool info_stale = false;   // /server_info to be read again
-  bool refreshing = false;   // ... in flight
+  // The worker process's identity (/server_info and /load `instance_id`): a new one means
+  // the worker restarted, and its index (blocks, predictions, pins) is forgotten at once.
+  std::string instance_id;     // "" until known (and for other engines)
+  bool needs_rebuild = false;  // the index was reset: read the worker's tree again
+  // Its --max-prompt-tokens (its context length when unset); 0 until known.
+  int64_t max_prompt_tokens = 0;
+  bool info_stale = false;                  // /server_info to be read again
+  bool refreshing = false;                  // ... in flight
   std::unique_ptr<EventSubscriber> events;  // null: approximate (no events)
 
   explicit Worker(CircuitBreakerOptions b) : breaker(b) {}
@@ -112,6 +121,8 @@ struct RouteChoice {
   std::shared_ptr<Worker> prefill;
   std::string prefill_peer;
   int64_t charged_remote_prefill = 0;
+  // The blocks predicted on `worker` (predict-on-route), dropped again if it refuses.
+  std::vector<uint64_t> predicted_hashes;
 };
 
 // What a request brings to a decision.
@@ -125,8 +136,9 @@ struct RouteRequest {
 
 struct Router::Impl {
   RouterOptions options;
-  const Tokenizer& tokenizer;
-  const ChatTemplate* chat;
+  // How prompts are read: the workers' own reading (request/), with the workers' tokenizer
+  // and chat template (chat() null: chat requests pass through unscored).
+  PromptReader reader;
   std::string model_name;
 
   boost::asio::io_context io;  // upstream client + background loops
@@ -171,6 +183,11 @@ struct Router::Impl {
   // Reads /server_info again (a worker back after failed polls may have restarted).
   boost::asio::awaitable<void> refresh_info(std::shared_ptr<Worker> w);
   boost::asio::awaitable<void> poll_load(std::shared_ptr<Worker> w);
+  // A worker whose instance id changed is another process: forgets its index (blocks,
+  // predictions, pins) and marks it to be rebuilt from its tree. Caller holds mutex.
+  void note_instance(Worker& w, const nlohmann::json& report);
+  // The worker refused a request (4xx): the blocks choose() predicted there are not coming.
+  void refused(const RouteChoice& c);
   // Takes a load report in; true when the worker just stopped being saturated.
   bool apply_load(Worker& w, const Result<http::ClientResponse>& r);
   boost::asio::awaitable<void> rebuild_index(std::shared_ptr<Worker> w);
@@ -201,13 +218,6 @@ struct Router::Impl {
   void wake_queue();
   bool anyone_below_threshold();
 
-  // A chat prompt's token ids, rendered and tokenized as a worker does
-  // (server/route_context.cc): the template writes the special tokens.
-  Result<std::vector<int32_t>> chat_tokens(const nlohmann::ordered_json& messages,
-                                           const nlohmann::ordered_json* tools,
-                                           const nlohmann::ordered_json& template_kwargs,
-                                           bool add_generation_prompt) const;
-
   // ---- upstream calls (router_routes.cc) ----
   http::ClientRequest upstream_request(const Worker& w, std::string method, std::string target,
                                        std::string body, bool admin);
@@ -223,7 +233,10 @@ void add_router_admin_routes(http::Server& server, Router::Impl& r);
 void add_router_dashboard_routes(http::Server& server, Router::Impl& r);
 
 // Shared by the route files.
-http::Response router_error(int status, std::string message, std::string code);
+// Errors in the workers' shape (request/error_shape.h): type "invalid_request_error" for
+// a 4xx, "server_error" for a 5xx; `code` names the error.
+http::Response router_error(int status, const std::string& message, const std::string& code);
+http::Response router_error(const Error& e);
 http::Response router_json(int status, const nlohmann::json& body);
 bool router_authorized(const Router::Impl& r, const http::Request& req);
 

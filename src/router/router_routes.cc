@@ -11,6 +11,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "common/log.h"
+#include "router/routed_request.h"
 #include "router/router_impl.h"
 
 namespace strata::router {
@@ -21,93 +22,16 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-struct Prepared {
-  std::string body;  // what goes upstream (the client's, or with session_id added)
-  std::vector<int32_t> tokens;
-  std::string session;
-  bool stream = false;
-  // A worker keeps these prompts' prefill local (docs/pd-disaggregation.md): a cache_salt
-  // (tenant isolation) or log-probabilities travel in no prefill order.
-  bool pd_local_only = false;
-};
-
-Result<Prepared> bad(std::string message) {
-  return make_error(ErrorCode::kInvalidArgument, std::move(message));
-}
-
-// Parses, checks what the router itself relies on, and renders and tokenizes the prompt
-// as a worker does (server/openai_routes.cc). Everything else is the worker's to check.
-Result<Prepared> prepare(const Router::Impl& r, const http::Request& req, bool chat) {
-  ojson body = ojson::parse(req.body, nullptr, false);
-  if (body.is_discarded()) return bad("the body is not valid JSON");
-  if (!body.is_object()) return bad("the body must be a JSON object");
-  Prepared p;
-  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean()) return bad("'stream' must be a boolean");
-    p.stream = it->get<bool>();
+// The prompt limit the router reads to: the largest --max-prompt-tokens of its workers
+// (0: none known). A longer prompt is routed unscored and refused by its worker, so the
+// router neither tokenizes nor indexes more of it than a worker would.
+size_t prompt_limit(Router::Impl& r) {
+  int64_t limit = 0;
+  std::lock_guard lock(r.mutex);
+  for (const auto& [id, w] : r.workers) {
+    if (w->joined) limit = std::max(limit, w->max_prompt_tokens);
   }
-  const std::string header_session(req.header("x-session-id"));
-  bool injected = false;
-  if (auto it = body.find("session_id"); it != body.end() && !it->is_null()) {
-    if (!it->is_string() || it->get<std::string>().empty() || it->get<std::string>().size() > 256) {
-      return bad("'session_id' must be 1 to 256 characters");
-    }
-    p.session = it->get<std::string>();
-  } else if (!header_session.empty()) {
-    if (header_session.size() > 256) return bad("'x-session-id' must be 1 to 256 characters");
-    p.session = header_session;
-    body["session_id"] = header_session;  // the worker keys its records on it too
-    injected = true;
-  }
-  if (chat) {
-    auto it = body.find("messages");
-    if (it == body.end()) return bad("'messages' is required");
-    if (!it->is_array() || it->empty()) return bad("'messages' must be a non-empty array");
-    for (const ojson& m : *it) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        return bad("each message must be an object with a 'role' string");
-      }
-    }
-    const ojson* tools = nullptr;
-    if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
-      if (!t->is_array()) return bad("'tools' must be an array");
-      tools = &*t;
-    }
-    ojson kwargs = ojson::object();
-    if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
-      if (!k->is_object()) return bad("'chat_template_kwargs' must be an object");
-      kwargs = *k;
-    }
-    if (r.chat != nullptr) {
-      auto ids = r.chat_tokens(*it, tools, kwargs, /*add_generation_prompt=*/true);
-      if (!ids) return bad(ids.error().message);
-      p.tokens = std::move(*ids);
-    }
-  } else {
-    auto it = body.find("prompt");
-    if (it == body.end()) return bad("'prompt' is required");
-    if (it->is_string()) {
-      auto ids =
-          r.tokenizer.encode(it->get<std::string>(), EncodeOptions{.add_special_tokens = true});
-      if (!ids) return bad(ids.error().message);
-      p.tokens = std::move(*ids);
-    } else if (it->is_array()) {
-      for (const ojson& t : *it) {
-        if (!t.is_number_integer())
-          return bad("'prompt' must be a string or an array of token ids");
-        p.tokens.push_back(t.get<int32_t>());
-      }
-    } else {
-      return bad("'prompt' must be a string or an array of token ids");
-    }
-  }
-  auto set = [&](const char* key) {
-    auto it = body.find(key);
-    return it != body.end() && !it->is_null() && *it != false && *it != 0 && *it != "";
-  };
-  p.pd_local_only = set("cache_salt") || set("logprobs") || set("top_logprobs");
-  p.body = injected ? body.dump() : req.body;
-  return p;
+  return static_cast<size_t>(limit);
 }
 
 std::string tenant_of(const http::Request& req) {
@@ -173,7 +97,7 @@ bool retryable_status(int status) {
 
 // Waits in the router queue while every worker is saturated. False: the client was
 // answered (429: the queue is full, or the wait is over) or went away.
-awaitable<bool> wait_in_queue(Router::Impl& r, http::Exchange& ex, const Prepared& p,
+awaitable<bool> wait_in_queue(Router::Impl& r, http::Exchange& ex, const RoutedRequest& p,
                               const std::string& tenant, int64_t& queued_since) {
   const int64_t now = r.now_ms();
   if (queued_since < 0) queued_since = now;
@@ -222,18 +146,24 @@ awaitable<bool> wait_in_queue(Router::Impl& r, http::Exchange& ex, const Prepare
 
 awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
   const http::Request& req = ex.request();
-  auto p = co_await ex.offload([&] { return prepare(r, req, chat); });
+  const size_t limit = prompt_limit(r);
+  auto p = co_await ex.offload([&] {
+    auto read = read_routed_request(r.reader, req.body, req.header("x-session-id"), chat, limit);
+    release_memory_after(req.body.size());
+    return read;
+  });
   if (!p) {
     r.metrics.requests.Add({{"status", "400"}}).Increment();
-    co_await ex.respond(router_error(400, p.error().message, "invalid_request_error"));
+    co_await ex.respond(router_error(p.error()));
     co_return;
   }
+  const std::string& upstream_body = p->rewritten_body ? *p->rewritten_body : req.body;
+  r.metrics.prompt_tokens.Increment(static_cast<double>(p->tokens.size()));
   RouteRequest rr;
-  rr.tokens = p->tokens;
+  rr.tokens = std::move(p->tokens);
   rr.session = p->session;
   rr.tenant = tenant_of(req);
   rr.pd_local_only = p->pd_local_only;
-  r.metrics.prompt_tokens.Increment(static_cast<double>(p->tokens.size()));
   int64_t queued_since = -1;
   std::optional<http::ClientResponse> last_refusal;  // a worker's 429/503, if all refuse
   std::string last_error;
@@ -250,7 +180,8 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
     }
     if (attempt > 0) r.metrics.retries.Increment();
     ++attempt;
-    http::ClientRequest up = r.upstream_request(*c->worker, "POST", req.target, p->body, false);
+    http::ClientRequest up =
+        r.upstream_request(*c->worker, "POST", req.target, upstream_body, false);
     if (auto a = req.header("authorization"); !a.empty()) {
       up.headers.emplace_back("Authorization", std::string(a));
     }
@@ -278,6 +209,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
       r.outcome(*c, resp->status >= 500 ? UpstreamOutcome::kServerError : UpstreamOutcome::kOk,
                 rr.session, c->probe);
       r.finished(*c, false);
+      if (resp->status >= 400) r.refused(*c);
       r.metrics.predicted_cached_tokens.Increment(static_cast<double>(c->predicted_cached_tokens));
       count_usage(r, *c, resp->body);
       r.metrics.requests.Add({{"status", std::to_string(resp->status)}}).Increment();
@@ -312,6 +244,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
       r.outcome(*c, es->status() >= 500 ? UpstreamOutcome::kServerError : UpstreamOutcome::kOk,
                 rr.session, c->probe);
       r.finished(*c, false);
+      r.refused(*c);
       r.metrics.requests.Add({{"status", std::to_string(es->status())}}).Increment();
       http::Response out{.status = es->status(),
                          .content_type = "application/json",
@@ -330,12 +263,10 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
         // The worker failed mid-stream: the client gets an error event, then the end.
         r.metrics.streams_broken.Increment();
         r.outcome(*c, UpstreamOutcome::kStreamBroken, rr.session, 0);
-        json err{
-            {"error",
-             {{"message", "the worker " + worker_url + " failed mid-stream: " + ev.error().message},
-              {"type", "upstream_error"},
-              {"code", "upstream_error"}}}};
-        ex.send("data: " + err.dump() + "\n\n");
+        const json err = error_json(
+            502, "the worker " + worker_url + " failed mid-stream: " + ev.error().message,
+            "upstream_error");
+        ex.send("data: " + dump_json(err) + "\n\n");
         break;
       }
       if (!ev->has_value()) break;

@@ -16,34 +16,13 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-Result<std::vector<BlockHash>> hashes_from_body(const RouteContext& ctx, const json& body,
+// The blocks a /cache/{pin,unpin} body names, read as the router reads them
+// (request/prompt_reader.h: read_cache_target).
+Result<std::vector<BlockHash>> hashes_from_body(const RouteContext& ctx,
                                                 const std::string& raw_body) {
-  auto salt = get_string(body, "cache_salt");
-  if (!salt) return std::unexpected(salt.error());
-  const int32_t ps = ctx.engine.options().page_size;
-  const int forms = static_cast<int>(body.contains("block_hashes")) +
-                    static_cast<int>(body.contains("token_ids")) +
-                    static_cast<int>(body.contains("messages"));
-  if (forms != 1) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "give exactly one of 'block_hashes', 'token_ids' or 'messages'");
-  }
-  if (body.contains("block_hashes")) return parse_block_hashes(body["block_hashes"]);
-  if (body.contains("token_ids")) {
-    auto ids = parse_token_ids(body["token_ids"], "token_ids");
-    if (!ids) return std::unexpected(ids.error());
-    return hash_blocks(*ids, ps, salt->value_or(""));
-  }
-  if (auto v = validate_messages(body["messages"]); !v) return std::unexpected(v.error());
-  const ojson full = ojson::parse(raw_body);
-  const ojson* tools =
-      full.contains("tools") && full["tools"].is_array() ? &full["tools"] : nullptr;
-  auto add_gen = get_bool(body, "add_generation_prompt");
-  if (!add_gen) return std::unexpected(add_gen.error());
-  auto ids = ctx.chat_tokens(full["messages"], tools, add_gen->value_or(false),
-                             full.value("chat_template_kwargs", ojson::object()));
-  if (!ids) return std::unexpected(ids.error());
-  return hash_blocks(*ids, ps, salt->value_or(""));
+  auto target = read_cache_target(ojson::parse(raw_body), ctx.reader());
+  if (!target) return std::unexpected(target.error());
+  return target->hashes(ctx.engine.options().page_size);
 }
 
 http::Response pin_blocks(RouteContext& ctx, const http::Request& req, bool pin, bool legacy) {
@@ -52,7 +31,7 @@ http::Response pin_blocks(RouteContext& ctx, const http::Request& req, bool pin,
   if (legacy && !body->contains("block_hashes")) {
     return error_response(400, "'block_hashes' is required", "invalid_argument");
   }
-  auto hashes = hashes_from_body(ctx, *body, req.body);
+  auto hashes = hashes_from_body(ctx, req.body);
   if (!hashes) return error_response(hashes.error());
   if (!pin) {
     auto r = ctx.engine.cache().unpin(std::move(*hashes)).get();

@@ -217,33 +217,15 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat,
   // one), else a client's: soft, capped and budgeted (engine/pin_policy.h).
   p.pin_authority = authorized(ctx, req) ? PinAuthority::kAdmin : PinAuthority::kClient;
   if (chat) {
-    if (!body->contains("messages")) {
-      return make_error(ErrorCode::kInvalidArgument, "'messages' is required");
-    }
-    auto info = validate_messages((*body)["messages"]);
-    if (!info) return std::unexpected(info.error());
-    p.msg_info = *info;
     ojson full = ojson::parse(raw);
-    p.messages = std::move(full["messages"]);
-    if (full.contains("tools") && !full["tools"].is_null()) {
-      if (!full["tools"].is_array()) {
-        return make_error(ErrorCode::kInvalidArgument, "'tools' must be an array");
-      }
-      p.tools = std::move(full["tools"]);
-      auto names = validate_tools(*p.tools);
-      if (!names) return std::unexpected(names.error());
-      p.function_names = std::move(*names);
-    }
-    if (auto st = validate_message_tool_calls(p.messages); !st) {
-      return std::unexpected(st.error());
-    }
-    // Rendered as chat_tokens renders them: a session's continuation must agree.
-    normalize_tool_call_messages(p.messages);
-    const auto choice_it = full.find("tool_choice");
-    auto choice =
-        parse_tool_choice(choice_it == full.end() ? nullptr : &*choice_it, p.function_names);
-    if (!choice) return std::unexpected(choice.error());
-    p.tool_choice = std::move(*choice);
+    auto read = read_chat_request(full, GenerationPrompt::kAlways);
+    if (!read) return std::unexpected(read.error());
+    p.msg_info = read->info;
+    p.messages = std::move(read->messages);
+    p.tools = std::move(read->tools);
+    p.template_kwargs = std::move(read->template_kwargs);
+    p.function_names = std::move(read->function_names);
+    p.tool_choice = std::move(read->tool_choice);
     if ((p.tool_choice.mode == ToolChoiceMode::kRequired ||
          p.tool_choice.mode == ToolChoiceMode::kFunction) &&
         ctx.options.tool_call_format == ToolCallFormat::kNone) {
@@ -251,17 +233,6 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, bool chat,
                         "'tool_choice' asks for a tool call, but the server reads none "
                         "(--tool-call-parser is none, or auto found no tool-call format in the "
                         "chat template)");
-    }
-    if (auto par = get_bool(*body, "parallel_tool_calls"); !par) {
-      return std::unexpected(par.error());
-    }
-    // tool_choice "none": the template is rendered without the tools (as vLLM does).
-    if (p.tool_choice.mode == ToolChoiceMode::kNone) p.tools.reset();
-    if (full.contains("chat_template_kwargs") && !full["chat_template_kwargs"].is_null()) {
-      if (!full["chat_template_kwargs"].is_object()) {
-        return make_error(ErrorCode::kInvalidArgument, "'chat_template_kwargs' must be an object");
-      }
-      p.template_kwargs = std::move(full["chat_template_kwargs"]);
     }
     timing.parsed();
     if (auto continued = continue_session(ctx, p)) {

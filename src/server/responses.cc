@@ -4,42 +4,12 @@ namespace strata {
 
 using json = nlohmann::json;
 
-// The one table from an engine or request error to its HTTP status; the JSON error's
-// "code" is error_code_name(). Anything not listed is a fault of ours: 500.
-int http_status(ErrorCode code) {
-  struct Row {
-    ErrorCode code;
-    int status;
-  };
-  static constexpr Row kTable[] = {
-      {ErrorCode::kInvalidArgument, 400},     // bad input
-      {ErrorCode::kResourceExhausted, 400},   // a prompt or body beyond a limit
-      {ErrorCode::kUnsupported, 400},         // a format or feature we do not handle
-      {ErrorCode::kOverBudget, 400},          // pin_budget_exceeded
-      {ErrorCode::kUnauthenticated, 401},     // missing or wrong admin key
-      {ErrorCode::kNotFound, 404},            // unknown session
-      {ErrorCode::kFailedPrecondition, 409},  // wrong state for the call
-      {ErrorCode::kStaleEpoch, 409},          // a tool_end for an older tool_start
-      {ErrorCode::kBusy, 409},                // a request of the session still runs
-      {ErrorCode::kNoHostTier, 409},          // needs --enable-hierarchical-cache
-      {ErrorCode::kOutOfPages, 503},          // no room now (a restore): retry later
-      {ErrorCode::kTimeout, 504},
-  };
-  for (const Row& row : kTable) {
-    if (row.code == code) return row.status;
-  }
-  return 500;
-}
-
 http::Response json_response(int status, const json& body) {
-  return http::Response{.status = status,
-                        .body = body.dump(-1, ' ', false, json::error_handler_t::replace)};
+  return http::Response{.status = status, .body = dump_json(body)};
 }
 
 http::Response error_response(int status, const std::string& message, const std::string& code) {
-  const std::string type = status >= 500 ? "server_error" : "invalid_request_error";
-  return json_response(status,
-                       json{{"error", {{"message", message}, {"type", type}, {"code", code}}}});
+  return json_response(status, error_json(status, message, code));
 }
 
 http::Response error_response(const Error& e) {

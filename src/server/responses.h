@@ -8,11 +8,9 @@
 
 #include "common/result.h"
 #include "http/message.h"
+#include "request/error_shape.h"  // http_status, the error body shared with the router
 
 namespace strata {
-
-// The HTTP status of an error code (4xx for the client's errors, 5xx for the server's).
-int http_status(ErrorCode code);
 
 http::Response json_response(int status, const nlohmann::json& body);
 http::Response error_response(int status, const std::string& message, const std::string& code);

@@ -11,10 +11,6 @@
 
 #include <nlohmann/json.hpp>
 
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
-
 #include <cstddef>
 #include <functional>
 #include <mutex>
@@ -27,6 +23,8 @@
 #include "http/exchange.h"
 #include "http/message.h"
 #include "http/server.h"
+#include "request/prompt_reader.h"
+#include "request/release_memory.h"
 #include "server/cache_events_stream.h"
 #include "server/conversations.h"
 #include "server/metrics.h"
@@ -74,11 +72,9 @@ struct RouteContext {
   ConversationRecords& conversations;  // the exact tokens of each session_id's last turn
   CacheEventsStream& cache_events;     // GET /cache/events: the engine's KV event batches
 
-  // Renders and tokenizes messages (with tools, add_generation_prompt) into ids; the
-  // template writes the special tokens itself. Past tool calls whose arguments are a JSON
-  // string are rendered as the object it encodes (normalize_tool_call_messages). With `max_tokens`
-  // > 0, kResourceExhausted as soon as the ids are known to exceed it (the encoding stops there).
-  // `rendered`, when given, is called between rendering and tokenizing (timing).
+  // How this worker reads prompts: the one reading the router shares (request/).
+  PromptReader reader() const { return PromptReader(tokenizer, chat); }
+  // PromptReader::chat_tokens and render_options, with this worker's tokenizer and template.
   Result<std::vector<int32_t>> chat_tokens(const nlohmann::ordered_json& messages,
                                            const nlohmann::ordered_json* tools,
                                            bool add_generation_prompt,
@@ -93,21 +89,6 @@ struct RouteContext {
 // returns the whole answer.
 using BlockingHandler = std::function<http::Response(const http::Request&)>;
 http::Handler blocking(BlockingHandler handler);
-
-// After a request of at least kLargeRequestBytes, on a worker thread: returns the pages
-// the allocator holds free to the system (glibc's malloc_trim, a few milliseconds). The
-// causes of growth are fixed where memory is taken (the tokenizer streams its pieces and
-// frees a long word's scratch; blocks of 4 MiB and more are mapped and unmapped, see
-// `strata serve`); this is the complement for the smaller blocks that parsing, rendering
-// and tokenizing a large body leave scattered in the worker threads' arenas.
-inline constexpr size_t kLargeRequestBytes = size_t{1} << 20;
-inline void release_memory_after(size_t request_bytes) {
-#ifdef __GLIBC__
-  if (request_bytes >= kLargeRequestBytes) malloc_trim(0);
-#else
-  (void)request_bytes;
-#endif
-}
 
 // Guards a handler with the admin key when one is set: 401 without it.
 http::Handler admin_only(const RouteContext& ctx, http::Handler handler);

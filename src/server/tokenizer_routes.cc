@@ -38,17 +38,10 @@ http::Response tokenize(const RouteContext& ctx, const http::Request& req) {
   if (!add_special) return error_response(add_special.error());
   Result<std::vector<int32_t>> tokens;
   if (body->contains("messages")) {
-    const ojson full = ojson::parse(req.body);
-    if (auto v = validate_messages((*body)["messages"]); !v) return error_response(v.error());
-    auto add_gen = get_bool(*body, "add_generation_prompt");
-    if (!add_gen) return error_response(add_gen.error());
-    const ojson* tools =
-        full.contains("tools") && full["tools"].is_array() ? &full["tools"] : nullptr;
-    if (full.contains("tools") && !full["tools"].is_null() && tools == nullptr) {
-      return error_response(400, "'tools' must be an array", "invalid_argument");
-    }
-    tokens = ctx.chat_tokens(full["messages"], tools, add_gen->value_or(true),
-                             full.value("chat_template_kwargs", ojson::object()));
+    ojson full = ojson::parse(req.body);
+    auto chat = read_chat_request(full, GenerationPrompt::kFieldDefaultTrue);
+    if (!chat) return error_response(chat.error());
+    tokens = ctx.reader().chat_tokens(*chat);
     const auto bos = ctx.tokenizer.bos_id();
     if (tokens && add_special->value_or(false) && bos &&
         (tokens->empty() || tokens->front() != *bos)) {

@@ -2,8 +2,11 @@
 // worker. /server_info once when the worker joins (model, page size, the KV event sockets
 // to subscribe to, capacities, role); /load every few hundred milliseconds (running and
 // waiting requests, free and evictable pages, whether the worker is saturated and how long
-// to hold traffic back). Both are public like /health: they carry no cached content.
+// to hold traffic back), each with the process's instance_id. Both are public like /health: they
+// carry no cached content.
 #include <algorithm>
+#include <cstdio>
+#include <random>
 #include <string>
 
 #include "server/routes.h"
@@ -31,6 +34,18 @@ std::string connectable(const std::string& endpoint, const http::Request& req) {
     seen.resize(c);
   }
   return endpoint.substr(0, host_start) + seen + endpoint.substr(colon);
+}
+
+// This process's identity: random, drawn once at start-up. A router that sees it change
+// knows the worker restarted (its cache and pins are gone) even if no event told it.
+const std::string& instance_id() {
+  static const std::string id = [] {
+    std::random_device rd;
+    char buf[33];
+    std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+    return std::string(buf);
+  }();
+  return id;
 }
 
 json server_info(RouteContext& ctx, const http::Request& req, const CacheState& s) {
@@ -61,6 +76,7 @@ json server_info(RouteContext& ctx, const http::Request& req, const CacheState& 
         {"peers_alive", pd_info.peers_alive}};
   }
   return json{{"engine", "strata"},
+              {"instance_id", instance_id()},
               {"model", ctx.options.model_name},
               {"role", worker_role_name(pd_info.role)},
               {"pd", pd},
@@ -101,7 +117,8 @@ json load_json(RouteContext& ctx) {
     const double batches = static_cast<double>(c.waiting) / max_running;
     pause_ms = std::clamp<int64_t>(static_cast<int64_t>(200.0 * batches), 50, 2000);
   }
-  return json{{"running", c.running},
+  return json{{"instance_id", instance_id()},
+              {"running", c.running},
               {"waiting", c.waiting},
               {"max_running_requests", eo.max_running_requests},
               {"queued_prefill_tokens", c.queued_prefill_tokens},

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // A fuzz suite for a real `strata serve` (issue 20). Two servers, one after the other: one
-// with an admin key, one with the hierarchical cache as well. For each:
+// with an admin key, one with the hierarchical cache as well; then `strata route` in front
+// of two workers (issue 28, runRouter: the same phases against the router). For each:
 //
 //   1. regression cases, one per finding of the issue (client pins are soft, large-input
 //      memory, framing, a form-encoded JSON body, a lower-case "bearer");
@@ -17,7 +18,7 @@
 // every raw connection answered or closed within the timeouts and a margin.
 //
 // usage: node tests/fuzz/fuzz_server.mjs [STRATA_BIN] [--quick] [--seconds S] [--seed N]
-//          [--requests N] [--raw N] [--concurrency N] [--only admin|hicache] [--verbose]
+//          [--requests N] [--raw N] [--concurrency N] [--only admin|hicache|router] [--verbose]
 // STRATA_BIN may also come from the environment (CTest sets it, with STRATA_SOURCE_DIR and
 // STRATA_TEST_DIR). Exit code 0 when every check held, 1 otherwise (each violation printed
 // with the request that caused it), 2 on a usage error.
@@ -34,7 +35,7 @@ import { GET_HEALTH, RawConn, postRaw } from '../server/raw_http.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const USAGE = 'usage: fuzz_server.mjs [STRATA_BIN] [--quick] [--seconds S] [--seed N] [--requests N] ' +
-  '[--raw N] [--concurrency N] [--only admin|hicache] [--verbose]';
+  '[--raw N] [--concurrency N] [--only admin|hicache|router] [--verbose]';
 
 function parseArgs(argv) {
   const o = { quick: true, seconds: 0, seed: 20240620, requests: null, raw: null, concurrency: 8,
@@ -71,7 +72,7 @@ if (!existsSync(process.env.STRATA_BIN)) {
   console.error(`no strata binary at ${process.env.STRATA_BIN}\n${USAGE}`);
   process.exit(2);
 }
-const { startServer, words } = await import('../server/server_harness.mjs');
+const { startServer, startRouter, words } = await import('../server/server_harness.mjs');
 
 const KEY = 'secret';
 const ADMIN = `Bearer ${KEY}`;
@@ -672,6 +673,10 @@ const VALID = [
   [postRaw('/tokenize', TOKENIZE, 'Expect: 100-continue\r\n'), (r) => Array.isArray(parses(r).tokens)],
 ];
 
+// The same through `strata route`: its /cache/state and relayed /cache/evict answer per worker.
+const ROUTER_VALID = VALID.map(([bytes, check]) => [bytes,
+  bytes.includes('/cache/state') || bytes.includes('/cache/evict') ? (r) => Array.isArray(parses(r).workers) : check]);
+
 // HEAD, then GET on the same connection: the GET's answer must follow the HEAD's header.
 const HEAD_CASE = { kind: 'head', heads: 1, bytes: 'HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n' + GET_HEALTH,
   check: (conn, responses) => (responses.length >= 2 && responses[1].status === 200 && VALID[0][1](responses[1]) ? null
@@ -735,7 +740,7 @@ const ODD_FRAMINGS = [
   postRaw('/v1/chat/completions', '{"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}', 'Connection: close\r\n'),
 ];
 
-function rawCases(rng, n) {
+function rawCases(rng, n, valid = VALID) {
   const cases = [];
   for (let i = 0; i < n; i++) {
     const r = rng.f();
@@ -750,10 +755,10 @@ function rawCases(rng, n) {
       }
       cases.push({ kind: 'random text', bytes: lines.join('\r\n') + (rng.chance(0.5) ? '\r\n\r\n' : '') });
     } else if (r < 0.32) {
-      const v = Buffer.from(rng.pick(VALID)[0]);
+      const v = Buffer.from(rng.pick(valid)[0]);
       cases.push({ kind: 'truncated', bytes: v.subarray(0, 1 + rng.int(v.length - 1)) });
     } else if (r < 0.55) {
-      const v = Buffer.from(rng.pick(VALID)[0]);
+      const v = Buffer.from(rng.pick(valid)[0]);
       for (let k = 1 + rng.int(3); k > 0; k--) {
         const at = rng.int(v.length);
         v[at] = rng.chance(0.5) ? rng.int(256) : rng.pick([0x0d, 0x0a, 0x20, 0x3a, 0x00, 0x7f]);
@@ -765,19 +770,19 @@ function rawCases(rng, n) {
       cases.push({ kind: 'odd framing', bytes: rng.pick(ODD_FRAMINGS) });
     } else if (r < 0.88) {
       const k = rng.range(2, 4);
-      const picks = Array.from({ length: k }, () => rng.pick(VALID));
+      const picks = Array.from({ length: k }, () => rng.pick(valid));
       cases.push({ kind: 'pipelined', bytes: picks.map((p) => p[0]).join(''), expect: picks.map((p) => p[1]) });
     } else if (r < 0.93) {  // a valid request, then garbage: the first answered, then 400 (or a close)
-      const a = rng.pick(VALID);
+      const a = rng.pick(valid);
       cases.push({ kind: 'valid + garbage', bytes: a[0] + rng.pick(['GARBAGE\r\n\r\n', 'GET / HTTP/1.1\r\nbad\r\n\r\n', '\u0000\u0001\r\n\r\n']),
         expect: [a[1]], after: 400 });
     } else if (r < 0.94) {
       cases.push(HEAD_CASE);
     } else if (r < 0.96) {  // one request split into small writes
-      const a = rng.pick(VALID);
+      const a = rng.pick(valid);
       cases.push({ kind: 'split writes', bytes: a[0], expect: [a[1]], piece: rng.range(1, 16) });
     } else {
-      const a = rng.pick(VALID);
+      const a = rng.pick(valid);
       cases.push({ kind: 'valid', bytes: a[0], expect: [a[1]] });
     }
   }
@@ -1121,6 +1126,194 @@ async function runServer(cfg, budget) {
   }
 }
 
+// `strata route` in front of two workers (issue 28): the router's own regressions (an agent
+// loop echoed as the openai SDK echoes it, tool-call arguments in every form, decimal-string
+// hashes, pins of unknown hashes, a non-UTF-8 x-session-id, wrongly typed fields, a large
+// refused body), then the random and raw phases against the router, then its end state:
+// alive, workers idle, no pin mark the workers do not hold, memory within a bound, clean exit.
+async function runRouter(cfg, budget) {
+  const name = cfg.name;
+  const workers = [];
+  for (let k = 0; k < 2; k++) {
+    workers.push(await startServer([...cfg.args, '--kv-events-endpoint', 'tcp://127.0.0.1:*',
+      '--kv-events-replay-endpoint', 'tcp://127.0.0.1:*']));
+  }
+  const router = await startRouter(['--admin-api-key', KEY, '--load-poll-ms', '100',
+    '--http-header-timeout-s', '1', '--http-body-timeout-s', '1', ...workers.flatMap((w) => ['--worker', w.base])]);
+  const port = Number(new URL(router.base).port);
+  console.log(`[${name}] strata route pid ${router.proc.pid}, ${router.base}, workers ${workers.map((w) => w.base).join(' ')}`);
+  let exited = null;
+  router.proc.on('exit', (code, sig) => { exited = code ?? sig; });
+  const agent = new http.Agent({ keepAlive: true, maxSockets: OPT.concurrency + 4 });
+  const callAt = (p0, method, p, body, headers = {}) => send(p0, agent, {
+    method, path: p, body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
+    headers: { 'content-type': 'application/json', authorization: ADMIN, ...headers } });
+  const call = (...a) => callAt(port, ...a);
+  const workerPort = (w) => Number(new URL(w.base).port);
+  const marks = async () => {
+    const r = await call('GET', '/cache/state');
+    return JSON.parse(r.text).index.workers;
+  };
+  const world = new World(name);
+  const t0 = now();
+  try {
+    for (const end = now() + 20000; now() < end; await sleep(100)) {
+      const w = await call('GET', '/workers');
+      if (w.status === 200 && JSON.parse(w.text).workers.every((x) => x.joined && x.reachable)) break;
+    }
+    // ---------------------------------------------------------------- 1. regressions
+    let passed = 0;
+    const check = (ok, what, req) => { if (ok) passed++; else violation(name, `regression: ${what}`, req); };
+    const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+    const loop = (args, content) => ({ tools, max_tokens: 2, temperature: 0, messages: [
+      { role: 'system', content: SYSTEMS[4] }, { role: 'user', content: 'Weather in Paris?' },
+      { role: 'assistant', content, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: args } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: '{"temp_c": 18}' }] });
+    for (const [what, body] of [
+      ['content null, compact string arguments', loop('{"city":"Paris"}', null)],
+      ['content null, spaced string arguments', loop('{"city": "Paris"}', null)],
+      ['content null, object arguments', loop({ city: 'Paris' }, null)],
+      ['content "", string arguments', loop('{"city":"Paris"}', '')],
+    ]) {
+      const r = await call('POST', '/v1/chat/completions', body);
+      const direct = await callAt(workerPort(workers[0]), 'POST', '/v1/chat/completions', body);
+      const tokens = (x) => { try { return JSON.parse(x.text).usage.prompt_tokens; } catch { return null; } };
+      check(r.status === 200 && direct.status === 200 && tokens(r) === tokens(direct),
+        `an agent loop (${what}) through the router: ${r.status} (${tokens(r)} prompt tokens), directly ${direct.status} (${tokens(direct)}): ${(r.text ?? '').slice(0, 200)}`,
+        { method: 'POST', path: '/v1/chat/completions', body: JSON.stringify(body) });
+    }
+    {
+      const before = (await marks()).reduce((n, w) => n + w.pinned_blocks, 0);
+      for (const body of [{ block_hashes: ['18446744073709551615', '-2', '12345678901234567'] }, { block_hashes: [7, 8, 9] }]) {
+        const r = await call('POST', '/cache/pin', body);
+        check(r.status === 200, `a pin of unknown hashes ${JSON.stringify(body)} answered ${r.status}: ${(r.text ?? '').slice(0, 200)}`);
+      }
+      const after = (await marks()).reduce((n, w) => n + w.pinned_blocks, 0);
+      check(after === before, `pins of unknown hashes grew the router's pin marks from ${before} to ${after}`);
+    }
+    for (const [p, body] of [
+      ['/cache/pin', { messages: [{ role: 'user', content: 'x' }], add_generation_prompt: 'yes' }],
+      ['/cache/pin', { block_hashes: ['1x'] }],
+      ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], stream: 1 }],
+      ['/v1/completions', { prompt: [1, -1] }],
+    ]) {
+      const r = await call('POST', p, body);
+      let type = null;
+      try { type = JSON.parse(r.text).error.type; } catch { /* checked below */ }
+      check(r.status === 400 && type === 'invalid_request_error', `${p} ${JSON.stringify(body)}: ${r.status} ${(r.text ?? '').slice(0, 200)}`);
+    }
+    {
+      const chat = '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}';
+      const raw = Buffer.concat([Buffer.from('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-session-id: '),
+        Buffer.from([0xff, 0xc0, 0x80]), Buffer.from(`\r\nContent-Length: ${chat.length}\r\n\r\n${chat}`)]);
+      const problem = await runRaw(port, { kind: 'framing', name: 'non-UTF-8 x-session-id', status: 400, bytes: raw });
+      check(problem === null, `a non-UTF-8 x-session-id: ${problem}`);
+    }
+    {
+      const idx = async () => JSON.parse((await call('GET', '/cache/state')).text).index.predicted_entries;
+      const before = await idx();
+      const r = await send(port, false, { method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ messages: [{ role: 'user', content: words(400000, 3) }], max_tokens: 2 }) });
+      const after = await idx();
+      check(r.status === 400 && after <= before, `a 2 MB prompt over the workers' limit: ${r.status}, predicted entries ${before} -> ${after}`);
+    }
+    console.log(`[${name}] regression: ${passed} checks passed in ${((now() - t0) / 1000).toFixed(1)} s`);
+    for (const sys of SYSTEMS.slice(0, 3)) {
+      const r = await call('POST', '/tokenize', { messages: [{ role: 'system', content: sys }], add_generation_prompt: false });
+      if (r.status === 200) world.tokenLists.push(JSON.parse(r.text).tokens);
+    }
+    const rssWarm = rssKb(router.proc.pid);
+
+    // ---------------------------------------------------------------- 2. random requests
+    {
+      const tp = now();
+      const counts = new Counts();
+      let sent = 0;
+      let next = 0;
+      const deadline = budget.httpMs ? tp + budget.httpMs : Infinity;
+      const total = budget.http ?? Infinity;
+      const refreshTree = async () => {
+        const r = await call('GET', '/cache/state?detail=tree');
+        if (r.status !== 200) return;
+        const j = parseExact(r.text);
+        world.hashes = j.workers.flatMap((w) => (w.state?.nodes ?? []).flatMap((nd) => nd.block_hashes.map(String))).slice(0, 4000);
+      };
+      await refreshTree();
+      const worker = async () => {
+        while (next < total && now() < deadline && exited === null) {
+          const i = next++;
+          if (i % 25 === 0) await refreshTree();
+          const rng = new Rng((OPT.seed * 1000003 + i * 7919 + 29) >>> 0);
+          const req = generate(rng, world, i);
+          const r = await send(port, agent, req);
+          sent++;
+          counts.add(r.vanished ? (r.status ? `${r.status}-vanished` : 'vanished') : r.error ? 'error' : r.status);
+          // The router answers for endpoints of its own (the seed's /hicache paths are not
+          // among them): only the rules every answer follows are checked, not the status.
+          const problem = judge({ ...req, expect: undefined }, r);
+          if (problem) violation(name, problem, req);
+          learn(world, req, r);
+        }
+      };
+      await Promise.all(Array.from({ length: OPT.concurrency }, worker));
+      console.log(`[${name}] http: ${sent} requests in ${((now() - tp) / 1000).toFixed(1)} s: ${counts}`);
+    }
+    if (exited !== null) throw new Error(`the router exited (${exited}) during the random phase: ${router.stderr().slice(-2000)}`);
+
+    // ---------------------------------------------------------------- 3. raw sockets
+    {
+      const tr = now();
+      const rng = new Rng((OPT.seed ^ 0x5eed) + 2);
+      const counts = new Counts();
+      const cases = rawCases(rng, budget.raw ?? 200, ROUTER_VALID);
+      let next = 0;
+      await Promise.all(Array.from({ length: 16 }, async () => {
+        while (next < cases.length && exited === null) {
+          const i = next++;
+          const problem = await runRaw(port, cases[i]);
+          counts.add(problem ? 'failed' : cases[i].kind.replace(/ /g, '-'));
+          if (problem) violation(name, `raw #${i} ${cases[i].kind}: ${problem}`, JSON.stringify(Buffer.from(cases[i].bytes).toString('latin1').slice(0, 300)));
+        }
+      }));
+      console.log(`[${name}] raw: ${cases.length} inputs in ${((now() - tr) / 1000).toFixed(1)} s: ${counts}`);
+    }
+    if (exited !== null) throw new Error(`the router exited (${exited}) during the raw phase: ${router.stderr().slice(-2000)}`);
+
+    // ---------------------------------------------------------------- 4. the end state
+    {
+      const health = await call('GET', '/health');
+      if (health.status !== 200) violation(name, `/health answered ${health.status ?? health.error?.message} after the fuzz`);
+      for (const u of world.unpins) {
+        if (u.path === '/cache/unpin') await call('POST', u.path, u.body);
+      }
+      await sleep((CLIENT_PIN_TTL_S + 2) * 1000);
+      const index = await marks();
+      const ws = JSON.parse((await call('GET', '/workers')).text).workers;
+      for (const w of workers) {
+        const st = JSON.parse((await callAt(workerPort(w), 'GET', '/cache/state')).text);
+        if (st.requests.running !== 0 || st.requests.waiting !== 0) violation(name, `worker ${w.base} not idle: ${JSON.stringify(st.requests)}`);
+        const id = ws.find((x) => x.url === w.base)?.id;
+        const mine = index.find((x) => x.worker === id)?.pinned_blocks ?? 0;
+        if (mine > st.device.pinned_blocks) {
+          violation(name, `the router marks ${mine} blocks pinned on ${w.base}, which pins ${st.device.pinned_blocks}`);
+        }
+      }
+      const rssEnd = rssKb(router.proc.pid);
+      if (rssEnd > 2 * rssWarm + 200 * 1024 && !SANITIZED) violation(name, `router RSS ${(rssEnd / 1024).toFixed(0)} MB at the end, over 2 × ${(rssWarm / 1024).toFixed(0)} MB + 200 MB`);
+      const faults = router.stderr().split('\n').filter((l) => /handler fault|AddressSanitizer|runtime error|terminate called|Assertion/i.test(l));
+      for (const l of faults.slice(0, 5)) violation(name, `router log: ${l.slice(0, 300)}`);
+      console.log(`[${name}] end: router RSS ${(rssWarm / 1024).toFixed(0)} MB after warm-up, ${(rssEnd / 1024).toFixed(0)} MB at the end; ` +
+        `pin marks ${index.map((x) => x.pinned_blocks).join('/')}`);
+    }
+  } finally {
+    agent.destroy();
+    const code = await stopServer({ ...router, pid: router.proc.pid });
+    if (code !== 0) violation(name, `the router did not exit 0 on SIGTERM (${code}); stderr: ${router.stderr().slice(-1500)}`);
+    for (const w of workers) await stopServer(w);
+    console.log(`[${name}] done in ${((now() - t0) / 1000).toFixed(1)} s`);
+  }
+}
+
 // What a response teaches the fuzzer: token lists, sessions, and the pins to undo.
 function learn(world, req, r) {
   const ok = r.status === 200 && !r.error;
@@ -1184,6 +1377,7 @@ const COMMON = ['--admin-api-key', KEY, '--max-client-pin-ttl-s', String(CLIENT_
 const RUNS = [
   { name: 'admin', args: [...COMMON], http: 900, raw: 600 },
   { name: 'hicache', args: [...COMMON, '--enable-hierarchical-cache', '--hicache-ratio', '2'], http: 600, raw: 400 },
+  { name: 'router', router: true, args: [...COMMON], http: 500, raw: 200 },
 ].filter((r) => !OPT.only || r.name === OPT.only);
 
 const started = now();
@@ -1199,7 +1393,7 @@ for (const run of RUNS) {
     budget = { httpMs: share * 0.7, rawMs: share * 0.2, http: OPT.requests ?? undefined, raw: OPT.raw ?? undefined };
   }
   try {
-    await runServer(run, budget);
+    await (run.router ? runRouter(run, budget) : runServer(run, budget));
   } catch (e) {
     violation(run.name, `aborted: ${e.stack ?? e}`);
   }

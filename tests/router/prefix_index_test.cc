@@ -542,5 +542,57 @@ TEST(PrefixIndexTest, ConcurrentApplyAndMatch) {
   EXPECT_GT(matches.load(), 0u);
 }
 
+// A restarted worker (issue 28): its blocks, predictions and pin marks go at once; the
+// other worker keeps its own.
+TEST(PrefixIndexTest, ResetWorkerForgetsBlocksPredictionsAndPins) {
+  PrefixIndex index;
+  ASSERT_TRUE(index.add_worker(0, kBs));
+  ASSERT_TRUE(index.add_worker(1, kBs));
+  const auto tokens = seq_tokens(4, 100);
+  const auto router = hash_blocks(tokens, kBs);
+  index.apply(0, stored(0, tokens, 0, 4, Tier::kDevice));
+  index.apply(1, stored(0, tokens, 0, 4, Tier::kDevice));
+  index.set_pinned(0, router, true);
+  index.set_pinned(1, router, true);
+  index.insert_predicted(0, hash_blocks(seq_tokens(2, 900), kBs), 0, 10'000);
+  index.reset_worker(0);
+  const PrefixIndexStats s = index.stats();
+  EXPECT_EQ(s.workers[0].blocks, 0u);
+  EXPECT_EQ(s.workers[0].pinned_blocks, 0u);
+  EXPECT_EQ(s.workers[0].predicted_blocks, 0u);
+  EXPECT_EQ(s.workers[1].blocks, 4u);
+  EXPECT_EQ(s.workers[1].pinned_blocks, 4u);
+  EXPECT_TRUE(index.has_worker(0));
+  const auto ms = index.match(router);
+  EXPECT_EQ(find(ms, 0), nullptr);
+  ASSERT_NE(find(ms, 1), nullptr);
+  EXPECT_EQ(find(ms, 1)->pinned_blocks, 4u);
+}
+
+// Pin marks follow the worker's word: held() says which blocks it holds, replace_pins()
+// takes its tree's pins, drop_predicted() takes back a refused request's predictions.
+TEST(PrefixIndexTest, PinMarksAndPredictionsFollowTheWorker) {
+  PrefixIndex index;
+  ASSERT_TRUE(index.add_worker(0, kBs));
+  const auto tokens = seq_tokens(4, 100);
+  const auto router = hash_blocks(tokens, kBs);
+  index.apply(0, stored(0, tokens, 0, 2, Tier::kDevice));
+  const std::vector<uint64_t> unknown = {12345, 67890};
+  std::vector<uint64_t> asked = router;
+  asked.insert(asked.end(), unknown.begin(), unknown.end());
+  EXPECT_EQ(index.held(0, asked), (std::vector<uint64_t>{router[0], router[1]}));
+  index.set_pinned(0, router, true);
+  EXPECT_EQ(index.stats().workers[0].pinned_blocks, 4u);
+  index.replace_pins(0, std::span<const uint64_t>(router).first(1));
+  EXPECT_EQ(index.stats().workers[0].pinned_blocks, 1u);
+  const auto other = hash_blocks(seq_tokens(3, 500), kBs);
+  index.insert_predicted(0, other, 0, 10'000);
+  EXPECT_EQ(index.stats().workers[0].predicted_blocks, 3u);
+  index.drop_predicted(0, other);
+  EXPECT_EQ(index.stats().workers[0].predicted_blocks, 0u);
+  EXPECT_TRUE(index.match(other).empty());
+  EXPECT_EQ(index.expire(20'000), 0u);  // the dropped ones' heap nodes go quietly
+}
+
 }  // namespace
 }  // namespace strata::router

@@ -24,7 +24,9 @@ export function tinyQwen3Model() {
 
 export async function startServer(args = []) {
   const model = tinyQwen3Model();
-  const proc = spawn(STRATA, ['serve', '--model', model, '--port', '0', '--threads', '1',
+  // A port of the caller's (a worker restarted on the same address) or any free one.
+  const portArgs = args.includes('--port') ? [] : ['--port', '0'];
+  const proc = spawn(STRATA, ['serve', '--model', model, ...portArgs, '--threads', '1',
     '--log-level', 'warn', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
   proc.stderr.on('data', (d) => { stderr += d.toString(); });

@@ -1,0 +1,85 @@
+#include "router/routed_request.h"
+
+#include "request/chat_request.h"
+#include "request/json_fields.h"
+#include "text/tokenizer/utf8.h"
+
+namespace strata::router {
+
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+std::unexpected<Error> bad(std::string message) {
+  return make_error(ErrorCode::kInvalidArgument, std::move(message));
+}
+
+// A prompt's ids within the limit: nullopt when it is known to be longer.
+Result<std::optional<std::vector<int32_t>>> within_limit(Result<std::vector<int32_t>> ids) {
+  if (ids) return std::optional<std::vector<int32_t>>(std::move(*ids));
+  if (ids.error().code == ErrorCode::kResourceExhausted) {
+    return std::optional<std::vector<int32_t>>();
+  }
+  return std::unexpected(ids.error());
+}
+
+}  // namespace
+
+Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std::string& body,
+                                          std::string_view header_session, bool chat,
+                                          size_t max_prompt_tokens) {
+  auto parsed = parse_json_object_as<ojson>(body);
+  if (!parsed) return std::unexpected(parsed.error());
+  ojson& j = *parsed;
+  RoutedRequest r;
+  auto stream = get_bool(j, "stream");
+  if (!stream) return std::unexpected(stream.error());
+  r.stream = stream->value_or(false);
+  auto session = get_string(j, "session_id");
+  if (!session) return std::unexpected(session.error());
+  if (*session) {
+    if ((*session)->empty() || (*session)->size() > 256) {
+      return bad("'session_id' must be 1 to 256 characters");
+    }
+    r.session = **session;
+  } else if (!header_session.empty()) {
+    if (header_session.size() > 256 || !utf8::is_valid(header_session)) {
+      return bad("'x-session-id' must be 1 to 256 characters of valid UTF-8");
+    }
+    r.session = std::string(header_session);
+    j["session_id"] = r.session;  // the worker keys its records on it too
+    r.rewritten_body = j.dump();
+  }
+  auto set = [&](const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && !it->is_null() && *it != false && *it != 0 && *it != "";
+  };
+  r.pd_local_only = set("cache_salt") || set("logprobs") || set("top_logprobs");
+  if (chat) {
+    auto read = read_chat_request(j, GenerationPrompt::kAlways);
+    if (!read) return std::unexpected(read.error());
+    if (reader.chat() != nullptr) {
+      auto ids = within_limit(reader.chat_tokens(*read, max_prompt_tokens));
+      if (!ids) return std::unexpected(ids.error());
+      r.too_long = !*ids;
+      if (*ids) r.tokens = std::move(**ids);
+    }
+    return r;
+  }
+  auto prompt = parse_completion_prompt(j);
+  if (!prompt) return std::unexpected(prompt.error());
+  if (prompt->text) {
+    auto ids = within_limit(
+        reader.text_tokens(*prompt->text, /*add_special_tokens=*/true, max_prompt_tokens));
+    if (!ids) return std::unexpected(ids.error());
+    r.too_long = !*ids;
+    if (*ids) r.tokens = std::move(**ids);
+  } else if (max_prompt_tokens > 0 && prompt->token_ids.size() > max_prompt_tokens) {
+    r.too_long = true;
+  } else {
+    r.tokens = std::move(prompt->token_ids);
+  }
+  return r;
+}
+
+}  // namespace strata::router

@@ -1,0 +1,41 @@
+// What the router reads of a /v1/chat/completions or /v1/completions request before it
+// routes it: the prompt's tokens, read exactly as a worker reads them (the shared
+// request/ module: the same validation, tool-call normalization, template and tokenizer),
+// the session and whether it streams. Everything else in the body is the worker's to check.
+// A pure function of its inputs: safe on any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.h"
+#include "request/prompt_reader.h"
+
+namespace strata::router {
+
+struct RoutedRequest {
+  // The body to send upstream when it differs from the client's (the x-session-id header
+  // added as session_id); nullopt: the client's body as it is.
+  std::optional<std::string> rewritten_body;
+  std::vector<int32_t> tokens;  // empty: not scored by cache (no template, or too long)
+  bool too_long = false;        // the prompt is longer than max_prompt_tokens
+  std::string session;          // "" when none
+  bool stream = false;
+  // A worker keeps these prompts' prefill local (docs/pd-disaggregation.md): a cache_salt
+  // (tenant isolation) or log-probabilities travel in no prefill order.
+  bool pd_local_only = false;
+};
+
+// Reads `body` (and the x-session-id header's value) as a worker would; kInvalidArgument
+// with the worker's message for what a worker refuses while reading the prompt. With
+// `max_prompt_tokens` > 0 the encoding stops once the prompt is known to be longer: such
+// a request is routed unscored (too_long, no tokens) and the worker refuses it.
+Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std::string& body,
+                                          std::string_view header_session, bool chat,
+                                          size_t max_prompt_tokens);
+
+}  // namespace strata::router

