@@ -9,7 +9,7 @@ import { spawn } from 'node:child_process';
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import { createRequire } from 'node:module';
-import { startServer, startRouter as startRouterProcess, words, STRATA, SOURCE_DIR, tinyQwen3Model } from './server_harness.mjs';
+import { startServer, startRouter as startRouterProcess, waitFor, words, STRATA, SOURCE_DIR, tinyQwen3Model } from './server_harness.mjs';
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
 const OpenAI = require('openai').default ?? require('openai');
@@ -27,16 +27,6 @@ async function startWorker(extra = []) {
 
 function startRouter(args) {
   return startRouterProcess(['--admin-api-key', KEY, '--load-poll-ms', '50', ...args]);
-}
-
-async function waitFor(fn, what, ms = 15000) {
-  const until = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > until) assert.fail('timed out waiting for ' + what);
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 async function workerList(r = router) {

@@ -10,7 +10,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { startServer, startRouter as startRouterProcess, words, SOURCE_DIR } from './server_harness.mjs';
+import { startServer, startRouter as startRouterProcess, waitFor, words, SOURCE_DIR } from './server_harness.mjs';
 import { RawConn, postRaw, destroyAllRawConns } from './raw_http.mjs';
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
@@ -33,16 +33,6 @@ const withEvents = ['--kv-events-endpoint', 'tcp://127.0.0.1:*', '--kv-events-re
 
 function startRouter(args) {
   return startRouterProcess(['--admin-api-key', KEY, '--load-poll-ms', '50', ...args]);
-}
-
-async function waitFor(fn, what, ms = 20000) {
-  const until = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > until) assert.fail('timed out waiting for ' + what);
-    await sleep(50);
-  }
 }
 
 async function workerList(r) {

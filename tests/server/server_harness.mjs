@@ -116,6 +116,18 @@ export async function startRouter(args = []) {
 }
 
 // A long, deterministic text (for prompts that span many pages).
+// Polls `fn` every 50 ms until it returns something truthy (returned), or fails the test
+// after `ms` with "timed out waiting for <what>".
+export async function waitFor(fn, what, ms = 20000) {
+  const until = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > until) throw new Error('timed out waiting for ' + what);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
 export function words(n, seed = 1) {
   const vocab = ['alpha', 'river', 'stone', 'cloud', 'metric', 'vector', 'quiet', 'orange', 'signal', 'harbor',
     'lattice', 'ember', 'token', 'cache', 'pin', 'forest', 'delta', 'copper', 'window', 'falcon'];
