@@ -158,8 +158,9 @@ std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Pr
                                            echoed_text.size(), echoed_text) == 0;
   if (!echoes) return std::nullopt;
   const ojson* tools = p.tools ? &*p.tools : nullptr;
-  auto cont = ctx.chat->render_continuation(messages, rec->num_messages, rec->stop_text,
-                                            ctx.render_options(tools, true, p.template_kwargs));
+  auto cont =
+      ctx.chat->render_continuation(messages, rec->num_messages, rec->stop_text,
+                                    ctx.reader().render_options(tools, true, p.template_kwargs));
   if (!cont) return std::nullopt;
   // Too long alone means too long in all: prepare() then refuses the rendered prompt.
   auto more = ctx.tokenizer.encode(
@@ -189,8 +190,9 @@ Result<std::vector<int32_t>> encode_prompt(const RouteContext& ctx, std::string_
 // prompt limit.
 Result<std::vector<int32_t>> chat_prompt(const RouteContext& ctx, const Prepared& p,
                                          RequestTiming& timing) {
-  auto ids = ctx.chat_tokens(p.messages, p.tools ? &*p.tools : nullptr, true, p.template_kwargs,
-                             prompt_limit(ctx), [&timing] { timing.rendered(); });
+  auto ids =
+      ctx.reader().chat_tokens(p.messages, p.tools ? &*p.tools : nullptr, true, p.template_kwargs,
+                               prompt_limit(ctx), [&timing] { timing.rendered(); });
   if (!ids && ids.error().code == ErrorCode::kResourceExhausted) return prompt_too_long(ctx);
   return ids;
 }
@@ -345,7 +347,8 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
     for (int32_t k = 0; k <= p.msg_info->pin_through; ++k) {
       upto.push_back(p.messages[static_cast<size_t>(k)]);
     }
-    auto tokens = ctx.chat_tokens(upto, p.tools ? &*p.tools : nullptr, false, p.template_kwargs);
+    auto tokens =
+        ctx.reader().chat_tokens(upto, p.tools ? &*p.tools : nullptr, false, p.template_kwargs);
     if (!tokens) return;
     const int32_t ps = ctx.engine.options().page_size;
     auto hashes = hash_blocks(*tokens, ps, p.params.cache_salt);

@@ -38,16 +38,4 @@ http::Handler admin_only(const RouteContext& ctx, http::Handler handler) {
   };
 }
 
-ChatRenderOptions RouteContext::render_options(const ojson* tools, bool add_generation_prompt,
-                                               const ojson& template_kwargs) const {
-  return reader().render_options(tools, add_generation_prompt, template_kwargs);
-}
-
-Result<std::vector<int32_t>> RouteContext::chat_tokens(
-    const ojson& messages, const ojson* tools, bool add_generation_prompt,
-    const ojson& template_kwargs, size_t max_tokens, const std::function<void()>& rendered) const {
-  return reader().chat_tokens(messages, tools, add_generation_prompt, template_kwargs, max_tokens,
-                              rendered);
-}
-
 }  // namespace strata

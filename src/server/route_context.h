@@ -74,15 +74,6 @@ struct RouteContext {
 
   // How this worker reads prompts: the one reading the router shares (request/).
   PromptReader reader() const { return PromptReader(tokenizer, chat); }
-  // PromptReader::chat_tokens and render_options, with this worker's tokenizer and template.
-  Result<std::vector<int32_t>> chat_tokens(const nlohmann::ordered_json& messages,
-                                           const nlohmann::ordered_json* tools,
-                                           bool add_generation_prompt,
-                                           const nlohmann::ordered_json& template_kwargs,
-                                           size_t max_tokens = 0,
-                                           const std::function<void()>& rendered = {}) const;
-  ChatRenderOptions render_options(const nlohmann::ordered_json* tools, bool add_generation_prompt,
-                                   const nlohmann::ordered_json& template_kwargs) const;
 };
 
 // A blocking handler: runs on the HTTP worker pool (it may wait on the engine) and
