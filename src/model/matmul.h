@@ -9,9 +9,12 @@
 //   last partial page): our kernel, bound by reading W once from memory; it streams W one
 //   row at a time (one sequential stream per thread) against up to 4 rows of A held in
 //   cache, or 4 rows of W at a time against every row of A from 4 rows of A on. BLAS's
-//   GEMM packs W before multiplying, which for one row costs more than the product itself,
-//   and measured 2-2.6x slower than our kernel for every m from 8 to 64
-//   (docs/full-hit.md).
+//   GEMM packs W before multiplying, which for one row costs more than the product itself.
+//   The crossover depends on the vector width. With AVX-512 (32 vector registers hold
+//   the 4x4 block of accumulators) our kernel measured 2-2.6x faster than BLAS for every
+//   m from 8 to 64 (docs/full-hit.md). With AVX2 (16 registers: the block spills) its cost
+//   grows with every row of A and BLAS is 3-12x faster from 4 rows on (docs/model.md,
+//   "Small products"), so there BLAS takes over at 4 rows.
 // BF16 weights (packed, weights.h), any m: A is rounded to BF16 once, then our kernel
 // multiplies 12-row tiles of A by 32-row panels of W with vdpbf16ps (two products per
 // lane and instruction: twice the F32 FMA rate) where the CPU has AVX512-BF16, and an
@@ -29,7 +32,11 @@ namespace strata {
 
 class Matmul {
  public:
+#if defined(__AVX512F__)
   static constexpr int64_t kDefaultBlasMinRows = 64;
+#else
+  static constexpr int64_t kDefaultBlasMinRows = 4;
+#endif
 
   // F32 products with fewer than blas_min_rows rows of A use our kernel.
   explicit Matmul(int num_threads, int64_t blas_min_rows = kDefaultBlasMinRows);
