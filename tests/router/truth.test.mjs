@@ -3,15 +3,15 @@
 // prefix equal to the worker's reported hit), forgets a restarted worker's blocks and pins
 // at once, never marks a pin the worker did not confirm, answers bad input with 4xx in the
 // workers' error shape, and keeps nothing of a refused request (resident memory included).
-// Run by CTest: node --test tests/server/router_truth.test.mjs
+// Run by CTest: node --test tests/router/truth.test.mjs
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import path from 'node:path';
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { startServer, startRouter as startRouterProcess, waitFor, words, SOURCE_DIR } from './server_harness.mjs';
-import { RawConn, postRaw, destroyAllRawConns } from './raw_http.mjs';
+import { startServer, startRouter as startRouterProcess, waitFor, words, SOURCE_DIR } from '../server/server_harness.mjs';
+import { RawConn, postRaw, destroyAllRawConns } from '../server/raw_http.mjs';
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
 const OpenAI = require('openai').default ?? require('openai');

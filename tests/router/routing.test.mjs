@@ -1,7 +1,7 @@
 // Black-box tests of `strata route` in front of three real `strata serve` workers on
 // loopback (docs/router.md): placement by cache, sessions, spreading, pins through the
 // router, hostile input, a killed worker, and the official openai client through it.
-// Run by CTest: node --test tests/server/router.test.mjs
+// Run by CTest: node --test tests/router/routing.test.mjs
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
@@ -9,7 +9,7 @@ import { spawn } from 'node:child_process';
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import { createRequire } from 'node:module';
-import { startServer, startRouter as startRouterProcess, waitFor, words, STRATA, SOURCE_DIR, tinyQwen3Model } from './server_harness.mjs';
+import { startServer, startRouter as startRouterProcess, waitFor, words, STRATA, SOURCE_DIR, tinyQwen3Model } from '../server/server_harness.mjs';
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
 const OpenAI = require('openai').default ?? require('openai');

@@ -5,7 +5,7 @@
 // prefill worker killed mid-stream of orders (requests still complete).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, startRouter, words } from './server_harness.mjs';
+import { startServer, startRouter, words } from '../server/server_harness.mjs';
 
 process.env.UCX_TLS = process.env.UCX_TLS || 'tcp';
 
