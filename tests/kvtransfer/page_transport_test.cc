@@ -265,7 +265,7 @@ TEST_F(StoragePageTransportTest, MissingAndDamagedPagesFail) {
 }
 
 TEST_F(StoragePageTransportTest, RedisRoundTripsAndReportsADeadServer) {
-  testing::RedisTestServer server;
+  test_support::RedisTestServer server;
   ASSERT_EQ(server.start(), "");
   StorageConfig config;
   config.backend = "redis";

@@ -12,8 +12,8 @@
 namespace strata {
 namespace {
 
-using testing::redis_command;
-using testing::RedisTestServer;
+using test_support::redis_command;
+using test_support::RedisTestServer;
 
 constexpr size_t kPageBytes = 5000;
 
@@ -205,7 +205,7 @@ TEST_F(RedisBackendTest, HungServerTimesOutWithIoErrors) {
 
 TEST_F(RedisBackendTest, UnreachableAtStartIsNotFatal) {
   StorageConfig config = config_;
-  config.port = testing::free_loopback_port();
+  config.port = test_support::free_loopback_port();
   auto backend = make(config);
   ASSERT_TRUE(backend);
   const Batch batch({1});

@@ -23,7 +23,7 @@
 #include "common/result.h"
 #include "text/tokenizer/tokenizer.h"
 
-namespace strata::testing {
+namespace strata::test_support {
 
 inline std::filesystem::path source_dir() {
   return STRATA_SOURCE_DIR;
@@ -182,4 +182,4 @@ inline Result<nlohmann::json> run_reference(const std::filesystem::path& tokeniz
   return parsed["results"];
 }
 
-}  // namespace strata::testing
+}  // namespace strata::test_support

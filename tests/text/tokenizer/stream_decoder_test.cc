@@ -22,7 +22,7 @@ namespace {
 const Tokenizer& load(const std::string& name) {
   static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
   auto& slot = loaded[name];
-  if (!slot) slot = testing::load_tokenizer_or_exit(testing::real_tokenizer_dir(name));
+  if (!slot) slot = test_support::load_tokenizer_or_exit(test_support::real_tokenizer_dir(name));
   return *slot;
 }
 
@@ -102,7 +102,7 @@ TEST(StreamDecoderTest, UnknownIdIsAnErrorAndStreamContinues) {
 
 // Random id sequences: pieces are valid UTF-8 and concatenate to decode().
 TEST(StreamDecoderTest, RandomSequencesConcatenateToDecode) {
-  const int rounds = testing::sanitizer_build() ? 150 : 1500;
+  const int rounds = test_support::sanitizer_build() ? 150 : 1500;
   for (const char* name : {"qwen3", "llama3", "llama2"}) {
     const Tokenizer& t = load(name);
     std::mt19937 rng(42);
