@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_test_util.h"
 #include "http/server.h"
 
 namespace strata::bench {
@@ -112,10 +113,6 @@ class FakeServer {
   int64_t requests_ = 0;
   std::vector<int64_t> message_counts_;
 };
-
-Result<int64_t> four_byte_tokens(std::string_view text) {
-  return static_cast<int64_t>((text.size() + 3) / 4);
-}
 
 const ConversationShape kSmall{.system_min_tokens = 20,
                                .system_max_tokens = 30,

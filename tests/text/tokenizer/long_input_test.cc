@@ -23,13 +23,6 @@ namespace {
 
 using nlohmann::json;
 
-const Tokenizer& real_tokenizer(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
-  auto& slot = loaded[name];
-  if (!slot) slot = test_support::load_tokenizer_or_exit(test_support::real_tokenizer_dir(name));
-  return *slot;
-}
-
 std::string repeat(std::string_view unit, size_t times) {
   std::string out;
   out.reserve(unit.size() * times);
@@ -61,7 +54,7 @@ class LongWordReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LongWordReferenceTest, MatchesReference) {
   const std::string& name = GetParam();
-  const Tokenizer& tok = real_tokenizer(name);
+  const Tokenizer& tok = test_support::real_tokenizer(name);
   const auto words = long_words();
   std::vector<std::string> lines;
   for (const auto& [label, text] : words) lines.push_back("e " + test_support::to_hex(text));
@@ -171,7 +164,7 @@ int64_t resident_bytes() {
 // and leaves no scratch behind: a thread used to keep ~32 bytes per unit of its longest
 // word (hundreds of megabytes after a 10 MB word).
 TEST(LongInputTest, MegabyteWordsFinishAndReleaseTheirScratch) {
-  const Tokenizer& tok = real_tokenizer("qwen3");
+  const Tokenizer& tok = test_support::real_tokenizer("qwen3");
   const size_t size = test_support::sanitizer_build() ? (size_t{1} << 17) : (size_t{4} << 20);
   const std::vector<std::pair<std::string, std::string>> words = {
       {"one letter", std::string(size, 'a')},
@@ -202,7 +195,7 @@ TEST(LongInputTest, MegabyteWordsFinishAndReleaseTheirScratch) {
 // from its byte length (its ids would number at least bytes / longest token).
 TEST(LongInputTest, MaxTokensRefusesLongTextsEarly) {
   for (const std::string name : {"qwen3", "llama3", "llama2"}) {
-    const Tokenizer& tok = real_tokenizer(name);
+    const Tokenizer& tok = test_support::real_tokenizer(name);
     const std::string text = repeat("The river stone holds a quiet signal. ", 200);
     auto all = tok.encode(text);
     ASSERT_TRUE(all.has_value());

