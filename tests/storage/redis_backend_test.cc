@@ -9,8 +9,7 @@
 #include "common/clock.h"
 #include "testing/redis_test_server.h"
 
-namespace strata {
-namespace {
+namespace strata::redis_backend_test {
 
 using test_support::redis_command;
 using test_support::RedisTestServer;
@@ -319,5 +318,4 @@ TEST_F(RedisBackendTest, MakeStorageBackendGivesTheRedisBackend) {
   EXPECT_EQ(redis_command(server_.port(), {"EXISTS", "strata:ns1:0000000000000033"}), "1");
 }
 
-}  // namespace
-}  // namespace strata
+}  // namespace strata::redis_backend_test
