@@ -17,9 +17,7 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-ojson number_or_null(double v) {
+ojson finite_or_null(double v) {
   return std::isfinite(v) ? ojson(v) : ojson(nullptr);
 }
 
@@ -97,9 +95,9 @@ ojson figures_json(const PhaseRecord& p, const PolicyFigures& f) {
           {"router_reported_hit_fraction",
            fraction(p.router.reported_cached_tokens, p.router.prompt_tokens)},
           {"requests_per_worker", f.requests_per_worker},
-          {"requests_per_worker_max_over_min", number_or_null(spread(f.requests_per_worker))},
+          {"requests_per_worker_max_over_min", finite_or_null(spread(f.requests_per_worker))},
           {"sessions_per_worker", f.sessions_per_worker},
-          {"sessions_per_worker_max_over_min", number_or_null(spread(f.sessions_per_worker))},
+          {"sessions_per_worker_max_over_min", finite_or_null(spread(f.sessions_per_worker))},
           {"router_queue", {{"queued", f.queued}, {"mean_s", f.queue_mean_s}}},
           {"router_retries", f.retries},
           {"router_rejected", static_cast<int64_t>(p.router.rejected)},
@@ -112,11 +110,11 @@ ojson figures_json(const PhaseRecord& p, const PolicyFigures& f) {
   if (p.workload == kFailure) {
     j["killed_worker"] =
         p.killed_worker >= 0 ? ojson(p.workers[static_cast<size_t>(p.killed_worker)]) : ojson();
-    j["killed_at_s"] = number_or_null(p.killed_at_s >= 0 ? p.killed_at_s : kNaN);
-    j["restarted_at_s"] = number_or_null(p.restarted_at_s >= 0 ? p.restarted_at_s : kNaN);
+    j["killed_at_s"] = finite_or_null(p.killed_at_s >= 0 ? p.killed_at_s : kNaN);
+    j["restarted_at_s"] = finite_or_null(p.restarted_at_s >= 0 ? p.restarted_at_s : kNaN);
     j["failed_streaming_on_killed"] = f.failed_streaming_on_killed;
     j["failed_other"] = f.failed_other;
-    j["back_after_s"] = number_or_null(f.back_after_s >= 0 ? f.back_after_s : kNaN);
+    j["back_after_s"] = finite_or_null(f.back_after_s >= 0 ? f.back_after_s : kNaN);
   }
   if (!p.error.empty()) j["error"] = p.error;
   return j;

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <map>
 #include <utility>
 
@@ -18,7 +17,6 @@ namespace strata::bench {
 namespace {
 
 using json = nlohmann::ordered_json;
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::string short_name(SweepPhase p) {
   switch (p) {

@@ -9,8 +9,6 @@ namespace strata::bench {
 
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 nlohmann::ordered_json number_or_null(double v) {
   return std::isnan(v) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v);
 }

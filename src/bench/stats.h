@@ -6,12 +6,16 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace strata::bench {
+
+// What a statistic of no values is, and what the reports print as null.
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // The p-th percentile, p in [0, 100], of `values` (any order). NaN for no values.
 double percentile(std::span<const double> values, double p);

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 
 #include "bench/svg_chart.h"
 #include "bench/target.h"
@@ -15,8 +14,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 using ojson = nlohmann::ordered_json;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // "0.23": ratios near the 0.3 and 1.0 targets need two decimals.
 std::string format_fraction(double v) {

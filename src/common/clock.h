@@ -4,8 +4,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 
 namespace strata {
+
+// A time on the clocks' scale that never comes: the deadline (or next check) when there is none.
+inline constexpr int64_t kNeverMs = std::numeric_limits<int64_t>::max();
 
 class Clock {
  public:

@@ -43,4 +43,9 @@ inline std::unexpected<Error> make_error(ErrorCode code, std::string message) {
   return std::unexpected<Error>(Error{code, std::move(message)});
 }
 
+// A refused input: make_error(ErrorCode::kInvalidArgument, message).
+inline std::unexpected<Error> bad_argument(std::string message) {
+  return make_error(ErrorCode::kInvalidArgument, std::move(message));
+}
+
 }  // namespace strata

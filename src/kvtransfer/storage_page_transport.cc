@@ -4,23 +4,13 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
+#include "common/clock.h"
 #include "kvtransfer/page_runs.h"
 #include "kvtransfer/wire_format.h"
 
 namespace strata {
-
-namespace {
-
-int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 Status StoragePageTransportOptions::validate() const {
   if (pages_per_call < 1) {
@@ -124,7 +114,8 @@ void StoragePageTransport::enqueue(std::function<Status(int64_t)> job, int64_t t
                                    TransferDone done) {
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back(Job{std::move(job), steady_ms() + timeout_ms, std::move(done)});
+    queue_.push_back(
+        Job{std::move(job), SteadyClock::instance().now_ms() + timeout_ms, std::move(done)});
   }
   cv_.notify_one();
 }
@@ -161,7 +152,7 @@ Status StoragePageTransport::write_pages(const PageBatch& batch, int64_t deadlin
   const size_t chunk = static_cast<size_t>(options_.pages_per_call);
   std::vector<std::byte> staging(std::min(n, chunk) * page_bytes);
   for (size_t begin = 0; begin < n; begin += chunk) {
-    if (steady_ms() > deadline_ms) {
+    if (SteadyClock::instance().now_ms() > deadline_ms) {
       return make_error(ErrorCode::kTimeout,
                         fmt::format("room {}: {} of {} pages written to the store when the "
                                     "deadline passed",
@@ -198,7 +189,7 @@ Status StoragePageTransport::read_pages(const PageBatch& batch, int64_t deadline
   const size_t chunk = static_cast<size_t>(options_.pages_per_call);
   std::vector<std::byte> staging(std::min(n, chunk) * page_bytes);
   for (size_t begin = 0; begin < n; begin += chunk) {
-    if (steady_ms() > deadline_ms) {
+    if (SteadyClock::instance().now_ms() > deadline_ms) {
       return make_error(ErrorCode::kTimeout,
                         fmt::format("room {}: {} of {} pages read from the store when the "
                                     "deadline passed",

@@ -2,18 +2,12 @@
 
 #include <fmt/format.h>
 #include <algorithm>
-#include <limits>
 #include <utility>
 
 #include "common/check.h"
+#include "common/clock.h"
 
 namespace strata::pd {
-namespace {
-
-constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-
-}  // namespace
-
 Status PrefillLeaseOptions::validate() const {
   if (max_leases < 1 || max_leases > (size_t{1} << 20)) {
     return make_error(ErrorCode::kInvalidArgument, "PD leases: max_leases must be 1..2^20");
@@ -36,7 +30,7 @@ std::string_view lease_end_name(LeaseEnd end) {
 }
 
 PrefillLeases::PrefillLeases(PrefillLeaseOptions options)
-    : options_(options), next_expiry_ms_(kNever) {
+    : options_(options), next_expiry_ms_(kNeverMs) {
   const auto valid = options_.validate();
   STRATA_CHECK_MSG(valid.has_value(), valid.error().message);
 }
@@ -135,7 +129,7 @@ std::vector<EndedLease> PrefillLeases::on_peer_dead(std::string_view peer) {
 std::vector<EndedLease> PrefillLeases::tick(int64_t now_ms) {
   std::vector<EndedLease> out;
   if (now_ms <= next_expiry_ms_) return out;
-  int64_t next = kNever;
+  int64_t next = kNeverMs;
   for (auto it = leases_.begin(); it != leases_.end();) {
     auto following = std::next(it);
     if (now_ms > it->second.deadline_at_ms) {

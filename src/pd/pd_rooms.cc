@@ -2,17 +2,15 @@
 
 #include <fmt/format.h>
 #include <algorithm>
-#include <limits>
 #include <random>
 #include <type_traits>
 #include <utility>
 
 #include "common/check.h"
+#include "common/clock.h"
 
 namespace strata::pd {
 namespace {
-
-constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
 
 bool accepting(RoomState s) {
   return s == RoomState::kReserved || s == RoomState::kOrdered;
@@ -332,7 +330,7 @@ Result<std::optional<RoomEvent>> DecodeRooms::apply(std::string_view peer, const
 
 int64_t DecodeRooms::next_deadline(const Room& room) const {
   if (room_state_final(room.state)) {
-    return room.reclaimable ? kNever : room.final_ms + options_.quarantine_ms;
+    return room.reclaimable ? kNeverMs : room.final_ms + options_.quarantine_ms;
   }
   int64_t d = room.deadline_at_ms;
   if (room.state == RoomState::kOrdered) {
@@ -350,7 +348,7 @@ void DecodeRooms::note_deadline(const Room& room) {
 std::vector<RoomEvent> DecodeRooms::tick(int64_t now_ms) {
   std::vector<RoomEvent> events;
   if (now_ms < next_check_ms_) return events;
-  int64_t next = kNever;
+  int64_t next = kNeverMs;
   for (auto& [id, room] : rooms_) {
     if (room_state_final(room.state)) {
       if (!room.reclaimable && now_ms - room.final_ms >= options_.quarantine_ms) {

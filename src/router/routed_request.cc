@@ -10,10 +10,6 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-std::unexpected<Error> bad(std::string message) {
-  return make_error(ErrorCode::kInvalidArgument, std::move(message));
-}
-
 // A prompt's ids within the limit: nullopt when it is known to be longer.
 Result<std::optional<std::vector<int32_t>>> within_limit(Result<std::vector<int32_t>> ids) {
   if (ids) return std::optional<std::vector<int32_t>>(std::move(*ids));
@@ -39,12 +35,12 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
   if (!session) return std::unexpected(session.error());
   if (*session) {
     if ((*session)->empty() || (*session)->size() > 256) {
-      return bad("'session_id' must be 1 to 256 characters");
+      return bad_argument("'session_id' must be 1 to 256 characters");
     }
     r.session = **session;
   } else if (!header_session.empty()) {
     if (header_session.size() > 256 || !utf8::is_valid(header_session)) {
-      return bad("'x-session-id' must be 1 to 256 characters of valid UTF-8");
+      return bad_argument("'x-session-id' must be 1 to 256 characters of valid UTF-8");
     }
     r.session = std::string(header_session);
     j["session_id"] = r.session;  // the worker keys its records on it too

@@ -22,7 +22,7 @@ namespace strata {
 namespace {
 
 using boost::asio::awaitable;
-using Clock = std::chrono::steady_clock;
+using KeepaliveClock = std::chrono::steady_clock;
 
 constexpr auto kKeepalive = std::chrono::seconds(15);
 // Unwritten stream bytes past which the handler leaves events in the subscriber's queue.
@@ -45,7 +45,7 @@ awaitable<void> cache_events(RouteContext& ctx, http::Exchange& ex) {
   const size_t window = std::min(
       kSendWindowBytes,
       static_cast<size_t>(std::max<int64_t>(ctx.options.http.max_stream_buffer_bytes / 2, 1)));
-  auto last_sent = Clock::now();
+  auto last_sent = KeepaliveClock::now();
   for (;;) {
     const size_t queued = ex.stream_queued_bytes();
     if (queued < window) {
@@ -59,7 +59,7 @@ awaitable<void> cache_events(RouteContext& ctx, http::Exchange& ex) {
       }
       if (!t.frames.empty()) {
         if (!ex.send(std::move(t.frames))) co_return;  // the client is gone
-        last_sent = Clock::now();
+        last_sent = KeepaliveClock::now();
         continue;  // more may be queued
       }
       if (t.closed) {
@@ -67,10 +67,10 @@ awaitable<void> cache_events(RouteContext& ctx, http::Exchange& ex) {
         co_return;
       }
     }
-    const auto idle = Clock::now() - last_sent;
+    const auto idle = KeepaliveClock::now() - last_sent;
     if (idle >= kKeepalive) {
       if (!ex.send(": keepalive\n\n")) co_return;
-      last_sent = Clock::now();
+      last_sent = KeepaliveClock::now();
       continue;
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kKeepalive - idle);

@@ -3,13 +3,6 @@
 #include <string>
 
 namespace strata {
-namespace {
-
-std::unexpected<Error> bad(std::string message) {
-  return make_error(ErrorCode::kInvalidArgument, std::move(message));
-}
-
-}  // namespace
 
 #define STRATA_TRY_ASSIGN(var, expr)                     \
   auto var##_r = (expr);                                 \
@@ -32,7 +25,7 @@ Result<GenerationParams> parse_generation_params(const nlohmann::json& body, boo
   if (temperature) p.sampling.temperature = static_cast<float>(*temperature);
   STRATA_TRY_ASSIGN(top_p, get_number(body, "top_p", 0.0, 1.0));
   if (top_p) {
-    if (*top_p <= 0.0) return bad("'top_p' must be in (0, 1]");
+    if (*top_p <= 0.0) return bad_argument("'top_p' must be in (0, 1]");
     p.sampling.top_p = static_cast<float>(*top_p);
   }
   STRATA_TRY_ASSIGN(top_k, get_int(body, "top_k", -1, 1 << 20));
@@ -42,7 +35,7 @@ Result<GenerationParams> parse_generation_params(const nlohmann::json& body, boo
   STRATA_TRY_ASSIGN(stream, get_bool(body, "stream"));
   p.stream = stream.value_or(false);
   if (const auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return bad("'stream_options' must be an object");
+    if (!it->is_object()) return bad_argument("'stream_options' must be an object");
     STRATA_TRY_ASSIGN(include_usage, get_bool(*it, "include_usage"));
     p.include_usage = include_usage.value_or(false);
   }
@@ -51,15 +44,15 @@ Result<GenerationParams> parse_generation_params(const nlohmann::json& body, boo
       p.stop.push_back(it->get<std::string>());
     } else if (it->is_array()) {
       for (const auto& s : *it) {
-        if (!s.is_string()) return bad("'stop' must be a string or an array of strings");
+        if (!s.is_string()) return bad_argument("'stop' must be a string or an array of strings");
         p.stop.push_back(s.get<std::string>());
       }
     } else {
-      return bad("'stop' must be a string or an array of strings");
+      return bad_argument("'stop' must be a string or an array of strings");
     }
-    if (p.stop.size() > 16) return bad("'stop' holds at most 16 strings");
+    if (p.stop.size() > 16) return bad_argument("'stop' holds at most 16 strings");
     for (const auto& s : p.stop) {
-      if (s.empty()) return bad("'stop' strings must not be empty");
+      if (s.empty()) return bad_argument("'stop' strings must not be empty");
     }
   }
   if (const auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
@@ -73,7 +66,7 @@ Result<GenerationParams> parse_generation_params(const nlohmann::json& body, boo
     p.sampling.logprobs = logprobs.value_or(false);
     STRATA_TRY_ASSIGN(top_logprobs, get_int(body, "top_logprobs", 0, 20));
     if (top_logprobs) {
-      if (!p.sampling.logprobs) return bad("'top_logprobs' requires 'logprobs': true");
+      if (!p.sampling.logprobs) return bad_argument("'top_logprobs' requires 'logprobs': true");
       p.sampling.top_logprobs = static_cast<int32_t>(*top_logprobs);
     }
   } else {
@@ -92,7 +85,7 @@ Result<GenerationParams> parse_generation_params(const nlohmann::json& body, boo
   STRATA_TRY_ASSIGN(session, get_string(body, "session_id"));
   if (session) {
     if (session->empty() || session->size() > 256) {
-      return bad("'session_id' must be 1 to 256 characters");
+      return bad_argument("'session_id' must be 1 to 256 characters");
     }
     p.session_id = *session;
   }

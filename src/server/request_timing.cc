@@ -6,17 +6,17 @@ namespace strata {
 
 namespace {
 
-using Clock = RequestTiming::Clock;
+using TimingClock = RequestTiming::Clock;
 
 // Milliseconds from a to b; 0 when either stamp is missing or the order is reversed (a
 // phase that did not happen, e.g. rendering for /v1/completions).
-double ms_between(Clock::time_point a, Clock::time_point b) {
-  if (a == Clock::time_point{} || b == Clock::time_point{} || b < a) return 0.0;
+double ms_between(TimingClock::time_point a, TimingClock::time_point b) {
+  if (a == TimingClock::time_point{} || b == TimingClock::time_point{} || b < a) return 0.0;
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-Clock::time_point from_ns(int64_t ns) {
-  return ns == 0 ? Clock::time_point{} : Clock::time_point(Clock::duration(ns));
+TimingClock::time_point from_ns(int64_t ns) {
+  return ns == 0 ? TimingClock::time_point{} : TimingClock::time_point(TimingClock::duration(ns));
 }
 
 void append(std::string& out, const char* name, double ms, const char* format) {
@@ -28,8 +28,8 @@ void append(std::string& out, const char* name, double ms, const char* format) {
 }  // namespace
 
 std::string RequestTiming::server_timing() const {
-  const Clock::time_point first = from_ns(first_item_ns_.load(std::memory_order_relaxed));
-  const Clock::time_point last = from_ns(last_item_ns_.load(std::memory_order_relaxed));
+  const TimingClock::time_point first = from_ns(first_item_ns_.load(std::memory_order_relaxed));
+  const TimingClock::time_point last = from_ns(last_item_ns_.load(std::memory_order_relaxed));
   const std::pair<const char*, double> phases[] = {
       {"http_read", ms_between(first_byte_, read_)},
       {"to_worker", ms_between(read_, worker_start_)},

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-namespace strata::testing {
+namespace strata::test_support {
 
 inline constexpr const char* kRedisServerPath = "/usr/bin/redis-server";
 
@@ -148,4 +148,4 @@ class RedisTestServer {
   int port_ = 0;
 };
 
-}  // namespace strata::testing
+}  // namespace strata::test_support

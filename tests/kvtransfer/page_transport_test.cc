@@ -19,16 +19,13 @@
 #include "kvtransfer/ucx_page_transport.h"
 #include "kvtransfer/ucx_transport.h"
 #include "kvtransfer/wire_format.h"
+#include "kvtransfer_test_util.h"
 #include "memory/kv_pool.h"
 #include "storage/storage_backend.h"
 #include "testing/redis_test_server.h"
 
 namespace strata {
 namespace {
-
-using namespace std::chrono_literals;
-
-constexpr auto kWaitBound = 120s;  // against hangs only; nothing asserts on times
 
 Status run(const std::function<Status(TransferDone)>& start) {
   auto promise = std::make_shared<std::promise<Status>>();
@@ -41,7 +38,7 @@ Status run(const std::function<Status(TransferDone)>& start) {
   return future.get();
 }
 
-void fill_random(KvPool& pool, uint64_t seed) {
+void fill_random_words(KvPool& pool, uint64_t seed) {
   std::mt19937_64 gen(seed);
   std::byte* base = kv_pool_base(pool);
   for (size_t i = 0; i + 8 <= pool.total_bytes(); i += 8) {
@@ -58,8 +55,8 @@ struct Pools {
   KvPool reference{KvPoolShape{4, 2, 32, 56, 16, KvDtype::kF16}};
 
   Pools() {
-    fill_random(prefill, 1);
-    fill_random(decode, 2);
+    fill_random_words(prefill, 1);
+    fill_random_words(decode, 2);
     std::memcpy(kv_pool_base(reference), kv_pool_base(decode), decode.total_bytes());
   }
 
@@ -265,7 +262,7 @@ TEST_F(StoragePageTransportTest, MissingAndDamagedPagesFail) {
 }
 
 TEST_F(StoragePageTransportTest, RedisRoundTripsAndReportsADeadServer) {
-  testing::RedisTestServer server;
+  test_support::RedisTestServer server;
   ASSERT_EQ(server.start(), "");
   StorageConfig config;
   config.backend = "redis";

@@ -14,16 +14,13 @@
 
 #include "kvtransfer/page_runs.h"
 #include "kvtransfer/wire_format.h"
+#include "kvtransfer_test_util.h"
 #include "memory/kv_pool.h"
 
 namespace strata {
 namespace {
 
 using namespace std::chrono_literals;
-
-// Waiting is bounded so that a hang fails the test instead of stalling the suite; the
-// bound is far above any expected time and nothing asserts on how long it took.
-constexpr auto kWaitBound = 120s;
 
 // A TransferDone that fulfils a future, and counts its calls (exactly once expected).
 struct Completion {

@@ -12,23 +12,10 @@
 
 #include "memory/kv_dtype.h"
 #include "memory/kv_pool.h"
+#include "memory_test_util.h"
 
 namespace strata {
 namespace {
-
-using Bytes = std::vector<std::byte>;
-
-Bytes device_page(const KvPool& pool, PageId page) {
-  Bytes out(pool.page_bytes());
-  pool.copy_page_out(page, out);
-  return out;
-}
-
-Bytes host_page(const HostKvPool& pool, PageId page) {
-  Bytes out(pool.page_bytes());
-  pool.read_page(page, out);
-  return out;
-}
 
 Bytes random_bytes(size_t n, std::mt19937& gen) {
   Bytes out(n);

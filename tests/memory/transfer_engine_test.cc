@@ -11,28 +11,15 @@
 
 #include "memory/host_kv_pool.h"
 #include "memory/kv_pool.h"
+#include "memory_test_util.h"
 
 namespace strata {
 namespace {
-
-using Bytes = std::vector<std::byte>;
 
 constexpr int32_t kPages = 64;
 
 KvPoolShape test_shape() {
   return KvPoolShape{4, 2, 8, kPages, 16, KvDtype::kBF16};
-}
-
-Bytes device_page(const KvPool& pool, PageId page) {
-  Bytes out(pool.page_bytes());
-  pool.copy_page_out(page, out);
-  return out;
-}
-
-Bytes host_page(const HostKvPool& pool, PageId page) {
-  Bytes out(pool.page_bytes());
-  pool.read_page(page, out);
-  return out;
 }
 
 void fill_random(KvPool& pool, uint32_t seed) {

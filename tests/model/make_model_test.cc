@@ -2,34 +2,19 @@
 
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "model/make_tokenizer.h"
+#include "model_test_util.h"
 
 namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path dir = fs::path(STRATA_BINARY_DIR) / "test-tmp" /
-                       ("make_model_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 TEST(MakeModelTest, PresetsHaveTheSpecifiedShapes) {
   const ModelConfig bench = preset_config(ModelPreset::kBench, Architecture::kLlama);
@@ -57,13 +42,13 @@ TEST(MakeModelTest, PresetsHaveTheSpecifiedShapes) {
 
 TEST(MakeModelTest, SameSeedSameBytes) {
   MakeModelOptions a;
-  a.out_dir = temp_dir("seed_a");
+  a.out_dir = fresh_test_dir("make_model_seed_a");
   a.arch = Architecture::kQwen3;
   a.seed = 5;
   MakeModelOptions b = a;
-  b.out_dir = temp_dir("seed_b");
+  b.out_dir = fresh_test_dir("make_model_seed_b");
   MakeModelOptions c = a;
-  c.out_dir = temp_dir("seed_c");
+  c.out_dir = fresh_test_dir("make_model_seed_c");
   c.seed = 6;
   ASSERT_TRUE(make_model(a).has_value());
   ASSERT_TRUE(make_model(b).has_value());
@@ -125,7 +110,7 @@ TEST(MakeModelTest, GeneratedTokenizerIsAValidByteLevelBpe) {
 
 TEST(MakeModelTest, WritesALoadableFolder) {
   MakeModelOptions options;
-  options.out_dir = temp_dir("folder");
+  options.out_dir = fresh_test_dir("make_model_folder");
   options.preset = ModelPreset::kTiny;
   auto made = make_model(options);
   ASSERT_TRUE(made.has_value()) << made.error().message;
@@ -162,7 +147,7 @@ TEST(MakeModelTest, CopiedTokenizerRulesTheVocabulary) {
   EXPECT_EQ(info->pad_id, 151643);  // <|endoftext|>
 
   MakeModelOptions options;
-  options.out_dir = temp_dir("qwen_tokenizer");
+  options.out_dir = fresh_test_dir("make_model_qwen_tokenizer");
   options.arch = Architecture::kQwen3;
   options.tokenizer_dir = qwen;
   options.dtype = TensorDtype::kBF16;

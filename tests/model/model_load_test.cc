@@ -2,8 +2,6 @@
 // kind of bad model refused with a clear message (never a crash).
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +14,7 @@
 #include "model/model.h"
 #include "model/reference_forward.h"
 #include "model/safetensors.h"
+#include "model_test_util.h"
 
 namespace strata {
 namespace {
@@ -23,26 +22,13 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-fs::path temp_dir(const std::string& name) {
-  const fs::path dir = fs::path(STRATA_BINARY_DIR) / "test-tmp" /
-                       ("model_load_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 void write_file(const fs::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
 }
 
 fs::path make_tiny(const std::string& name, TensorDtype dtype = TensorDtype::kF32, int shards = 1) {
-  const fs::path dir = temp_dir(name);
+  const fs::path dir = fresh_test_dir("model_load_" + name);
   MakeModelOptions options;
   options.out_dir = dir;
   options.preset = ModelPreset::kTiny;
@@ -75,7 +61,7 @@ void expect_error(const fs::path& dir, ErrorCode code, const std::string& needle
 }
 
 TEST(SafetensorsTest, WriterAndReaderRoundTrip) {
-  const fs::path dir = temp_dir("roundtrip");
+  const fs::path dir = fresh_test_dir("model_load_roundtrip");
   TensorStore store;
   const std::vector<float> a = {1.0f, -2.5f, 3.25f, 0.0f, 65504.0f, 1e-8f};
   store.add_f32("b.f32", TensorDtype::kF32, {2, 3}, a);
@@ -111,7 +97,7 @@ TEST(SafetensorsTest, WriterAndReaderRoundTrip) {
 }
 
 TEST(SafetensorsTest, RefusesCorruptFiles) {
-  const fs::path dir = temp_dir("corrupt");
+  const fs::path dir = fresh_test_dir("model_load_corrupt");
   TensorStore store;
   const std::vector<float> v(64, 1.0f);
   store.add_f32("w", TensorDtype::kF32, {8, 8}, v);
@@ -182,7 +168,7 @@ TEST(ModelLoadTest, LoadsEveryDtypeAndShards) {
 }
 
 TEST(ModelLoadTest, RefusesMissingTensor) {
-  const fs::path dir = temp_dir("missing_tensor");
+  const fs::path dir = fresh_test_dir("model_load_missing_tensor");
   const ModelConfig config = preset_config(ModelPreset::kTiny, Architecture::kLlama);
   TensorStore tensors = make_random_tensors(config, 1, TensorDtype::kF32);
   ASSERT_TRUE(tensors.remove("model.layers.1.mlp.down_proj.weight"));

@@ -23,7 +23,7 @@
 namespace strata::router {
 namespace {
 
-constexpr int kBs = 4;
+constexpr int kEventBlockSize = 4;
 
 std::string be64(uint64_t v) {
   std::string s(8, '\0');
@@ -34,7 +34,7 @@ std::string be64(uint64_t v) {
 // A Strata-layout batch storing blocks [first, end) of `tokens` on the device (Strata's
 // hashes: the router's), or clearing everything.
 std::string store_payload(const std::vector<int32_t>& tokens, int first, int end) {
-  const auto hashes = hash_blocks(tokens, kBs);
+  const auto hashes = hash_blocks(tokens, kEventBlockSize);
   std::string out(1024 + tokens.size() * 10, '\0');
   char* p = out.data();
   p = mp_encode_array(p, 3);
@@ -45,10 +45,10 @@ std::string store_payload(const std::vector<int32_t>& tokens, int first, int end
   p = mp_encode_array(p, static_cast<uint32_t>(end - first));
   for (int i = first; i < end; ++i) p = mp_encode_uint(p, hashes[i]);
   p = first == 0 ? mp_encode_nil(p) : mp_encode_uint(p, hashes[first - 1]);
-  p = mp_encode_array(p, static_cast<uint32_t>((end - first) * kBs));
-  for (int i = first * kBs; i < end * kBs; ++i)
+  p = mp_encode_array(p, static_cast<uint32_t>((end - first) * kEventBlockSize));
+  for (int i = first * kEventBlockSize; i < end * kEventBlockSize; ++i)
     p = mp_encode_uint(p, static_cast<uint64_t>(tokens[i]));
-  p = mp_encode_uint(p, kBs);
+  p = mp_encode_uint(p, kEventBlockSize);
   p = mp_encode_nil(p);
   p = mp_encode_str(p, "GPU", 3);
   p = mp_encode_uint(p, 0);
@@ -77,16 +77,16 @@ bool wait_for(const std::function<bool()>& pred, double timeout_s = 10) {
 
 // The worker side: PUB (used from the test's thread) and a replay ROUTER served by its own
 // thread from a ring of published batches.
-class FakeWorker {
+class FakeEventPublisher {
  public:
-  FakeWorker() {
+  FakeEventPublisher() {
     pub_.set(zmq::sockopt::linger, 0);
     pub_.bind("tcp://127.0.0.1:0");
     replay_.set(zmq::sockopt::linger, 0);
     replay_.bind("tcp://127.0.0.1:0");
     thread_ = std::thread([this] { serve(); });
   }
-  ~FakeWorker() {
+  ~FakeEventPublisher() {
     stop_ = true;
     thread_.join();
   }
@@ -161,7 +161,7 @@ class FakeWorker {
 
 class EventSubscriberTest : public ::testing::Test {
  protected:
-  void SetUp() override { ASSERT_TRUE(index_.add_worker(kWorker, kBs)); }
+  void SetUp() override { ASSERT_TRUE(index_.add_worker(kWorker, kEventBlockSize)); }
 
   void start(int replay_timeout_ms = 1000) {
     EventSubscriberOptions o;
@@ -187,7 +187,7 @@ class EventSubscriberTest : public ::testing::Test {
   }
 
   uint32_t matched(const std::vector<int32_t>& tokens) {
-    const auto ms = index_.match(PrefixIndex::hash_tokens(tokens, kBs));
+    const auto ms = index_.match(PrefixIndex::hash_tokens(tokens, kEventBlockSize));
     return ms.empty() ? 0 : ms[0].matched_blocks;
   }
 
@@ -198,7 +198,7 @@ class EventSubscriberTest : public ::testing::Test {
 
   static constexpr WorkerId kWorker = 7;
   PrefixIndex index_;
-  FakeWorker worker_;
+  FakeEventPublisher worker_;
   std::unique_ptr<EventSubscriber> sub_;
   uint64_t seq_ = 0;
   std::mutex mutex_;
@@ -297,7 +297,7 @@ TEST_F(EventSubscriberTest, ARestartClearsTheWorkerAndResyncs) {
 
 TEST(EventSubscriberStartTest, DoesNotWaitForTheWorkerAndStopsCleanly) {
   PrefixIndex index;
-  ASSERT_TRUE(index.add_worker(0, kBs));
+  ASSERT_TRUE(index.add_worker(0, kEventBlockSize));
   EventSubscriberOptions o;
   o.endpoint = "tcp://127.0.0.1:9";  // nothing listens there
   auto s = EventSubscriber::start(0, &index, o, nullptr);

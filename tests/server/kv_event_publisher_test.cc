@@ -22,7 +22,7 @@ uint64_t be64(const zmq::message_t& m) {
   return v;
 }
 
-std::vector<KvEvent> sample_events() {
+std::vector<KvEvent> publisher_sample_events() {
   BlockStored st;
   st.block_hashes = {1, 0xFFFFFFFFFFFFFFFFULL};
   st.parent_block_hash = 7;
@@ -95,7 +95,7 @@ std::string from_hex(std::string_view hex) {
 }
 
 TEST(KvEventEncoding, MatchesVllmArrayLayout) {
-  const std::string payload = encode_kv_event_batch(12.5, sample_events(), 3);
+  const std::string payload = encode_kv_event_batch(12.5, publisher_sample_events(), 3);
   MsgpackReader r(payload);
   ASSERT_TRUE(r.valid());
   ASSERT_EQ(r.array(), 3u);
@@ -128,7 +128,7 @@ TEST(KvEventEncoding, MatchesVllmArrayLayout) {
 //   [12.5, [["BlockStored", [1, -1], 7, [10, 11, 12, 13], 2, None, "GPU"],
 //           ["BlockRemoved", [1], "CPU_PINNED"], ["AllBlocksCleared"]], 3].
 TEST(KvEventEncoding, BytesMatchTheReferencePacker) {
-  EXPECT_EQ(encode_kv_event_batch(12.5, sample_events(), 3),
+  EXPECT_EQ(encode_kv_event_batch(12.5, publisher_sample_events(), 3),
             from_hex("93cb40290000000000009397ab426c6f636b53746f7265649201ff07940a0b0c0d02c0a3"
                      "47505593ac426c6f636b52656d6f7665649101aa4350555f50494e4e454491b0416c6c42"
                      "6c6f636b73436c656172656403"));
@@ -210,7 +210,7 @@ TEST(KvEventPublisher, PublishesInOrderAndReplays) {
   }
   sub.set(zmq::sockopt::rcvtimeo, 5000);
   const uint64_t base = (*pub)->published_batches();
-  for (int i = 0; i < 5; ++i) (*pub)->publish(sample_events());
+  for (int i = 0; i < 5; ++i) (*pub)->publish(publisher_sample_events());
   (*pub)->publish({});  // empty: ignored, no sequence number
   for (uint64_t i = 0; i < 5; ++i) {
     zmq::message_t topic, seq, payload;

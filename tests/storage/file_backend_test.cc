@@ -18,8 +18,7 @@
 
 #include "common/clock.h"
 
-namespace strata {
-namespace {
+namespace strata::file_backend_test {
 
 namespace fs = std::filesystem;
 
@@ -492,5 +491,4 @@ TEST(FileBackendFactoryTest, MakeStorageBackendGivesTheFileBackend) {
   fs::remove_all(tmpl);
 }
 
-}  // namespace
-}  // namespace strata
+}  // namespace strata::file_backend_test

@@ -9,11 +9,10 @@
 #include "common/clock.h"
 #include "testing/redis_test_server.h"
 
-namespace strata {
-namespace {
+namespace strata::redis_backend_test {
 
-using testing::redis_command;
-using testing::RedisTestServer;
+using test_support::redis_command;
+using test_support::RedisTestServer;
 
 constexpr size_t kPageBytes = 5000;
 
@@ -205,7 +204,7 @@ TEST_F(RedisBackendTest, HungServerTimesOutWithIoErrors) {
 
 TEST_F(RedisBackendTest, UnreachableAtStartIsNotFatal) {
   StorageConfig config = config_;
-  config.port = testing::free_loopback_port();
+  config.port = test_support::free_loopback_port();
   auto backend = make(config);
   ASSERT_TRUE(backend);
   const Batch batch({1});
@@ -319,5 +318,4 @@ TEST_F(RedisBackendTest, MakeStorageBackendGivesTheRedisBackend) {
   EXPECT_EQ(redis_command(server_.port(), {"EXISTS", "strata:ns1:0000000000000033"}), "1");
 }
 
-}  // namespace
-}  // namespace strata
+}  // namespace strata::redis_backend_test

@@ -320,7 +320,7 @@ int main(int argc, char** argv) {
   file_config.dir = dir;
   file_config.capacity_bytes = int64_t{2} << 30;
   auto file_store = make_storage_backend(file_config);
-  testing::RedisTestServer redis;
+  test_support::RedisTestServer redis;
   const std::string redis_error =
       redis.start(0, {"--maxmemory", "2gb", "--maxmemory-policy", "allkeys-lru"});
   std::unique_ptr<StorageBackend> redis_store;

@@ -83,8 +83,8 @@ TempDir& temp_dir() {
   return dir;
 }
 
-testing::RedisTestServer* redis_server(std::string& error) {
-  static testing::RedisTestServer server;
+test_support::RedisTestServer* redis_server(std::string& error) {
+  static test_support::RedisTestServer server;
   static const std::string start_error = server.start();
   error = start_error;
   return start_error.empty() ? &server : nullptr;
@@ -148,7 +148,7 @@ void write_bench(benchmark::State& state, const std::string& kind) {
       std::filesystem::create_directory(temp_dir().path + "/write-file", ec);
     } else {
       std::string ignored;
-      testing::redis_command(redis_server(ignored)->port(), {"FLUSHDB"});
+      test_support::redis_command(redis_server(ignored)->port(), {"FLUSHDB"});
     }
     state.ResumeTiming();
   }

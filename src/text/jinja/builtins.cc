@@ -18,10 +18,6 @@ namespace {
 // template never needs one this large).
 constexpr double kMaxRangeItems = 1'000'000;
 
-std::string type_of(const Value& v) {
-  return std::string(v.type_name());
-}
-
 const Value* arg(const std::vector<Value>& args, size_t i) {
   return i < args.size() ? &args[i] : nullptr;
 }

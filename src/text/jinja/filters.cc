@@ -18,10 +18,6 @@
 namespace strata::jinja {
 namespace {
 
-std::string type_of(const Value& v) {
-  return std::string(v.type_name());
-}
-
 // Evaluated arguments of a filter call; absent for the `x | name` form.
 struct FilterCall {
   std::vector<Value> args;

@@ -17,10 +17,6 @@ namespace {
 // Bound on nested macro (and caller) calls; the reference would exhaust the JavaScript stack.
 constexpr int kMaxCallDepth = 100;
 
-std::string type_of(const Value& v) {
-  return std::string(v.type_name());
-}
-
 // Attaches the offset of `node` to an error that does not have one yet.
 [[noreturn]] void rethrow_at(TemplateError& error, const Node& node) {
   if (error.offset == kNoOffset) error.offset = node.offset;

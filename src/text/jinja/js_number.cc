@@ -17,10 +17,6 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
-bool is_digit(char c) {
-  return c >= '0' && c <= '9';
-}
-
 // Parses a validated decimal literal (no sign, no whitespace) with correct rounding.
 double parse_decimal(std::string_view digits) {
   double value = 0;
@@ -41,14 +37,14 @@ double parse_decimal(std::string_view digits) {
 size_t decimal_prefix_length(std::string_view s) {
   size_t i = 0;
   size_t int_digits = 0;
-  while (i < s.size() && is_digit(s[i])) {
+  while (i < s.size() && unicode::is_ascii_digit(s[i])) {
     ++i;
     ++int_digits;
   }
   size_t frac_digits = 0;
   if (i < s.size() && s[i] == '.') {
     size_t j = i + 1;
-    while (j < s.size() && is_digit(s[j])) {
+    while (j < s.size() && unicode::is_ascii_digit(s[j])) {
       ++j;
       ++frac_digits;
     }
@@ -59,7 +55,7 @@ size_t decimal_prefix_length(std::string_view s) {
     size_t j = i + 1;
     if (j < s.size() && (s[j] == '+' || s[j] == '-')) ++j;
     const size_t exp_start = j;
-    while (j < s.size() && is_digit(s[j])) ++j;
+    while (j < s.size() && unicode::is_ascii_digit(s[j])) ++j;
     if (j > exp_start) i = j;
   }
   return i;
@@ -176,7 +172,7 @@ double js_parse_int(std::string_view s) {
     s.remove_prefix(1);
   }
   size_t len = 0;
-  while (len < s.size() && is_digit(s[len])) ++len;
+  while (len < s.size() && unicode::is_ascii_digit(s[len])) ++len;
   if (len == 0) return kNaN;
   const double value = parse_decimal(s.substr(0, len));
   return negative ? -value : value;

@@ -10,14 +10,11 @@
 namespace strata::jinja {
 namespace {
 
-bool is_digit(char c) {
-  return c >= '0' && c <= '9';
-}
 bool is_word(char c) {
-  return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+  return unicode::is_ascii_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
 }
 bool is_hex(char c) {
-  return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+  return unicode::is_ascii_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
 // Appends text[begin, end) and its origins.
@@ -244,7 +241,7 @@ class Lexer {
 
   std::string consume_digits() {
     std::string out;
-    while (is_digit(at(pos_))) {
+    while (unicode::is_ascii_digit(at(pos_))) {
       out.push_back(src_[pos_++]);
       if (pos_ >= src_.size()) fail("Unexpected end of input", pos_);
     }
@@ -432,7 +429,7 @@ class Lexer {
         default: {
           ++pos_;
           std::string num = consume_digits();
-          if (!num.empty() && at(pos_) == '.' && is_digit(at(pos_ + 1))) {
+          if (!num.empty() && at(pos_) == '.' && unicode::is_ascii_digit(at(pos_ + 1))) {
             ++pos_;
             num += "." + consume_digits();
           }
@@ -469,10 +466,10 @@ class Lexer {
       return;
     }
 
-    if (is_digit(c)) {
+    if (unicode::is_ascii_digit(c)) {
       std::string num = consume_digits();
       const bool after_dot = !tokens_.empty() && tokens_.back().type == TokenType::kDot;
-      if (!after_dot && at(pos_) == '.' && is_digit(at(pos_ + 1))) {
+      if (!after_dot && at(pos_) == '.' && unicode::is_ascii_digit(at(pos_ + 1))) {
         ++pos_;
         num += "." + consume_digits();
       }

@@ -15,6 +15,11 @@ namespace strata::jinja::unicode {
 
 inline constexpr char32_t kReplacementChar = 0xFFFD;
 
+// '0'..'9' only (JavaScript's DecimalDigit), whatever the locale.
+inline bool is_ascii_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+
 // Decodes the code point at s[pos] and advances pos past it. Precondition: pos < s.size().
 char32_t decode(std::string_view s, size_t& pos);
 

@@ -200,6 +200,11 @@ class Value {
 void append_display(std::string& out, const Value& value);
 std::string to_display(const Value& value);
 
+// The reference's class name of `v` (Value::type_name) as a string, for error messages.
+inline std::string type_of(const Value& v) {
+  return std::string(v.type_name());
+}
+
 // `value.value.toString()`: the JavaScript string of the raw value, used by `~` and string
 // `+`. Floats print without ".0" here, arrays join their elements' display with ",",
 // objects and namespaces print "[object Map]". Precondition: not null/undefined.

@@ -5,26 +5,13 @@
 #include <nlohmann/json.hpp>
 
 #include "text/tokenizer/byte_level.h"
+#include "text/tokenizer/component_config.h"
 #include "text/tokenizer/js_string.h"
 
 namespace strata {
 namespace {
 
 constexpr std::string_view kBom = "\xEF\xBB\xBF";
-
-std::string type_of(const nlohmann::json& config) {
-  const auto it = config.find("type");
-  return it != config.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-bool truthy(const nlohmann::json& config, const char* key) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return false;
-  if (it->is_boolean()) return it->get<bool>();
-  if (it->is_number()) return it->get<double>() != 0;
-  if (it->is_string()) return !it->get<std::string>().empty();
-  return true;
-}
 
 // The character a Strip decoder compares with: JS compares one UTF-16 unit with the
 // content string, so only a single BMP code point can ever match.
@@ -134,7 +121,7 @@ Result<DecodePipeline> DecodePipeline::from_json(const nlohmann::json& decoder) 
 // phase 0: per-token steps; 1: after the grouping step; 2: after Fuse.
 Status DecodePipeline::add_step(const nlohmann::json& config, DecodePipeline& p, int& phase) {
   if (!config.is_object()) return make_error(ErrorCode::kCorrupt, "decoder must be an object");
-  const std::string type = type_of(config);
+  const std::string type = component_type(config);
   auto unsupported = [&](std::string_view why) {
     return make_error(ErrorCode::kUnsupported,
                       "decoder '" + type + "' " + std::string(why) + " is not supported");
@@ -181,7 +168,7 @@ Status DecodePipeline::add_step(const nlohmann::json& config, DecodePipeline& p,
     TokenStep step;
     step.kind = StepKind::kMetaspace;
     step.content = config.at("replacement").get<std::string>();
-    step.add_prefix_space = truthy(config, "add_prefix_space");
+    step.add_prefix_space = component_truthy(config, "add_prefix_space");
     p.token_steps_.push_back(std::move(step));
     return {};
   }

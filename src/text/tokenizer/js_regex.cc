@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "text/tokenizer/hex_digit.h"
 #include "text/tokenizer/utf8.h"
 
 namespace strata {
@@ -99,13 +100,6 @@ std::string apply_reference_rewrites(std::string_view pattern) {
     }
   }
   return s;
-}
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
 }
 
 // Parses exactly `digits` hex digits at p[i..]; returns -1 when they are not all hex.

@@ -2,19 +2,10 @@
 
 #include <vector>
 
+#include "text/tokenizer/hex_digit.h"
 #include "text/tokenizer/utf8.h"
 
 namespace strata {
-namespace {
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-}  // namespace
 
 std::unexpected<Error> JsonScanner::error(std::string_view what) const {
   return make_error(ErrorCode::kCorrupt, std::string(what) + " at byte " + std::to_string(pos_));

@@ -2,17 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text/tokenizer/component_config.h"
 #include "text/tokenizer/js_string.h"
 
 namespace strata {
-namespace {
-
-std::string type_of(const nlohmann::json& config) {
-  const auto it = config.find("type");
-  return it != config.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-}  // namespace
 
 Result<Normalizer> Normalizer::from_json(const nlohmann::json& config) {
   Normalizer n;
@@ -25,7 +18,7 @@ Status Normalizer::add_steps(const nlohmann::json& config, std::vector<Step>& st
   if (!config.is_object()) {
     return make_error(ErrorCode::kCorrupt, "normalizer must be an object or null");
   }
-  const std::string type = type_of(config);
+  const std::string type = component_type(config);
   Step step;
   if (type == "Sequence") {
     for (const auto& child : config.at("normalizers")) {

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text/tokenizer/component_config.h"
+
 namespace strata {
 namespace {
 
@@ -13,22 +15,6 @@ constexpr std::string_view kGpt2Regex =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 constexpr std::string_view kPunctuationClass =
     "\\p{P}\\u0021-\\u002F\\u003A-\\u0040\\u005B-\\u0060\\u007B-\\u007E";
-constexpr std::string_view kMetaspaceChar = "\xE2\x96\x81";  // U+2581
-
-std::string type_of(const nlohmann::json& config) {
-  const auto it = config.find("type");
-  return it != config.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-// JavaScript truthiness of an optional boolean-ish field.
-bool truthy(const nlohmann::json& config, const char* key) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return false;
-  if (it->is_boolean()) return it->get<bool>();
-  if (it->is_number()) return it->get<double>() != 0;
-  if (it->is_string()) return !it->get<std::string>().empty();
-  return true;
-}
 
 std::string replace_all_literal(std::string_view text, std::string_view from, std::string_view to) {
   std::string out;
@@ -79,7 +65,7 @@ Status PreTokenizer::add_steps(const nlohmann::json& config, std::vector<Step>& 
   if (!config.is_object()) {
     return make_error(ErrorCode::kCorrupt, "pre_tokenizer must be an object or null");
   }
-  const std::string type = type_of(config);
+  const std::string type = component_type(config);
   Step step;
   auto set_match_regex = [&](std::string_view regex) -> Status {
     auto pattern = Pattern::regex(regex);
@@ -95,7 +81,7 @@ Status PreTokenizer::add_steps(const nlohmann::json& config, std::vector<Step>& 
     return {};
   }
   if (type == "Split") {
-    const bool invert = truthy(config, "invert");
+    const bool invert = component_truthy(config, "invert");
     auto pattern = Pattern::from_json(config.at("pattern"), invert);
     if (!pattern) return std::unexpected(pattern.error());
     step.pattern.emplace(std::move(*pattern));
@@ -108,9 +94,10 @@ Status PreTokenizer::add_steps(const nlohmann::json& config, std::vector<Step>& 
                                         : Kind::kSplitIsolated;
   } else if (type == "ByteLevel") {
     step.kind = Kind::kByteLevel;
-    step.add_prefix_space = truthy(config, "add_prefix_space");
+    step.add_prefix_space = component_truthy(config, "add_prefix_space");
     const auto it = config.find("use_regex");
-    const bool use_regex = it == config.end() || it->is_null() || truthy(config, "use_regex");
+    const bool use_regex =
+        it == config.end() || it->is_null() || component_truthy(config, "use_regex");
     if (use_regex) {
       auto pattern = Pattern::regex(kGpt2Regex);
       if (!pattern) return std::unexpected(pattern.error());
@@ -118,7 +105,7 @@ Status PreTokenizer::add_steps(const nlohmann::json& config, std::vector<Step>& 
     }
   } else if (type == "Metaspace") {
     step.kind = Kind::kMetaspace;
-    step.add_prefix_space = truthy(config, "add_prefix_space");
+    step.add_prefix_space = component_truthy(config, "add_prefix_space");
     step.replacement = config.at("replacement").get<std::string>();
     const auto rep = config.find("str_rep");
     step.str_rep = rep != config.end() && rep->is_string() && !rep->get<std::string>().empty()
@@ -133,7 +120,7 @@ Status PreTokenizer::add_steps(const nlohmann::json& config, std::vector<Step>& 
     step.prepend_first_only = prepend == "first";
     step.prepend_never = prepend != "always" && prepend != "first";
   } else if (type == "Digits") {
-    const bool individual = truthy(config, "individual_digits");
+    const bool individual = component_truthy(config, "individual_digits");
     if (auto st = set_match_regex(individual ? "[^\\d]+|\\d" : "[^\\d]+|\\d+"); !st) return st;
   } else if (type == "Whitespace") {
     if (auto st = set_match_regex("\\w+|[^\\w\\s]+"); !st) return st;

@@ -25,6 +25,10 @@
 
 namespace strata {
 
+// U+2581, the character that stands for a space in SentencePiece vocabularies (the
+// Metaspace pre-tokenizer's replacement).
+inline constexpr std::string_view kMetaspaceChar = "\xE2\x96\x81";
+
 class PreTokenizer {
  public:
   // Receives the pieces of a section in order; returns false to stop pre-tokenizing. A

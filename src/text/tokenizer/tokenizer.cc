@@ -19,8 +19,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::string_view kMetaspaceChar = "\xE2\x96\x81";  // U+2581, SentencePiece's space
-
 // A TemplateProcessing "single" template: special token ids and the sequence.
 struct TemplateItem {
   bool is_sequence = false;

@@ -7,10 +7,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-std::unexpected<Error> bad(std::string message) {
-  return make_error(ErrorCode::kInvalidArgument, std::move(message));
-}
-
 bool valid_function_name(const std::string& s) {
   if (s.empty() || s.size() > 64) return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
@@ -22,53 +18,55 @@ bool valid_function_name(const std::string& s) {
 }  // namespace
 
 Result<std::vector<std::string>> validate_tools(const ojson& tools) {
-  if (!tools.is_array()) return bad("'tools' must be an array");
-  if (tools.size() > 128) return bad("'tools' holds at most 128 tools");
+  if (!tools.is_array()) return bad_argument("'tools' must be an array");
+  if (tools.size() > 128) return bad_argument("'tools' holds at most 128 tools");
   std::vector<std::string> names;
   for (size_t i = 0; i < tools.size(); ++i) {
     const ojson& t = tools[i];
     const std::string where = "tools[" + std::to_string(i) + "]";
-    if (!t.is_object()) return bad(where + " must be an object");
+    if (!t.is_object()) return bad_argument(where + " must be an object");
     const auto type = t.find("type");
     if (type == t.end() || !type->is_string() || *type != "function") {
-      return bad(where + ".type must be \"function\"");
+      return bad_argument(where + ".type must be \"function\"");
     }
     const auto fn = t.find("function");
-    if (fn == t.end() || !fn->is_object()) return bad(where + ".function must be an object");
+    if (fn == t.end() || !fn->is_object())
+      return bad_argument(where + ".function must be an object");
     const auto name = fn->find("name");
     if (name == fn->end() || !name->is_string()) {
-      return bad(where + ".function.name must be a string");
+      return bad_argument(where + ".function.name must be a string");
     }
     const std::string n = name->get<std::string>();
     if (!valid_function_name(n)) {
-      return bad(where + ".function.name '" + n +
-                 "' must be 1 to 64 letters, digits, underscores or dashes");
+      return bad_argument(where + ".function.name '" + n +
+                          "' must be 1 to 64 letters, digits, underscores or dashes");
     }
     if (std::find(names.begin(), names.end(), n) != names.end()) {
-      return bad(where + ".function.name '" + n + "' is given twice");
+      return bad_argument(where + ".function.name '" + n + "' is given twice");
     }
     if (const auto d = fn->find("description");
         d != fn->end() && !d->is_null() && !d->is_string()) {
-      return bad(where + ".function.description must be a string");
+      return bad_argument(where + ".function.description must be a string");
     }
     if (const auto p = fn->find("parameters"); p != fn->end() && !p->is_null()) {
-      if (!p->is_object()) return bad(where + ".function.parameters must be a JSON Schema object");
+      if (!p->is_object())
+        return bad_argument(where + ".function.parameters must be a JSON Schema object");
       if (const auto pt = p->find("type"); pt != p->end() && !pt->is_string() && !pt->is_array()) {
-        return bad(where + ".function.parameters.type must be a string or an array");
+        return bad_argument(where + ".function.parameters.type must be a string or an array");
       }
       if (const auto props = p->find("properties");
           props != p->end() && !props->is_null() && !props->is_object()) {
-        return bad(where + ".function.parameters.properties must be an object");
+        return bad_argument(where + ".function.parameters.properties must be an object");
       }
       if (const auto req = p->find("required"); req != p->end() && !req->is_null()) {
         if (!req->is_array() ||
             !std::all_of(req->begin(), req->end(), [](const ojson& r) { return r.is_string(); })) {
-          return bad(where + ".function.parameters.required must be an array of strings");
+          return bad_argument(where + ".function.parameters.required must be an array of strings");
         }
       }
     }
     if (const auto s = fn->find("strict"); s != fn->end() && !s->is_null() && !s->is_boolean()) {
-      return bad(where + ".function.strict must be a boolean");
+      return bad_argument(where + ".function.strict must be a boolean");
     }
     names.push_back(n);
   }
@@ -87,10 +85,10 @@ Result<ToolChoice> parse_tool_choice(const ojson* choice,
     } else if (s == "auto") {
       out.mode = function_names.empty() ? ToolChoiceMode::kNone : ToolChoiceMode::kAuto;
     } else if (s == "required") {
-      if (function_names.empty()) return bad("'tool_choice' \"required\" needs 'tools'");
+      if (function_names.empty()) return bad_argument("'tool_choice' \"required\" needs 'tools'");
       out.mode = ToolChoiceMode::kRequired;
     } else {
-      return bad(
+      return bad_argument(
           "'tool_choice' must be \"none\", \"auto\", \"required\" or "
           "{\"type\": \"function\", \"function\": {\"name\": ...}}, got \"" +
           s + "\"");
@@ -98,21 +96,22 @@ Result<ToolChoice> parse_tool_choice(const ojson* choice,
     return out;
   }
   if (!choice->is_object()) {
-    return bad("'tool_choice' must be a string or {\"type\": \"function\", ...}");
+    return bad_argument("'tool_choice' must be a string or {\"type\": \"function\", ...}");
   }
   const auto type = choice->find("type");
   if (type == choice->end() || !type->is_string() || *type != "function") {
-    return bad("'tool_choice.type' must be \"function\"");
+    return bad_argument("'tool_choice.type' must be \"function\"");
   }
   const auto fn = choice->find("function");
   if (fn == choice->end() || !fn->is_object() || !fn->contains("name") ||
       !(*fn)["name"].is_string()) {
-    return bad("'tool_choice.function.name' must be a string");
+    return bad_argument("'tool_choice.function.name' must be a string");
   }
   out.function = (*fn)["name"].get<std::string>();
   if (std::find(function_names.begin(), function_names.end(), out.function) ==
       function_names.end()) {
-    return bad("'tool_choice' names the function '" + out.function + "', which is not in 'tools'");
+    return bad_argument("'tool_choice' names the function '" + out.function +
+                        "', which is not in 'tools'");
   }
   out.mode = ToolChoiceMode::kFunction;
   return out;
@@ -148,24 +147,25 @@ Status validate_message_tool_calls(const ojson& messages) {
     const auto tc = m.find("tool_calls");
     if (tc == m.end() || tc->is_null()) continue;
     if (!tc->is_array())
-      return bad("messages[" + std::to_string(i) + "].tool_calls must be an array");
+      return bad_argument("messages[" + std::to_string(i) + "].tool_calls must be an array");
     for (size_t k = 0; k < tc->size(); ++k) {
       const ojson& c = (*tc)[k];
       const std::string where =
           "messages[" + std::to_string(i) + "].tool_calls[" + std::to_string(k) + "]";
-      if (!c.is_object()) return bad(where + " must be an object");
+      if (!c.is_object()) return bad_argument(where + " must be an object");
       if (const auto id = c.find("id"); id != c.end() && !id->is_null() && !id->is_string()) {
-        return bad(where + ".id must be a string");
+        return bad_argument(where + ".id must be a string");
       }
       const auto fn = c.find("function");
-      if (fn == c.end() || !fn->is_object()) return bad(where + ".function must be an object");
+      if (fn == c.end() || !fn->is_object())
+        return bad_argument(where + ".function must be an object");
       const auto name = fn->find("name");
       if (name == fn->end() || !name->is_string()) {
-        return bad(where + ".function.name must be a string");
+        return bad_argument(where + ".function.name must be a string");
       }
       const auto args = fn->find("arguments");
       if (args != fn->end() && !args->is_string() && !args->is_object()) {
-        return bad(where + ".function.arguments must be a JSON string or an object");
+        return bad_argument(where + ".function.arguments must be a JSON string or an object");
       }
     }
   }

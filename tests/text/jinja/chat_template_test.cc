@@ -12,7 +12,7 @@ namespace strata {
 namespace {
 
 using nlohmann::ordered_json;
-using namespace strata::jinja::testing;
+using namespace strata::jinja::test_support;
 
 std::string npm_template(const std::string& package) {
   const ordered_json config = ordered_json::parse(

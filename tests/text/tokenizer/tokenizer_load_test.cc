@@ -261,7 +261,7 @@ TEST(TokenizerLoadTest, LoadsFolderWithAllThreeFiles) {
 
 // encode() is const and shared by server threads: concurrent calls give the same ids.
 TEST(TokenizerConcurrencyTest, ConcurrentEncodesAgree) {
-  auto t = Tokenizer::load(testing::real_tokenizer_dir("qwen3"));
+  auto t = Tokenizer::load(test_support::real_tokenizer_dir("qwen3"));
   ASSERT_TRUE(t.has_value()) << t.error().message << " (scripts/install-deps.sh installs it)";
   std::vector<std::string> texts;
   for (int i = 0; i < 64; ++i) {
@@ -271,7 +271,7 @@ TEST(TokenizerConcurrencyTest, ConcurrentEncodesAgree) {
   std::vector<std::vector<TokenId>> expected;
   for (const auto& text : texts) expected.push_back(*(*t)->encode(text));
   (*t)->clear_cache();
-  const int rounds = testing::sanitizer_build() ? 3 : 20;
+  const int rounds = test_support::sanitizer_build() ? 3 : 20;
   std::vector<std::thread> threads;
   std::vector<int> mismatches(4, 0);
   for (int w = 0; w < 4; ++w) {

@@ -29,9 +29,9 @@ namespace strata {
 namespace {
 
 using nlohmann::json;
-using testing::escaped;
-using testing::from_hex;
-using testing::to_hex;
+using test_support::escaped;
+using test_support::from_hex;
+using test_support::to_hex;
 
 struct TextCase {
   std::string name;
@@ -168,10 +168,10 @@ std::filesystem::path tokenizer_dir(const std::string& name) {
   static TempDirs temp_dirs;
   std::lock_guard lock(mutex);
   const auto it = variants().find(name);
-  if (it == variants().end()) return testing::real_tokenizer_dir(name);
+  if (it == variants().end()) return test_support::real_tokenizer_dir(name);
   auto& dir = prepared[name];
   if (dir.empty()) {
-    const auto base = testing::real_tokenizer_dir(it->second.base);
+    const auto base = test_support::real_tokenizer_dir(it->second.base);
     json config = json::parse(read_text(base / "tokenizer_config.json"));
     config.update(it->second.config_members);
     dir = std::filesystem::temp_directory_path() /
@@ -190,18 +190,13 @@ std::filesystem::path tokenizer_dir(const std::string& name) {
   return dir;
 }
 
-const Tokenizer& real_tokenizer(const std::string& name) {
-  static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
-  const auto dir = tokenizer_dir(name);
-  std::lock_guard lock(mutex);
-  auto& slot = loaded[name];
-  if (!slot) slot = testing::load_tokenizer_or_exit(dir);
-  return *slot;
+// The real tokenizer `name`, or the variant of one that variants() defines.
+const Tokenizer& real_or_variant_tokenizer(const std::string& name) {
+  return test_support::cached_tokenizer(tokenizer_dir(name));
 }
 
 std::vector<TextCase> load_corpus() {
-  const auto path = testing::source_dir() / "tests/text/tokenizer/corpus.json";
+  const auto path = test_support::source_dir() / "tests/text/tokenizer/corpus.json";
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << "cannot open " << path;
   const json corpus = json::parse(in);
@@ -319,7 +314,7 @@ std::vector<std::vector<TokenId>> random_id_sequences(const Tokenizer& tok, int 
     if (tok.is_special(id)) specials.push_back(id);
   }
   // Pieces of encoded multi-byte text, cut anywhere, so partial characters are common.
-  testing::RandomText random(99);
+  test_support::RandomText random(99);
   std::vector<TokenId> pool;
   for (int i = 0; i < 50; ++i) {
     auto ids = tok.encode(random.next(12, false), EncodeOptions{.add_special_tokens = false});
@@ -356,15 +351,15 @@ class ReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ReferenceTest, MatchesReference) {
   const std::string& name = GetParam();
-  const Tokenizer& tok = real_tokenizer(name);
+  const Tokenizer& tok = real_or_variant_tokenizer(name);
   std::vector<TextCase> cases = load_corpus();
   ASSERT_GT(cases.size(), 50u);
-  const int random_texts = testing::sanitizer_build() ? 150 : 400;
-  testing::RandomText random(0x5eed0000 + name.size());
+  const int random_texts = test_support::sanitizer_build() ? 150 : 400;
+  test_support::RandomText random(0x5eed0000 + name.size());
   for (int i = 0; i < random_texts; ++i) {
     cases.push_back(TextCase{"random#" + std::to_string(i), random.next(24, i % 4 == 3)});
   }
-  const auto sequences = random_id_sequences(tok, testing::sanitizer_build() ? 100 : 300);
+  const auto sequences = random_id_sequences(tok, test_support::sanitizer_build() ? 100 : 300);
 
   std::vector<std::string> lines;
   for (const auto& c : cases) lines.push_back("e " + to_hex(c.bytes));
@@ -372,7 +367,7 @@ TEST_P(ReferenceTest, MatchesReference) {
     const std::string list = ids_string(seq);  // "[1,2,3]"
     lines.push_back("d " + list.substr(1, list.size() - 2));
   }
-  auto reference = testing::run_reference(tokenizer_dir(name), lines);
+  auto reference = test_support::run_reference(tokenizer_dir(name), lines);
   ASSERT_TRUE(reference.has_value()) << reference.error().message;
   ASSERT_EQ(reference->size(), lines.size());
 

@@ -115,7 +115,7 @@ TEST(UnicodeNormalizeTest, ConformsToNormalizationTest) {
   EXPECT_GT(checked, 15000);
   EXPECT_GT(part1.size(), 10000u);
   // Every code point not listed in part 1 is its own normalization in every form.
-  const char32_t stride = testing::sanitizer_build() ? 13 : 1;
+  const char32_t stride = test_support::sanitizer_build() ? 13 : 1;
   for (char32_t cp = 0; cp <= 0x10FFFF; cp += stride) {
     if ((cp >= 0xD800 && cp <= 0xDFFF) || part1.contains(cp)) continue;
     const std::string s = utf8_of({cp});

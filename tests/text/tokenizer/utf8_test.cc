@@ -66,7 +66,7 @@ TEST(Utf8Test, AppendAndDecodeRoundTrip) {
 // it releases is valid UTF-8 on its own.
 TEST(Utf8Test, StreamingDecoderMatchesSanitize) {
   std::mt19937 rng(7);
-  const int rounds = testing::sanitizer_build() ? 2000 : 20000;
+  const int rounds = test_support::sanitizer_build() ? 2000 : 20000;
   const std::string alphabet[] = {"a",    "\xC3\xA9", "\xE4\xBD\xA0", "\xF0\x9F\x91\x8D", "\xFF",
                                   "\x80", "\xE2\x82", "\xF0\x9F",     "\xED\xA0\x80",     "\xC0"};
   for (int r = 0; r < rounds; ++r) {
@@ -84,7 +84,7 @@ TEST(Utf8Test, StreamingDecoderMatchesSanitize) {
     }
     decoder.flush(streamed);
     EXPECT_FALSE(decoder.has_pending());
-    ASSERT_EQ(streamed, utf8::sanitize(input)) << testing::escaped(input);
+    ASSERT_EQ(streamed, utf8::sanitize(input)) << test_support::escaped(input);
   }
 }
 
