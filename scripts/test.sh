@@ -43,8 +43,12 @@ export STRATA_REQUIRE_BROWSER=1
 # by (README, Tests: measured per translation unit). The sanitizer trees compile at -O1,
 # as the sanitizers' documentation recommends: a little more compile time than -O0, and
 # their tests run several times faster.
-flags=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
-sanitizer_flags=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1")
+# Every tree is a unity build (CMake compiles a target's sources eight at a time as one
+# translation unit): Boost.Beast's and GoogleTest's templates are instantiated once per
+# batch instead of once per file, about 38 % less compiler CPU (README, Tests).
+flags=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
+sanitizer_flags=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
+                 -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1")
 
 stage "release build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}" >/dev/null
