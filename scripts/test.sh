@@ -40,15 +40,11 @@ export STRATA_REQUIRE_BROWSER=1
 
 # Line tables only (-g1): file:line in backtraces and sanitizer reports, and about a quarter
 # less compile time than full debug info (-g), which the builds of this script are dominated
-# by (README, Tests: measured per translation unit). The sanitizer trees compile at -O1,
-# as the sanitizers' documentation recommends: a little more compile time than -O0, and
-# their tests run several times faster.
+# by (README, Tests: measured per translation unit).
 # Every tree is a unity build (CMake compiles a target's sources eight at a time as one
 # translation unit): Boost.Beast's and GoogleTest's templates are instantiated once per
 # batch instead of once per file, about 38 % less compiler CPU (README, Tests).
-flags=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
-sanitizer_flags=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
-                 -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1")
+flags=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_DEBUG="-g1")
 
 stage "release build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}" >/dev/null
@@ -59,7 +55,7 @@ stage "release tests"
 if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   stage "sanitizer build (ASan + UBSan)"
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON \
-        -DSTRATA_BUILD_BENCH=OFF "${sanitizer_flags[@]}" >/dev/null
+        -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" >/dev/null
   cmake --build build-asan -j "$jobs"
   stage "sanitizer tests"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
@@ -68,7 +64,7 @@ if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
 
   stage "ThreadSanitizer build (threaded modules)"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
-        -DSTRATA_BUILD_BENCH=OFF "${sanitizer_flags[@]}" >/dev/null
+        -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" >/dev/null
   cmake --build build-tsan -j "$jobs" --target engine_tests memory_tests storage_tests http_tests pd_tests \
     pd_engine_tests
   stage "ThreadSanitizer tests"
