@@ -9,7 +9,7 @@ import { spawn } from 'node:child_process';
 import { writeFileSync, mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import { createRequire } from 'node:module';
-import { startServer, startRouter as startRouterProcess, waitFor, words, STRATA, SOURCE_DIR, tinyQwen3Model } from '../server/server_harness.mjs';
+import { startServer, startRouter as startRouterProcess, waitFor, workerList, allJoined, words, STRATA, SOURCE_DIR, tinyQwen3Model } from '../server/server_harness.mjs';
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
 const OpenAI = require('openai').default ?? require('openai');
@@ -29,18 +29,6 @@ function startRouter(args) {
   return startRouterProcess(['--admin-api-key', KEY, '--load-poll-ms', '50', ...args]);
 }
 
-async function workerList(r = router) {
-  const w = await r.get('/workers');
-  assert.equal(w.status, 200, w.text);
-  return w.json.workers;
-}
-
-async function allJoined(r, n) {
-  return waitFor(async () => {
-    const ws = await workerList(r);
-    return ws.length === n && ws.every((w) => w.joined && w.reachable) ? ws : null;
-  }, 'workers to join');
-}
 
 function chat(system, user, extra = {}) {
   return { messages: [{ role: 'system', content: system }, { role: 'user', content: user }], max_tokens: 2,
@@ -99,8 +87,8 @@ test('a repeated prefix goes to the worker that cached it and is a cache hit', a
   assert.equal(first.status, 200, first.text);
   const home = first.headers.get('x-strata-worker');
   assert.ok(home);
-  const id = (await workerList()).find((w) => w.url === home).id;
-  await waitFor(async () => (await workerList()).find((w) => w.id === id).index_blocks >= 16, 'the events');
+  const id = (await workerList(router)).find((w) => w.url === home).id;
+  await waitFor(async () => (await workerList(router)).find((w) => w.id === id).index_blocks >= 16, 'the events');
   for (const q of ['second question', 'third question', 'fourth one']) {
     const r = await router.post('/v1/chat/completions', chat(system, q));
     assert.equal(r.status, 200, r.text);
@@ -187,8 +175,8 @@ test('a prefix pinned through the router survives a flood on its worker', async 
   assert.equal(first.status, 200, first.text);
   const home = first.headers.get('x-strata-worker');
   const homeWorker = workers.find((w) => w.base === home);
-  const id = (await workerList()).find((w) => w.url === home).id;
-  await waitFor(async () => (await workerList()).find((w) => w.id === id).index_blocks >= 16, 'the events');
+  const id = (await workerList(router)).find((w) => w.url === home).id;
+  await waitFor(async () => (await workerList(router)).find((w) => w.id === id).index_blocks >= 16, 'the events');
   const pin = await router.post('/cache/pin', { messages: [{ role: 'system', content: system }] }, ADMIN);
   assert.equal(pin.status, 200, pin.text);
   const answered = pin.json.workers.find((w) => w.url === home);
@@ -273,7 +261,7 @@ test('workers are added, drained and removed at run time', async () => {
     await allJoined(router, 4);
     const drain = await router.del('/workers?url=' + encodeURIComponent(extra.base), ADMIN);
     assert.equal(drain.status, 200, drain.text);
-    await waitFor(async () => (await workerList()).length === 3, 'the drained worker to go');
+    await waitFor(async () => (await workerList(router)).length === 3, 'the drained worker to go');
   } finally {
     await extra.stop();
   }
@@ -338,7 +326,7 @@ test('a killed worker: its traffic moves on, no request that had not started fai
     assert.equal(r.status, 200, r.text);
     assert.notEqual(r.headers.get('x-strata-worker'), victim.base);
   }
-  await waitFor(async () => !(await workerList()).find((w) => w.url === victim.base).eligible, 'the victim to be ineligible');
+  await waitFor(async () => !(await workerList(router)).find((w) => w.url === victim.base).eligible, 'the victim to be ineligible');
   const h = await router.get('/health');
   assert.equal(h.status, 200);
   assert.equal(h.json.eligible_workers, 2);

@@ -10,7 +10,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { startServer, startRouter as startRouterProcess, waitFor, words, SOURCE_DIR } from '../server/server_harness.mjs';
+import { startServer, startRouter as startRouterProcess, waitFor, workerList, allJoined, words, SOURCE_DIR } from '../server/server_harness.mjs';
 import { RawConn, postRaw, destroyAllRawConns } from '../server/raw_http.mjs';
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
@@ -35,18 +35,6 @@ function startRouter(args) {
   return startRouterProcess(['--admin-api-key', KEY, '--load-poll-ms', '50', ...args]);
 }
 
-async function workerList(r) {
-  const w = await r.get('/workers');
-  assert.equal(w.status, 200, w.text);
-  return w.json.workers;
-}
-
-async function allJoined(r, n) {
-  return waitFor(async () => {
-    const ws = await workerList(r);
-    return ws.length === n && ws.every((w) => w.joined && w.reachable) ? ws : null;
-  }, 'workers to join');
-}
 
 // A counter of the router's /metrics (summed over its labels).
 async function metric(r, name) {

@@ -4,6 +4,7 @@
 import { spawn, execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
 import path from 'node:path';
+import assert from 'node:assert/strict';
 
 export const STRATA = process.env.STRATA_BIN;
 export const SOURCE_DIR = process.env.STRATA_SOURCE_DIR;
@@ -138,4 +139,19 @@ export function words(n, seed = 1) {
     out.push(vocab[x % vocab.length]);
   }
   return out.join(' ');
+}
+
+// A router's /workers list.
+export async function workerList(r) {
+  const w = await r.get('/workers');
+  assert.equal(w.status, 200, w.text);
+  return w.json.workers;
+}
+
+// Waits until the router lists n workers, all joined and reachable; returns them.
+export async function allJoined(r, n) {
+  return waitFor(async () => {
+    const ws = await workerList(r);
+    return ws.length === n && ws.every((w) => w.joined && w.reachable) ? ws : null;
+  }, 'workers to join');
 }

@@ -1,5 +1,5 @@
-// The value of a hexadecimal digit, for the escapes of JSON strings (\uXXXX) and of the
-// JavaScript regexes the tokenizer translates (\xHH, \uHHHH, \u{...}).
+// The value of a hexadecimal digit, for the escapes of JSON strings (\u and four hex digits) and of
+// the JavaScript regexes the tokenizer translates (\xHH, \uHHHH, \u{...}).
 #pragma once
 
 namespace strata {
