@@ -73,8 +73,15 @@ Scheduler::~Scheduler() {
     stopping_ = true;
   }
   wake_.notify_one();
-  forward_wake_.notify_one();
+  // The scheduler thread first: a step it is in may still hand the forward thread a batch
+  // and wait for it. Stopping both at once let the forward thread exit first and left that
+  // step waiting forever (seen under ThreadSanitizer, which widens the window).
   if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard lock(mutex_);
+    forward_stopping_ = true;
+  }
+  forward_wake_.notify_one();
   if (forward_thread_.joinable()) forward_thread_.join();
   // Its transfers end (and report through the wake-up) while everything here still lives.
   pd_.reset();
@@ -594,7 +601,7 @@ void Scheduler::run_forward_thread() {
     std::span<const ForwardSequence> batch;
     {
       std::unique_lock lock(mutex_);
-      forward_wake_.wait(lock, [&] { return stopping_ || forward_pending_; });
+      forward_wake_.wait(lock, [&] { return forward_stopping_ || forward_pending_; });
       if (!forward_pending_) return;
       forward_pending_ = false;
       batch = forward_batch_;

@@ -275,8 +275,11 @@ class Scheduler {
   // The forward thread: one batch at a time, handed over and back under mutex_.
   std::span<const ForwardSequence> forward_batch_;  // GUARDED_BY(mutex_)
   bool forward_pending_ = false;                    // GUARDED_BY(mutex_)
-  bool forward_finished_ = false;                   // GUARDED_BY(mutex_)
-  Status forward_status_;                           // GUARDED_BY(mutex_)
+  // Set only once the scheduler thread has exited: it may hand the forward thread a batch
+  // until its last step, so the forward thread outlives it (~Scheduler).
+  bool forward_stopping_ = false;  // GUARDED_BY(mutex_)
+  bool forward_finished_ = false;  // GUARDED_BY(mutex_)
+  Status forward_status_;          // GUARDED_BY(mutex_)
   std::condition_variable forward_wake_;
   bool inline_forward_ = false;  // STRATA_INLINE_FORWARD: no forward thread
   std::thread forward_thread_;

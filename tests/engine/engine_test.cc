@@ -125,6 +125,24 @@ TEST_F(EngineTest, CancelReleasesPagesAtOnce) {
   expect_pages_accounted(*engine);
 }
 
+// Destroying an engine mid-decode ends its requests and returns, wherever the scheduler
+// thread was in its step. It used to stop the forward thread at the same time as the
+// scheduler thread: a step that had not yet seen the stop then handed the exited forward
+// thread a batch and waited for it forever (a CI hang under ThreadSanitizer). The delays
+// spread the destruction over the phases of a step.
+TEST_F(EngineTest, DestroyedMidDecodeEndsItsRequestsAndNeverHangs) {
+  for (int i = 0; i < 60; ++i) {
+    auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 1024});
+    ASSERT_TRUE(engine);
+    auto stream = *engine->submit(greedy(prompt(20, i), 100000));
+    for (int w = 0; w < 200 && stream->wait(10).empty(); ++w) {
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(97 * (i % 11)));
+    engine.reset();
+    EXPECT_EQ(drain(*stream).reason, FinishReason::kCancelled) << i;
+  }
+}
+
 TEST_F(EngineTest, TightPoolEvictsAndRetractsButFinishesEverything) {
   // 40 pages of 4 tokens; 8 requests of ~60 tokens each cannot all fit at once.
   auto engine = start(EngineOptions{.page_size = 4,
