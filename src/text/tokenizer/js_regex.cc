@@ -115,7 +115,7 @@ long parse_hex(std::string_view p, size_t i, size_t digits) {
 }
 
 std::string hex_escape(long cp) {
-  char buf[16];
+  char buf[24];  // room for any long: g++ cannot see that cp is a code point
   std::snprintf(buf, sizeof buf, "\\x{%lX}", cp);
   return buf;
 }
