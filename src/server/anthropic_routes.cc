@@ -32,11 +32,10 @@ http::Response anthropic_error(const Error& e) {
   return anthropic_error(http_status(e.code), e.message);
 }
 
-// A Messages request, prepared for the engine, with its breakpoints placed.
+// A Messages request, prepared for the engine, its breakpoints placed as prefix pins.
 struct PreparedMessages {
   Prepared prepared;
   bool stream = false;
-  std::vector<PlacedBreakpoint> breakpoints;
 };
 
 // Reads, maps, renders and tokenizes a Messages body; places its breakpoints on the prompt.
@@ -51,15 +50,24 @@ Result<PreparedMessages> prepare_messages(RouteContext& ctx, const http::Request
       read->chat_body.dump(-1, ' ', false, ojson::error_handler_t::replace);
   auto p = prepare(ctx, req, chat_body, /*chat=*/true, timing);
   if (!p) return std::unexpected(p.error());
-  PreparedMessages out{.prepared = std::move(*p), .stream = read->stream, .breakpoints = {}};
+  PreparedMessages out{.prepared = std::move(*p), .stream = read->stream};
   Prepared& prep = out.prepared;
   prep.pin_authority =
       authorized_anthropic(ctx, req) ? PinAuthority::kAdmin : PinAuthority::kClient;
   for (const CacheBreakpoint& bp : read->breakpoints) {
     const size_t n = breakpoint_prefix_tokens(ctx.reader(), prep.tools ? &*prep.tools : nullptr,
                                               prep.template_kwargs, bp, prep.prompt_tokens);
-    out.breakpoints.push_back(PlacedBreakpoint{.num_tokens = n, .ttl_s = bp.ttl_s});
     if (n > 0) prep.prefix_pins.push_back(PrefixPin{.num_tokens = n, .ttl_s = bp.ttl_s});
+  }
+  return out;
+}
+
+// The breakpoints whose pins were made (a refused pin's tokens were computed and cached,
+// but nothing holds them: they count as input, not as cache creation).
+std::vector<PlacedBreakpoint> made_breakpoints(RouteContext& ctx, const Prepared& p) {
+  std::vector<PlacedBreakpoint> out;
+  for (const PrefixPin& pin : apply_prefix_pins(ctx, p)) {
+    out.push_back(PlacedBreakpoint{.num_tokens = pin.num_tokens, .ttl_s = pin.ttl_s});
   }
   return out;
 }
@@ -148,9 +156,14 @@ awaitable<void> whole_message(RouteContext& ctx, http::Exchange& ex, const Prepa
     if (!parsed.calls.empty()) ctx.metrics.tool_call_replies().Increment();
   }
   const bool called_tools = !parsed.calls.empty();
-  if (has_after_finish(p)) {
-    co_await ex.offload(
-        [&] { after_finish(ctx, p, *fin, generated, out, text.stopped(), called_tools); });
+  std::vector<PlacedBreakpoint> pinned;
+  if (has_after_finish(p) || !p.prefix_pins.empty()) {
+    pinned = co_await ex.offload([&] {
+      if (has_after_finish(p)) {
+        after_finish(ctx, p, *fin, generated, out, text.stopped(), called_tools);
+      }
+      return made_breakpoints(ctx, p);
+    });
   }
   const StopReason stop = stop_reason(text, *fin->finish, called_tools);
   if (stop.reason != "max_tokens") {
@@ -169,7 +182,7 @@ awaitable<void> whole_message(RouteContext& ctx, http::Exchange& ex, const Prepa
   }
   http::Response answer =
       json_response(200, message_json(ids, std::move(content), stop.reason, stop.sequence,
-                                      messages_usage(fin->usage, m.breakpoints)));
+                                      messages_usage(fin->usage, pinned)));
   timing.answered();
   answer.headers.emplace_back("Server-Timing", timing.server_timing());
   co_await ex.respond(std::move(answer));
@@ -309,9 +322,13 @@ awaitable<void> streamed_message(RouteContext& ctx, http::Exchange& ex, const Pr
           complies = check_tool_choice(p.tool_choice, tools->calls());
         }
         timer.finish(fin->usage);
-        if (has_after_finish(p)) {
-          co_await ex.offload([&] {
-            after_finish(ctx, p, *fin, generated, all_text, text.stopped(), called_tools);
+        std::vector<PlacedBreakpoint> pinned;
+        if (has_after_finish(p) || !p.prefix_pins.empty()) {
+          pinned = co_await ex.offload([&] {
+            if (has_after_finish(p)) {
+              after_finish(ctx, p, *fin, generated, all_text, text.stopped(), called_tools);
+            }
+            return made_breakpoints(ctx, p);
           });
         }
         if (!complies) {
@@ -322,7 +339,7 @@ awaitable<void> streamed_message(RouteContext& ctx, http::Exchange& ex, const Pr
               "message_delta",
               json{{"type", "message_delta"},
                    {"delta", {{"stop_reason", stop.reason}, {"stop_sequence", stop.sequence}}},
-                   {"usage", messages_usage(fin->usage, m.breakpoints)}});
+                   {"usage", messages_usage(fin->usage, pinned)}});
           out += event("message_stop", json{{"type", "message_stop"}});
         }
       }

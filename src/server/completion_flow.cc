@@ -300,8 +300,18 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
       STRATA_LOG_DEBUG("cache_control pin refused: {}", pinned.error().message);
     }
   }
-  // Prefix pins (Anthropic's breakpoints): each its own soft pin of the prompt's blocks
-  // through the breakpoint, so that each expires on its own TTL.
+}
+
+// Whether a finished turn leaves after_finish anything to do (a session to record or offload,
+// a message's pin): most requests have none and skip the round trip to the worker pool.
+bool has_after_finish(const Prepared& p) {
+  return !p.params.session_id.empty() || (p.msg_info && p.msg_info->pin_through >= 0);
+}
+
+std::vector<PrefixPin> apply_prefix_pins(RouteContext& ctx, const Prepared& p) {
+  std::vector<PrefixPin> made;
+  // Each its own soft pin of the prompt's blocks through the breakpoint, so that each
+  // expires on its own TTL.
   for (const PrefixPin& pin : p.prefix_pins) {
     const size_t n = std::min(pin.num_tokens, p.prompt_tokens.size());
     const std::vector<int32_t> prefix(p.prompt_tokens.begin(),
@@ -313,18 +323,14 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
                                       .ttl_ms = pin.ttl_s * 1000,
                                       .authority = p.pin_authority})
                       .get();
-    if (!pinned) {
+    if (pinned) {
+      made.push_back(pin);
+    } else {
       ctx.metrics.refused_pins().Increment();
       STRATA_LOG_DEBUG("cache breakpoint pin refused: {}", pinned.error().message);
     }
   }
-}
-
-// Whether a finished turn leaves after_finish anything to do (a session to record or offload,
-// a message's pin): most requests have none and skip the round trip to the worker pool.
-bool has_after_finish(const Prepared& p) {
-  return !p.params.session_id.empty() || (p.msg_info && p.msg_info->pin_through >= 0) ||
-         !p.prefix_pins.empty();
+  return made;
 }
 
 // At debug level (`--log-level debug`): where the request's time went, the answer written

@@ -84,14 +84,19 @@ bool parses_tool_calls(const RouteContext& ctx, const Prepared& p);
 ToolCallParserOptions parser_options(const RouteContext& ctx, const Prepared& p);
 
 // After a chat turn: remember the session's exact tokens, offload a session whose turn
-// ended in a tool call (--auto-tool-offload), and apply a message's cache_control pin and
-// the prefix pins. Blocking (engine calls, rendering): runs on the worker pool.
+// ended in a tool call (--auto-tool-offload), and apply a message's cache_control pin.
+// Blocking (engine calls, rendering): runs on the worker pool.
 void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
                   const std::vector<int32_t>& generated, const std::string& text, bool stop_string,
                   bool called_tools);
 // Whether a finished turn leaves after_finish anything to do (a session to record or offload,
 // a pin): most requests have none and skip the round trip to the worker pool.
 bool has_after_finish(const Prepared& p);
+// After a turn, when `p.prefix_pins` is not empty: makes each prefix pin (the prompt's full
+// pages through it, with the request's salt, TTL and authority); returns those the pin
+// policy accepted (a refusal is counted in strata_cache_control_pins_refused_total).
+// Blocking: runs on the worker pool.
+std::vector<PrefixPin> apply_prefix_pins(RouteContext& ctx, const Prepared& p);
 
 // Holds an engine request for its handler: routes its results to the handler's waker, and
 // on every way out (answered, client gone, abandoned, exception) detaches and cancels

@@ -238,3 +238,33 @@ test('bad input: Anthropic error shape, 4xx, nothing pinned or queued', async ()
   assert.equal(count.status, 400);
   assert.equal(count.json.error.type, 'invalid_request_error');
 });
+
+test("a client's breakpoints live within the client pin budget; x-api-key is the admin's", async () => {
+  // The tiny model's pool at 8,192 tokens: 512 pages of 16; 0.002 of it is 1 page.
+  const small = await startServer(['--kv-cache-tokens', '8192', '--allow-forced-output', '--admin-api-key', KEY,
+    '--max-client-pinned-ratio', '0.002']);
+  try {
+    const body = (seed) => ({
+      model: 'tiny', max_tokens: 4, forced_output: 'ok',
+      system: [{ type: 'text', text: words(400, seed), cache_control: { type: 'ephemeral' } }],
+      messages: [{ role: 'user', content: 'hi' }],
+    });
+    const state = async () => (await small.get('/cache/state', ADMIN)).json.device.pinned_blocks;
+    const refused = async () => {
+      const m = (await small.get('/metrics')).text.match(/^strata_cache_control_pins_refused_total (\d+)/m);
+      return m ? Number(m[1]) : 0;
+    };
+    const c = new Anthropic({ baseURL: small.base, apiKey: 'wrong', maxRetries: 0 });
+    const m = await c.messages.create(body(41));
+    // It answers; nothing holds the prefix, so nothing counts as cache creation.
+    assert.equal(m.usage.cache_creation_input_tokens, 0, JSON.stringify(m.usage));
+    assert.ok(m.usage.input_tokens > 300);
+    assert.equal(await state(), 0, 'over the client budget: nothing pinned');
+    assert.equal(await refused(), 1, 'the refusal is counted');
+    const a = new Anthropic({ baseURL: small.base, apiKey: KEY, maxRetries: 0 });
+    await a.messages.create(body(42));
+    assert.ok(await state() > 8, 'the admin key as x-api-key pins beyond the client budget');
+  } finally {
+    await small.stop();
+  }
+});
