@@ -36,6 +36,33 @@ json error_json(int status, const std::string& message, const std::string& code)
   return json{{"error", {{"message", message}, {"type", type}, {"code", code}}}};
 }
 
+json anthropic_error_json(int status, const std::string& message) {
+  std::string type = "invalid_request_error";
+  switch (status) {
+    case 401:
+      type = "authentication_error";
+      break;
+    case 403:
+      type = "permission_error";
+      break;
+    case 404:
+      type = "not_found_error";
+      break;
+    case 413:
+      type = "request_too_large";
+      break;
+    case 429:
+      type = "rate_limit_error";
+      break;
+    case 503:
+      type = "overloaded_error";
+      break;
+    default:
+      if (status >= 500) type = "api_error";
+  }
+  return json{{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
+}
+
 std::string dump_json(const json& body) {
   return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }

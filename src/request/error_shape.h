@@ -17,6 +17,12 @@ int http_status(ErrorCode code);
 
 nlohmann::json error_json(int status, const std::string& message, const std::string& code);
 
+// Anthropic's error shape, for its Messages API (docs/anthropic-messages.md):
+//   {"type": "error", "error": {"type": "invalid_request_error", "message": "..."}}
+// with the error type Anthropic gives `status` (400 invalid_request_error, 401
+// authentication_error, 404 not_found_error, 413 request_too_large, 5xx api_error, ...).
+nlohmann::json anthropic_error_json(int status, const std::string& message);
+
 // A JSON body as text; strings that are not valid UTF-8 (an echoed header, a path) are
 // written with U+FFFD instead of throwing.
 std::string dump_json(const nlohmann::json& body);

@@ -21,6 +21,7 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
       http_(ctx_.options.http) {
   ctx_.http_stats = [this] { return http_.stats(); };
   add_openai_routes(http_, ctx_);
+  add_anthropic_routes(http_, ctx_);
   add_tokenizer_routes(http_, ctx_);
   add_cache_routes(http_, ctx_);
   add_session_routes(http_, ctx_);

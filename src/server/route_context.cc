@@ -27,6 +27,13 @@ bool authorized(const RouteContext& ctx, const http::Request& request) {
   return CRYPTO_memcmp(value.data() + kScheme.size(), key.data(), key.size()) == 0;
 }
 
+bool authorized_anthropic(const RouteContext& ctx, const http::Request& request) {
+  if (authorized(ctx, request)) return true;
+  const std::string& key = ctx.options.admin_api_key;
+  const std::string_view value = request.header("x-api-key");
+  return value.size() == key.size() && CRYPTO_memcmp(value.data(), key.data(), key.size()) == 0;
+}
+
 http::Handler admin_only(const RouteContext& ctx, http::Handler handler) {
   return [&ctx, handler = std::move(handler)](http::Exchange& ex) -> boost::asio::awaitable<void> {
     if (!authorized(ctx, ex.request())) {

@@ -84,5 +84,8 @@ http::Handler blocking(BlockingHandler handler);
 // Guards a handler with the admin key when one is set: 401 without it.
 http::Handler admin_only(const RouteContext& ctx, http::Handler handler);
 bool authorized(const RouteContext& ctx, const http::Request& request);
+// Anthropic's clients send the key as `x-api-key: KEY`: with it (or with Authorization),
+// a /v1/messages request has the admin's rights.
+bool authorized_anthropic(const RouteContext& ctx, const http::Request& request);
 
 }  // namespace strata

@@ -9,6 +9,8 @@ namespace strata {
 
 // /v1/chat/completions, /v1/completions, /v1/models (openai_routes.cc).
 void add_openai_routes(http::Server& server, RouteContext& ctx);
+// /v1/messages, /v1/messages/count_tokens: Anthropic's Messages API (anthropic_routes.cc).
+void add_anthropic_routes(http::Server& server, RouteContext& ctx);
 // /tokenize, /detokenize (tokenizer_routes.cc).
 void add_tokenizer_routes(http::Server& server, RouteContext& ctx);
 // /cache/{pin,unpin,evict,flush,state,node}, /hicache/{pin,unpin}_blocks, /flush_cache

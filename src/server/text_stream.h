@@ -33,16 +33,23 @@ class TextStream {
     return release(true);
   }
   bool stopped() const { return stopped_; }
+  // The stop string that ended the text ("" while not stopped).
+  const std::string& stop_found() const { return stop_found_; }
 
  private:
   std::string release(bool final) {
     size_t cut = std::string::npos;
+    const std::string* found = nullptr;
     for (const auto& s : stops_) {
       const size_t at = pending_.find(s);
-      if (at != std::string::npos && at < cut) cut = at;
+      if (at != std::string::npos && at < cut) {
+        cut = at;
+        found = &s;
+      }
     }
     if (cut != std::string::npos) {
       stopped_ = true;
+      stop_found_ = *found;
       std::string out = pending_.substr(0, cut);
       pending_.clear();
       return out;
@@ -64,6 +71,7 @@ class TextStream {
   size_t hold_ = 0;
   std::string pending_;
   bool stopped_ = false;
+  std::string stop_found_;
 };
 
 }  // namespace strata
