@@ -7,8 +7,9 @@
 # when Chromium is missing.
 # The ThreadSanitizer stage builds and runs the test programs of the threaded modules
 # (engine scheduler + transfer threads + tool sessions, host pool and transfers, storage
-# worker and backends, the HTTP server and client, the P/D control plane's channel, and
-# disaggregation through two engines with UCX: UCX_MEM_EVENTS=no, see docs/kv-transfer.md).
+# worker and backends, the HTTP server and client, the P/D control plane's channel,
+# disaggregation through two engines with UCX: UCX_MEM_EVENTS=no, see docs/kv-transfer.md,
+# and the router's index, event intake and worker polling).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -65,12 +66,16 @@ if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   stage "ThreadSanitizer build (threaded modules)"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
         -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" >/dev/null
-  cmake --build build-tsan -j "$jobs" --target engine_tests memory_tests storage_tests http_tests pd_tests \
-    pd_engine_tests
+  tsan_tests=(engine_tests memory_tests storage_tests http_tests pd_tests pd_engine_tests router_tests)
+  cmake --build build-tsan -j "$jobs" --target "${tsan_tests[@]}"
   stage "ThreadSanitizer tests"
-  for t in engine_tests memory_tests storage_tests http_tests pd_tests pd_engine_tests; do
+  # Each program has ten minutes (they take well under two): a hang fails the run with its
+  # name instead of running into CI's limit.
+  for t in "${tsan_tests[@]}"; do
+    echo "-- $t"
     UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp \
-      "build-tsan/tests/$t" --gtest_brief=1
+      timeout -k 10 600 "build-tsan/tests/$t" --gtest_brief=1 ||
+      { echo "== $t failed or hung (exit $?)"; exit 1; }
   done
 fi
 stage ""
