@@ -1,5 +1,6 @@
 #include "router/routed_request.h"
 
+#include "request/anthropic_request.h"
 #include "request/chat_request.h"
 #include "request/json_fields.h"
 #include "text/tokenizer/utf8.h"
@@ -19,15 +20,55 @@ Result<std::optional<std::vector<int32_t>>> within_limit(Result<std::vector<int3
   return std::unexpected(ids.error());
 }
 
+// The x-session-id header's value, checked as a worker checks it.
+Result<std::string> header_session_id(std::string_view header_session) {
+  if (header_session.size() > 256 || !utf8::is_valid(header_session)) {
+    return bad_argument("'x-session-id' must be 1 to 256 characters of valid UTF-8");
+  }
+  return std::string(header_session);
+}
+
+// The prompt of a chat request as tokens (none without a chat template, or when longer
+// than the limit: too_long). read_chat_request normalizes the messages in place.
+Status read_chat_tokens(const PromptReader& reader, ojson& chat_body,
+                        size_t max_prompt_tokens, RoutedRequest& r) {
+  auto read = read_chat_request(chat_body, GenerationPrompt::kAlways);
+  if (!read) return std::unexpected(read.error());
+  if (reader.chat() == nullptr) return {};
+  auto ids = within_limit(reader.chat_tokens(*read, max_prompt_tokens));
+  if (!ids) return std::unexpected(ids.error());
+  r.too_long = !*ids;
+  if (*ids) r.tokens = std::move(**ids);
+  return {};
+}
+
 }  // namespace
 
 Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std::string& body,
-                                          std::string_view header_session, bool chat,
+                                          std::string_view header_session, RoutedApi api,
                                           size_t max_prompt_tokens) {
   auto parsed = parse_json_object_as<ojson>(body);
   if (!parsed) return std::unexpected(parsed.error());
   ojson& j = *parsed;
   RoutedRequest r;
+  if (api == RoutedApi::kAnthropicMessages) {
+    auto read = read_anthropic_request(j, AnthropicEndpoint::kMessages);
+    if (!read) return std::unexpected(read.error());
+    r.stream = read->stream;
+    if (!header_session.empty()) {
+      auto session = header_session_id(header_session);
+      if (!session) return std::unexpected(session.error());
+      r.session = std::move(*session);
+    }
+    ojson& c = read->chat_body;
+    auto salt = c.find("cache_salt");
+    r.pd_local_only =
+        salt != c.end() && salt->is_string() && !salt->get_ref<const std::string&>().empty();
+    if (auto st = read_chat_tokens(reader, c, max_prompt_tokens, r); !st) {
+      return std::unexpected(st.error());
+    }
+    return r;
+  }
   auto stream = get_bool(j, "stream");
   if (!stream) return std::unexpected(stream.error());
   r.stream = stream->value_or(false);
@@ -39,10 +80,9 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
     }
     r.session = **session;
   } else if (!header_session.empty()) {
-    if (header_session.size() > 256 || !utf8::is_valid(header_session)) {
-      return bad_argument("'x-session-id' must be 1 to 256 characters of valid UTF-8");
-    }
-    r.session = std::string(header_session);
+    auto hs = header_session_id(header_session);
+    if (!hs) return std::unexpected(hs.error());
+    r.session = std::move(*hs);
     j["session_id"] = r.session;  // the worker keys its records on it too
     r.rewritten_body = j.dump();
   }
@@ -51,14 +91,9 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
     return it != j.end() && !it->is_null() && *it != false && *it != 0 && *it != "";
   };
   r.pd_local_only = set("cache_salt") || set("logprobs") || set("top_logprobs");
-  if (chat) {
-    auto read = read_chat_request(j, GenerationPrompt::kAlways);
-    if (!read) return std::unexpected(read.error());
-    if (reader.chat() != nullptr) {
-      auto ids = within_limit(reader.chat_tokens(*read, max_prompt_tokens));
-      if (!ids) return std::unexpected(ids.error());
-      r.too_long = !*ids;
-      if (*ids) r.tokens = std::move(**ids);
+  if (api == RoutedApi::kChatCompletions) {
+    if (auto st = read_chat_tokens(reader, j, max_prompt_tokens, r); !st) {
+      return std::unexpected(st.error());
     }
     return r;
   }

@@ -1,8 +1,8 @@
-// What the router reads of a /v1/chat/completions or /v1/completions request before it
-// routes it: the prompt's tokens, read exactly as a worker reads them (the shared
-// request/ module: the same validation, tool-call normalization, template and tokenizer),
-// the session and whether it streams. Everything else in the body is the worker's to check.
-// A pure function of its inputs: safe on any thread.
+// What the router reads of a /v1/chat/completions, /v1/completions or /v1/messages
+// (Anthropic) request before it routes it: the prompt's tokens, read exactly as a worker reads them
+// (the shared request/ module: the same validation, tool-call normalization, template and
+// tokenizer), the session and whether it streams. Everything else in the body is the worker's to
+// check. A pure function of its inputs: safe on any thread.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +16,10 @@
 #include "request/prompt_reader.h"
 
 namespace strata::router {
+
+// The API a generation request speaks. A Messages request is read as the chat request it
+// means (request/anthropic_request.h), exactly as the worker reads it.
+enum class RoutedApi : uint8_t { kChatCompletions, kCompletions, kAnthropicMessages };
 
 struct RoutedRequest {
   // The body to send upstream when it differs from the client's (the x-session-id header
@@ -34,8 +38,10 @@ struct RoutedRequest {
 // with the worker's message for what a worker refuses while reading the prompt. With
 // `max_prompt_tokens` > 0 the encoding stops once the prompt is known to be longer: such
 // a request is routed unscored (too_long, no tokens) and the worker refuses it.
+// A Messages request's session comes from the x-session-id header only, and its body goes
+// upstream as it is (the Messages API has no session_id field).
 Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std::string& body,
-                                          std::string_view header_session, bool chat,
+                                          std::string_view header_session, RoutedApi api,
                                           size_t max_prompt_tokens);
 
 }  // namespace strata::router

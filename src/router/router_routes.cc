@@ -1,16 +1,18 @@
-// The router's OpenAI API: POST /v1/chat/completions and /v1/completions are rendered and
-// tokenized as the workers will (so that the prompt's blocks can be looked up), routed
-// (router.cc: choose) and proxied, streaming or not. A failure before the answer's first
-// byte (connection refused, a 429 or 503, a timeout) is retried on the next-best worker,
-// up to --max-attempts; a worker that breaks a stream after its first byte ends the
+// The router's generation APIs: POST /v1/chat/completions, /v1/completions and Anthropic's
+// /v1/messages are rendered and tokenized as the workers will (so that the prompt's blocks can be
+// looked up), routed (router.cc: choose) and proxied, streaming or not. A failure before the
+// answer's first byte (connection refused, a 429 or 503, a timeout) is retried on the next-best
+// worker, up to --max-attempts; a worker that breaks a stream after its first byte ends the
 // client's stream with an error event. GET /v1/models, /tokenize and /detokenize go to a
-// worker as they are (docs/router.md). With --pd, a request whose prompt is prefilled
-// remotely goes to its decode worker with x-strata-prefill-peer (the prefill worker's PD
-// id) and is answered with x-strata-prefill-worker (its URL); a client's own
-// x-strata-prefill-peer never reaches a worker.
+// worker as they are (docs/router.md), and so does /v1/messages/count_tokens. A Messages
+// request is answered in Anthropic's shapes: its errors, and its stream's named events. With --pd,
+// a request whose prompt is prefilled remotely goes to its decode worker with x-strata-prefill-peer
+// (the prefill worker's PD id) and is answered with x-strata-prefill-worker (its URL); a client's
+// own x-strata-prefill-peer never reaches a worker.
 #include <boost/asio/use_awaitable.hpp>
 
 #include "common/log.h"
+#include "request/error_shape.h"
 #include "router/routed_request.h"
 #include "router/router_impl.h"
 
@@ -50,12 +52,22 @@ struct UsageReport {
 
 UsageReport reported_usage(std::string_view data) {
   UsageReport out;
-  // Every usage object names prompt_tokens; most stream chunks carry none (cheap skip).
-  if (data.find("\"prompt_tokens\"") == std::string_view::npos) return out;
+  // Every usage object names prompt_tokens (Anthropic's: cache_read_input_tokens); most
+  // stream chunks carry none (cheap skip).
+  const bool anthropic = data.find("\"cache_read_input_tokens\"") != std::string_view::npos;
+  if (!anthropic && data.find("\"prompt_tokens\"") == std::string_view::npos) return out;
   json j = json::parse(data, nullptr, false);
+  // A Messages stream reports its usage whole in message_delta (top-level usage);
+  // message_start's message.usage is not read, so nothing is counted twice.
   if (!j.is_object() || !j.contains("usage") || !j["usage"].is_object()) return out;
   const json& u = j["usage"];
   out.present = true;
+  if (anthropic) {
+    if (u.contains("cache_read_input_tokens") && u["cache_read_input_tokens"].is_number_integer()) {
+      out.cached_tokens = u["cache_read_input_tokens"].get<int64_t>();
+    }
+    return out;
+  }
   if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
     const json& d = u["prompt_tokens_details"];
     if (d.contains("cached_tokens") && d["cached_tokens"].is_number_integer()) {
@@ -95,10 +107,35 @@ bool retryable_status(int status) {
   return status == 429 || status == 503;
 }
 
+// The router's own error answer in the request's API's shape.
+http::Response api_error(RoutedApi api, int status, const std::string& message,
+                         const std::string& code) {
+  if (api != RoutedApi::kAnthropicMessages) return router_error(status, message, code);
+  return http::Response{.status = status,
+                        .content_type = "application/json",
+                        .body = dump_json(anthropic_error_json(status, message))};
+}
+http::Response api_error(RoutedApi api, const Error& e) {
+  return api_error(api, http_status(e.code), e.message, std::string(error_code_name(e.code)));
+}
+
+// One event of a stream as the client's API frames it: Anthropic names each event after
+// its data's type (message_start, content_block_delta, ...; its SDKs read the name).
+std::string sse_event(RoutedApi api, const std::string& data) {
+  if (api == RoutedApi::kAnthropicMessages) {
+    const json j = json::parse(data, nullptr, false);
+    if (j.is_object() && j.contains("type") && j["type"].is_string()) {
+      return "event: " + j["type"].get<std::string>() + "\ndata: " + data + "\n\n";
+    }
+  }
+  return "data: " + data + "\n\n";
+}
+
 // Waits in the router queue while every worker is saturated. False: the client was
 // answered (429: the queue is full, or the wait is over) or went away.
-awaitable<bool> wait_in_queue(Router::Impl& r, http::Exchange& ex, const RoutedRequest& p,
-                              const std::string& tenant, int64_t& queued_since) {
+awaitable<bool> wait_in_queue(Router::Impl& r, http::Exchange& ex, RoutedApi api,
+                              const RoutedRequest& p, const std::string& tenant,
+                              int64_t& queued_since) {
   const int64_t now = r.now_ms();
   if (queued_since < 0) queued_since = now;
   Ticket ticket{};
@@ -116,7 +153,7 @@ awaitable<bool> wait_in_queue(Router::Impl& r, http::Exchange& ex, const RoutedR
   auto refuse = [&](std::string why) -> awaitable<void> {
     r.metrics.rejected_429.Increment();
     r.metrics.requests.Add({{"status", "429"}}).Increment();
-    http::Response resp = router_error(429, std::move(why), "rate_limited");
+    http::Response resp = api_error(api, 429, why, "rate_limited");
     resp.headers.emplace_back("Retry-After", std::to_string(retry_after));
     co_await ex.respond(std::move(resp));
   };
@@ -144,17 +181,17 @@ awaitable<bool> wait_in_queue(Router::Impl& r, http::Exchange& ex, const RoutedR
   co_return true;
 }
 
-awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
+awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
   const http::Request& req = ex.request();
   const size_t limit = prompt_limit(r);
   auto p = co_await ex.offload([&] {
-    auto read = read_routed_request(r.reader, req.body, req.header("x-session-id"), chat, limit);
+    auto read = read_routed_request(r.reader, req.body, req.header("x-session-id"), api, limit);
     release_memory_after(req.body.size());
     return read;
   });
   if (!p) {
     r.metrics.requests.Add({{"status", "400"}}).Increment();
-    co_await ex.respond(router_error(p.error()));
+    co_await ex.respond(api_error(api, p.error()));
     co_return;
   }
   const std::string& upstream_body = p->rewritten_body ? *p->rewritten_body : req.body;
@@ -171,7 +208,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
     auto c = r.choose(rr);
     if (!c) break;
     if (c->all_saturated) {
-      if (!co_await wait_in_queue(r, ex, *p, rr.tenant, queued_since)) co_return;
+      if (!co_await wait_in_queue(r, ex, api, *p, rr.tenant, queued_since)) co_return;
       continue;
     }
     if (queued_since >= 0) {
@@ -184,6 +221,9 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
         r.upstream_request(*c->worker, "POST", req.target, upstream_body, false);
     if (auto a = req.header("authorization"); !a.empty()) {
       up.headers.emplace_back("Authorization", std::string(a));
+    }
+    for (const char* h : {"x-api-key", "anthropic-version"}) {
+      if (auto v = req.header(h); !v.empty()) up.headers.emplace_back(h, std::string(v));
     }
     if (!c->prefill_peer.empty()) up.headers.emplace_back("x-strata-prefill-peer", c->prefill_peer);
     const std::string worker_url = c->worker->url;
@@ -263,10 +303,11 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
         // The worker failed mid-stream: the client gets an error event, then the end.
         r.metrics.streams_broken.Increment();
         r.outcome(*c, UpstreamOutcome::kStreamBroken, rr.session, 0);
-        const json err = error_json(
-            502, "the worker " + worker_url + " failed mid-stream: " + ev.error().message,
-            "upstream_error");
-        ex.send("data: " + dump_json(err) + "\n\n");
+        const std::string why =
+            "the worker " + worker_url + " failed mid-stream: " + ev.error().message;
+        ex.send(sse_event(api, dump_json(api == RoutedApi::kAnthropicMessages
+                                             ? anthropic_error_json(502, why)
+                                             : error_json(502, why, "upstream_error"))));
         break;
       }
       if (!ev->has_value()) break;
@@ -276,7 +317,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
       }
       const std::string& data = **ev;
       count_usage(r, *c, data);
-      if (!ex.send("data: " + data + "\n\n")) {
+      if (!ex.send(sse_event(api, data))) {
         cancel.cancel();
         open = false;
       }
@@ -300,8 +341,8 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, bool chat) {
     co_return;
   }
   r.metrics.requests.Add({{"status", "503"}}).Increment();
-  http::Response out = router_error(
-      503,
+  http::Response out = api_error(
+      api, 503,
       last_error.empty() ? "no worker can take the request (none joined, healthy and not draining)"
                          : "every worker tried failed: " + last_error,
       "unavailable");
@@ -347,9 +388,14 @@ awaitable<void> forward_any(Router::Impl& r, http::Exchange& ex) {
 
 void add_router_routes(http::Server& server, Router::Impl& r) {
   server.route("POST", "/v1/chat/completions",
-               [&r](http::Exchange& ex) { return generation(r, ex, true); });
+               [&r](http::Exchange& ex) { return generation(r, ex, RoutedApi::kChatCompletions); });
   server.route("POST", "/v1/completions",
-               [&r](http::Exchange& ex) { return generation(r, ex, false); });
+               [&r](http::Exchange& ex) { return generation(r, ex, RoutedApi::kCompletions); });
+  server.route("POST", "/v1/messages", [&r](http::Exchange& ex) {
+    return generation(r, ex, RoutedApi::kAnthropicMessages);
+  });
+  server.route("POST", "/v1/messages/count_tokens",
+               [&r](http::Exchange& ex) { return forward_any(r, ex); });
   server.route("GET", "/v1/models", [&r](http::Exchange& ex) { return forward_any(r, ex); });
   server.route("POST", "/tokenize", [&r](http::Exchange& ex) { return forward_any(r, ex); });
   server.route("POST", "/detokenize", [&r](http::Exchange& ex) { return forward_any(r, ex); });

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cache/block_hash.h"
+#include "request/anthropic_request.h"
 #include "request/chat_request.h"
 #include "request/error_shape.h"
 #include "request/json_fields.h"
@@ -57,7 +58,8 @@ class RequestReadingTest : public ::testing::Test {
   }
   // The router's path for the same request.
   Result<std::vector<int32_t>> router_chat(const std::string& body) const {
-    auto read = router::read_routed_request(reader(), body, "", /*chat=*/true, 0);
+    auto read =
+        router::read_routed_request(reader(), body, "", router::RoutedApi::kChatCompletions, 0);
     if (!read) return std::unexpected(read.error());
     return read->tokens;
   }
@@ -155,7 +157,8 @@ TEST_F(RequestReadingTest, BothRefuseTheSameBadRequestsWithTheSameMessage) {
       "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}",
   };
   for (const std::string& body : bad) {
-    auto r = router::read_routed_request(reader(), body, "", true, 0);
+    auto r =
+        router::read_routed_request(reader(), body, "", router::RoutedApi::kChatCompletions, 0);
     ASSERT_FALSE(r.has_value()) << body;
     EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument) << body;
     EXPECT_EQ(http_status(r.error().code), 400);
@@ -172,44 +175,50 @@ TEST_F(RequestReadingTest, BothRefuseTheSameBadRequestsWithTheSameMessage) {
 
 TEST_F(RequestReadingTest, TheSessionHeaderIsCheckedAndAddedToTheBody) {
   const std::string body = R"({"messages":[{"role":"user","content":"x"}]})";
-  auto ok = router::read_routed_request(reader(), body, "agent-7", true, 0);
+  auto ok = router::read_routed_request(reader(), body, "agent-7",
+                                        router::RoutedApi::kChatCompletions, 0);
   ASSERT_TRUE(ok.has_value());
   EXPECT_EQ(ok->session, "agent-7");
   ASSERT_TRUE(ok->rewritten_body.has_value());
   EXPECT_EQ(ojson::parse(*ok->rewritten_body)["session_id"], "agent-7");
-  auto same = router::read_routed_request(reader(), body, "", true, 0);
+  auto same =
+      router::read_routed_request(reader(), body, "", router::RoutedApi::kChatCompletions, 0);
   ASSERT_TRUE(same.has_value());
   EXPECT_FALSE(same->rewritten_body.has_value());
   EXPECT_EQ(same->tokens, ok->tokens);
   for (const std::string& header : {std::string("\xff\xfe"), std::string(257, 'a')}) {
-    auto r = router::read_routed_request(reader(), body, header, true, 0);
+    auto r =
+        router::read_routed_request(reader(), body, header, router::RoutedApi::kChatCompletions, 0);
     ASSERT_FALSE(r.has_value());
     EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
   }
 }
 
 TEST_F(RequestReadingTest, CompletionPromptsAndTheLimit) {
-  auto text = router::read_routed_request(reader(), R"({"prompt":"hello world"})", "", false, 0);
+  auto text = router::read_routed_request(reader(), R"({"prompt":"hello world"})", "",
+                                          router::RoutedApi::kCompletions, 0);
   ASSERT_TRUE(text.has_value());
   auto direct = reader().text_tokens("hello world", true);
   ASSERT_TRUE(direct.has_value());
   EXPECT_EQ(text->tokens, *direct);
-  auto ids = router::read_routed_request(reader(), R"({"prompt":[1,2,3]})", "", false, 0);
+  auto ids = router::read_routed_request(reader(), R"({"prompt":[1,2,3]})", "",
+                                         router::RoutedApi::kCompletions, 0);
   ASSERT_TRUE(ids.has_value());
   EXPECT_EQ(ids->tokens, (std::vector<int32_t>{1, 2, 3}));
-  auto negative = router::read_routed_request(reader(), R"({"prompt":[1,-2]})", "", false, 0);
+  auto negative = router::read_routed_request(reader(), R"({"prompt":[1,-2]})", "",
+                                              router::RoutedApi::kCompletions, 0);
   EXPECT_FALSE(negative.has_value());
   // Beyond the limit: routed unscored, nothing of it kept.
   std::string big = R"({"prompt":")";
   for (int i = 0; i < 2000; ++i) big += "word ";
   big += "\"}";
-  auto over = router::read_routed_request(reader(), big, "", false, 100);
+  auto over = router::read_routed_request(reader(), big, "", router::RoutedApi::kCompletions, 100);
   ASSERT_TRUE(over.has_value());
   EXPECT_TRUE(over->too_long);
   EXPECT_TRUE(over->tokens.empty());
   auto chat_over = router::read_routed_request(
       reader(), R"({"messages":[{"role":"user","content":")" + std::string(5000, 'x') + "\"}]}", "",
-      true, 10);
+      router::RoutedApi::kChatCompletions, 10);
   ASSERT_TRUE(chat_over.has_value());
   EXPECT_TRUE(chat_over->too_long);
 }
@@ -266,6 +275,48 @@ TEST_F(RequestReadingTest, TokenAndMessageFormsHashTheirBlocks) {
   auto typed = read_cache_target(chat, reader());
   ASSERT_FALSE(typed.has_value());
   EXPECT_EQ(typed.error().message, "'add_generation_prompt' must be a boolean");
+}
+
+// A Messages (Anthropic) request through the router: the tokens the worker renders for it
+// (anthropic_routes.cc: read_anthropic_request, then the chat path), for a tool loop with
+// a cache breakpoint; stream and the x-session-id header read; a bad body refused with the
+// worker's message.
+TEST_F(RequestReadingTest, MessagesRequestsAreReadAsTheWorkerReadsThem) {
+  const std::string body = R"({"model":"m","max_tokens":16,"stream":true,
+    "system":[{"type":"text","text":"You are terse.","cache_control":{"type":"ephemeral"}}],
+    "tools":[{"name":"get_weather","description":"Weather of a city",
+              "input_schema":{"type":"object","properties":{"city":{"type":"string"}}}}],
+    "messages":[{"role":"user","content":"Weather in Paris?"},
+      {"role":"assistant","content":[{"type":"text","text":"Checking."},
+        {"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}]},
+      {"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"3 C"}]}]})";
+  auto j = parse_json_object_as<ojson>(body);
+  ASSERT_TRUE(j.has_value());
+  auto anthropic = read_anthropic_request(*j, AnthropicEndpoint::kMessages);
+  ASSERT_TRUE(anthropic.has_value()) << anthropic.error().message;
+  auto chat = read_chat_request(anthropic->chat_body, GenerationPrompt::kAlways);
+  ASSERT_TRUE(chat.has_value()) << chat.error().message;
+  auto worker = reader().chat_tokens(*chat);
+  ASSERT_TRUE(worker.has_value()) << worker.error().message;
+
+  auto routed = router::read_routed_request(reader(), body, "agent-9",
+                                            router::RoutedApi::kAnthropicMessages, 0);
+  ASSERT_TRUE(routed.has_value()) << routed.error().message;
+  EXPECT_EQ(routed->tokens, *worker);
+  EXPECT_TRUE(routed->stream);
+  EXPECT_EQ(routed->session, "agent-9");
+  EXPECT_FALSE(routed->rewritten_body.has_value());  // the client's body goes upstream
+
+  auto refused = router::read_routed_request(reader(), R"({"messages":[]})", "",
+                                             router::RoutedApi::kAnthropicMessages, 0);
+  ASSERT_FALSE(refused.has_value());
+  auto direct =
+      read_anthropic_request(ojson::parse(R"({"messages":[]})"), AnthropicEndpoint::kMessages);
+  ASSERT_FALSE(direct.has_value());
+  EXPECT_EQ(refused.error().message, direct.error().message);
+  auto bad_header =
+      router::read_routed_request(reader(), body, "\xff", router::RoutedApi::kAnthropicMessages, 0);
+  ASSERT_FALSE(bad_header.has_value());
 }
 
 TEST(ErrorShapeTest, OneShapeForWorkersAndRouter) {

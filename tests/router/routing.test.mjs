@@ -13,6 +13,8 @@ import { startServer, startRouter as startRouterProcess, waitFor, workerList, al
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
 const OpenAI = require('openai').default ?? require('openai');
+const AnthropicModule = require('@anthropic-ai/sdk');
+const Anthropic = AnthropicModule.default ?? AnthropicModule.Anthropic ?? AnthropicModule;
 
 const KEY = 'router-test-key';
 const ADMIN = { authorization: 'Bearer ' + KEY };
@@ -231,6 +233,44 @@ test('the official openai client works through the router, streaming and not', a
   assert.ok(models.data.length >= 1);
   const tok = await router.post('/tokenize', { prompt: 'hello world' });
   assert.equal(tok.status, 200, tok.text);
+});
+
+// Anthropic's Messages API through the router: read as the worker reads it, so a repeated
+// system prompt goes to the worker that cached it; streams keep their named events (the SDK
+// reads them); the router's own refusals use Anthropic's error shape.
+test('the official Anthropic client works through the router: cache placement, streaming, errors', async () => {
+  const client = new Anthropic({ baseURL: router.base, apiKey: 'unused', maxRetries: 0 });
+  const system = 'You are a careful assistant. ' + words(300, 21);
+  const ask = (q) => ({ model: 'tiny-qwen3', max_tokens: 3, temperature: 0, system,
+    messages: [{ role: 'user', content: q }] });
+  const first = await client.messages.create(ask('first question'));
+  assert.equal(first.type, 'message');
+  assert.equal(first.usage.output_tokens, 3);
+  const raw = await router.post('/v1/messages', ask('first question, again'));
+  assert.equal(raw.status, 200, raw.text);
+  const home = raw.headers.get('x-strata-worker');
+  const id = (await workerList(router)).find((w) => w.url === home).id;
+  await waitFor(async () => (await workerList(router)).find((w) => w.id === id).index_blocks >= 16, 'the events');
+  const again = await router.post('/v1/messages', ask('second question'));
+  assert.equal(again.status, 200, again.text);
+  assert.equal(again.headers.get('x-strata-worker'), home);
+  assert.equal(again.headers.get('x-strata-route'), 'cache');
+  assert.ok(again.json.usage.cache_read_input_tokens >= 256, JSON.stringify(again.json.usage));
+
+  const stream = client.messages.stream(ask('second question'));
+  let text = '';
+  stream.on('text', (t) => { text += t; });
+  const final = await stream.finalMessage();
+  assert.equal(final.usage.output_tokens, 3);
+  assert.equal(text, again.json.content[0].text);
+
+  const bad = await router.post('/v1/messages', { model: 'tiny-qwen3', messages: [] });
+  assert.equal(bad.status, 400, bad.text);
+  assert.equal(bad.json.type, 'error');
+  assert.equal(bad.json.error.type, 'invalid_request_error');
+  const count = await client.messages.countTokens({ model: 'tiny-qwen3', system,
+    messages: [{ role: 'user', content: 'second question' }] });
+  assert.ok(count.input_tokens > 300, JSON.stringify(count));
 });
 
 test('a worker joins after the router saw traffic: its cached blocks are indexed', async () => {
