@@ -57,6 +57,15 @@ Status validate_sampling_params(const SamplingParams& p) {
   return {};
 }
 
+SampledToken sample_chosen(const SamplingParams& params, int32_t token) {
+  SampledToken out;
+  out.token = token;
+  out.is_stop = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
+                params.stop_token_ids.end();
+  if (params.top_logprobs > 0) out.top_logprobs.push_back(TokenLogprob{token, 0.0f});
+  return out;
+}
+
 float token_logprob(std::span<const float> logits, int32_t token) {
   STRATA_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size());
   std::vector<float> scratch;
