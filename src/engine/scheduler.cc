@@ -923,18 +923,18 @@ bool Scheduler::preempt_for(const Seq& head) {
   return true;
 }
 
-// Samples the next token from `logits` and hands it to the stream; finishes the request at
-// a stop token or max_tokens. Returns true when it finished (the caller drops it from
-// running_).
-// A model that chooses its tokens (model/forward_model.h) hands back one token per row; a
-// remembered prompt row then holds that token as its one float (exact below 2^24, checked
-// in SimulatedModel), so that full hits keep working without vocabulary-wide rows.
+// Samples the next token from one output row. A model that chooses its tokens
+// (model/forward_model.h) hands back one token per row; its row is then that token as one
+// float (exact below 2^24, checked in SimulatedModel), which is also what a remembered prompt
+// row holds, so that full hits work without vocabulary-wide rows.
 SampledToken Scheduler::sample_row(Seq& seq, std::span<const float> row) {
   if (!chooses_tokens_) return seq.sampler->sample(row);
   STRATA_CHECK(row.size() == 1);
   return sample_chosen(seq.sampler->params(), static_cast<int32_t>(row[0]));
 }
 
+// Hands a sampled token to the stream; finishes the request at a stop token or max_tokens.
+// Returns true when it finished (the caller drops it from running_).
 bool Scheduler::emit_sampled(Seq& seq, GeneratedToken tok) {
   if (tok.is_stop) {
     finish(seq, FinishReason::kStop, {}, tok.token);
