@@ -6,6 +6,8 @@
 #include <string>
 #include <thread>
 
+#include "model/sampler.h"
+
 namespace strata {
 namespace {
 
@@ -45,8 +47,8 @@ uint32_t sim_load(const KvPool& pool, PageId page, int32_t slot) {
 Result<std::unique_ptr<SimulatedModel>> SimulatedModel::create(ModelConfig config,
                                                                TimingProfile profile,
                                                                SimulatedModelOptions options) {
-  if (config.vocab_size < 1 || config.vocab_size > (1 << 24)) {
-    return bad_argument("the simulator needs a vocabulary of 1 to 2^24 tokens (it has " +
+  if (config.vocab_size <= kMaxTopLogprobs || config.vocab_size > (1 << 24)) {
+    return bad_argument("the simulator needs a vocabulary of 21 to 2^24 tokens (it has " +
                         std::to_string(config.vocab_size) + ")");
   }
   if (!(options.time_scale > 0 && options.time_scale <= 1000)) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/make_model.h"
+#include "model/sampler.h"
 
 namespace strata {
 namespace {
@@ -173,6 +174,28 @@ TEST(SimulatedModel, RefusesBadBatchesAndOptions) {
   EXPECT_FALSE(SimulatedModel::create(c, linear_profile(), {.spin_tail_us = -1}));
   EXPECT_FALSE(SimulatedModel::create(c, linear_profile(), {.output_token_ids = {-1}}));
   EXPECT_FALSE(SimulatedModel::create(c, linear_profile(), {.output_token_ids = {c.vocab_size}}));
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST(SampleChosen, ReportsTheTokenAsAOneHotRowWould) {
+  SamplingParams params;
+  params.top_logprobs = 3;
+  params.stop_token_ids = {9};
+  const SampledToken t = sample_chosen(params, 1);
+  EXPECT_EQ(t.token, 1);
+  EXPECT_FALSE(t.is_stop);
+  EXPECT_EQ(t.logprob, 0.0f);
+  ASSERT_EQ(t.top_logprobs.size(), 3u);
+  EXPECT_EQ(t.top_logprobs[0].token, 1);
+  EXPECT_EQ(t.top_logprobs[1].token, 0);
+  EXPECT_EQ(t.top_logprobs[2].token, 2);
+  EXPECT_EQ(t.top_logprobs[2].logprob, -9999.0f);
+  EXPECT_TRUE(sample_chosen(params, 9).is_stop);
 }
 
 }  // namespace
