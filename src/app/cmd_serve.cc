@@ -28,6 +28,8 @@
 #include "http/server.h"
 #include "model/make_model.h"
 #include "model/model.h"
+#include "model/simulated_model.h"
+#include "model/timing_profile.h"
 #include "request/release_memory.h"
 #include "server/api_server.h"
 #include "server/cache_events_stream.h"
@@ -106,6 +108,8 @@ struct ServeOptions {
   std::string tool_call_parser = "auto";  // auto | hermes | llama3_json | mistral | none
   double shutdown_timeout_s = 30;
   ModelOptions model_options;
+  std::string simulate;  // a timing profile: simulate the forward pass (docs/simulation.md)
+  SimulatedModelOptions simulation;
   EngineOptions engine;
   ServerOptions server;  // server.http: --host, --port, --http-*
 };
@@ -124,6 +128,50 @@ void add_model_flags(CLI::App& cmd, ModelOptions& o) {
          "In-memory weights: auto (the checkpoint's) | f32 | bf16 (about 2x faster decode)")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}))
       ->default_str("auto");
+}
+
+// The simulator's flags (docs/simulation.md).
+void add_simulation_flags(CLI::App& cmd, ServeOptions& o) {
+  cmd.add_option("--simulate", o.simulate,
+                 "Simulate the forward pass with this timing profile (JSON, docs/simulation.md): "
+                 "no weights are loaded, --model gives the config and the tokenizer");
+  cmd.add_option("--simulate-time-scale", o.simulation.time_scale,
+                 "Multiply the profile's times by this (0.5: twice as fast)")
+      ->check(CLI::Range(1e-6, 1000.0))
+      ->capture_default_str();
+  cmd.add_option("--simulate-spin-us", o.simulation.spin_tail_us,
+                 "Spin instead of sleeping for the last microseconds of each simulated pass "
+                 "(sub-ms precision, a busy core)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}))
+      ->capture_default_str();
+}
+
+// The ids a simulated model emits: tokens that decode to ASCII letters alone, after at
+// most one leading space. No special, end or added token, no markup a tool-call parser
+// could take for a call, no partial UTF-8. Every non-special id if none qualifies.
+std::vector<int32_t> simulated_output_tokens(const Tokenizer& tokenizer, int32_t vocab_size) {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> fallback;
+  const auto n = std::min<int64_t>(vocab_size, static_cast<int64_t>(tokenizer.vocab_size()));
+  const std::vector<TokenId>& eos = tokenizer.eos_ids();
+  for (int32_t id = 0; id < n; ++id) {
+    if (tokenizer.is_special(id) || std::find(eos.begin(), eos.end(), id) != eos.end() ||
+        id == tokenizer.bos_id()) {
+      continue;
+    }
+    const TokenId one[] = {id};
+    auto text = tokenizer.decode(one);
+    if (!text || text->empty()) continue;
+    fallback.push_back(id);
+    std::string_view word = *text;
+    if (word.front() == ' ') word.remove_prefix(1);
+    if (!word.empty() && std::all_of(word.begin(), word.end(), [](char c) {
+          return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+        })) {
+      ids.push_back(id);
+    }
+  }
+  return ids.empty() ? fallback : ids;
 }
 
 // The API server's flags (server/route_context.h's ServerOptions, less what serve derives
@@ -165,6 +213,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   "Tokenizer folder for the demo model")
       ->capture_default_str();
   add_model_flags(*cmd, o->model_options);
+  add_simulation_flags(*cmd, *o);
   cmd->add_option("--log-level", o->log_level, "trace | debug | info | warn | error")
       ->capture_default_str();
   cmd->add_option("--shutdown-timeout-s", o->shutdown_timeout_s,
@@ -207,10 +256,28 @@ void add_serve_command(CLI::App& app, int& exit_code) {
         if (!made) return fail("cannot make the demo model: " + made.error().message);
       }
     }
-    auto model = Model::load(dir, o->model_options);
-    if (!model) return fail(model.error().message);
     auto tokenizer = Tokenizer::load(dir);
     if (!tokenizer) return fail(tokenizer.error().message);
+    std::unique_ptr<ForwardModel> model;
+    if (o->simulate.empty()) {
+      auto loaded = Model::load(dir, o->model_options);
+      if (!loaded) return fail(loaded.error().message);
+      model = std::move(*loaded);
+    } else {
+      // No weights: the config and the tokenizer are all a simulated worker reads of --model.
+      auto config = load_model_config(dir);
+      if (!config) return fail(config.error().message);
+      auto profile = TimingProfile::load(o->simulate);
+      if (!profile) return fail(profile.error().message);
+      SimulatedModelOptions so = o->simulation;
+      so.output_token_ids = simulated_output_tokens(**tokenizer, config->vocab_size);
+      STRATA_LOG_INFO("simulated forward pass: profile {} ({} on {}; {}), {} output tokens",
+                      o->simulate, profile->model, profile->machine, profile->source,
+                      so.output_token_ids.size());
+      auto sim = SimulatedModel::create(std::move(*config), std::move(*profile), std::move(so));
+      if (!sim) return fail("--simulate: " + sim.error().message);
+      model = std::move(*sim);
+    }
     std::optional<ChatTemplate> chat;
     if (auto src = (*tokenizer)->chat_template(); src) {
       auto parsed = ChatTemplate::parse(std::string(*src));
@@ -237,24 +304,25 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     }
     // The flags filled the engine's options; serve adds what comes from the model.
     EngineOptions& eo = o->engine;
-    eo.hicache.storage_namespace = storage_namespace(dir, eo.kv_dtype, eo.page_size);
+    // A simulated worker's pages hold hashes, not KV: they never mix with a real worker's.
+    const std::string name_space = storage_namespace(dir, eo.kv_dtype, eo.page_size) +
+                                   (o->simulate.empty() ? "" : "-simulated");
+    eo.hicache.storage_namespace = name_space;
     {
       // Pages are interchangeable between workers of the same weights, dtype and page shape.
-      const ModelConfig& mc = (*model)->config();
-      eo.pd.kv_layout = storage_namespace(dir, eo.kv_dtype, eo.page_size) +
-                        ";layers=" + std::to_string(mc.num_layers) +
-                        ";kv_heads=" + std::to_string(mc.num_kv_heads) +
-                        ";head_dim=" + std::to_string(mc.head_dim);
+      const KvPoolShape shape = model->kv_pool_shape(1, eo.page_size, eo.kv_dtype);
+      eo.pd.kv_layout = name_space + ";layers=" + std::to_string(shape.num_layers) +
+                        ";kv_heads=" + std::to_string(shape.num_kv_heads) +
+                        ";head_dim=" + std::to_string(shape.head_dim);
     }
     // Every batch goes to GET /cache/events' subscribers (if any listen) and, when on,
     // to the ZeroMQ publisher: both number the batches alike.
     CacheEventsStream cache_events;
     KvEventPublisher* pub = publisher.get();
-    auto engine =
-        Engine::create(model->get(), eo, [pub, &cache_events](std::vector<KvEvent> batch) {
-          cache_events.publish(batch);
-          if (pub != nullptr) pub->publish(std::move(batch));
-        });
+    auto engine = Engine::create(model.get(), eo, [pub, &cache_events](std::vector<KvEvent> batch) {
+      cache_events.publish(batch);
+      if (pub != nullptr) pub->publish(std::move(batch));
+    });
     if (!engine) return fail(engine.error().message);
 
     Metrics metrics;
@@ -267,7 +335,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     // (--max-conversations, --conversation-ttl-s).
     so.max_sessions = eo.max_sessions;
     so.session_ttl_ms = eo.session_idle_ttl_ms;
-    const int64_t context = (*model)->config().max_position_embeddings;
+    const int64_t context = model->config().max_position_embeddings;
     if (so.max_prompt_tokens > context) {
       return fail("--max-prompt-tokens " + std::to_string(so.max_prompt_tokens) +
                   " is beyond the model's context length (" + std::to_string(context) + ")");
@@ -282,7 +350,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     ApiServer server(so, **engine, **tokenizer, chat ? &*chat : nullptr, metrics, cache_events);
     if (auto st = server.bind(); !st) return fail(st.error().message);
-    const ModelConfig& c = (*model)->config();
+    const ModelConfig& c = model->config();
     STRATA_LOG_INFO("model {} ({} layers, hidden {}, vocab {}), KV pool {} pages of {} tokens",
                     so.model_name, c.num_layers, c.hidden_size, c.vocab_size,
                     (*engine)->num_pages(), eo.page_size);

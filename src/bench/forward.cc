@@ -2,11 +2,16 @@
 // per prompt, best of --repeats), single-sequence decode tokens/s, batched decode
 // tokens/s, and where the time goes (per-phase wall time), on the `bench` preset made on
 // the fly or on --model. In process: no server, no scheduler, only the model.
+//
+// With --profile-out it measures a timing profile instead (model/timing_profile.h,
+// docs/simulation.md): prefill passes on a grid of new tokens x cached context, decode steps
+// on a grid of batch size x context, each the best of --repeats.
 #include "bench/forward.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -18,6 +23,7 @@
 #include "common/log.h"
 #include "model/make_model.h"
 #include "model/model.h"
+#include "model/timing_profile.h"
 
 namespace strata::bench {
 
@@ -45,6 +51,13 @@ struct ForwardBenchOptions {
   int32_t page_size = 16;
   int repeats = 3;
   bool json = false;
+  // --profile-out: the timing profile's file and grid (contexts are rounded up to pages).
+  std::string profile_out;
+  std::string profile_machine;  // "": the CPU's model name and the thread count
+  std::vector<int64_t> profile_prefill_tokens = {16, 64, 256, 1024};
+  std::vector<int64_t> profile_batches = {1, 4, 16, 32};
+  std::vector<int64_t> profile_contexts = {0, 512, 2048};
+  int64_t profile_decode_steps = 4;
 };
 
 struct Measurement {
@@ -189,6 +202,145 @@ class ForwardBench {
   std::vector<float> logits_;
 };
 
+// The CPU's model name from /proc/cpuinfo, or "unknown CPU".
+std::string cpu_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown CPU";
+}
+
+// Measures the timing profile's grid. Contexts are prefilled once into shared pages (a page
+// may be shared by sequences that only read it): every decoding sequence of a batch reads the
+// same context and writes its own pages, so a batch of 32 at 2,048 tokens costs one 2,048-token
+// prefill to set up, and attention reads as much as with 32 distinct contexts.
+Result<TimingProfile> measure_profile(Model& m, const ForwardBenchOptions& o, KvDtype kv_dtype) {
+  const int64_t ps = o.page_size;
+  auto round_up = [&](int64_t n) { return (n + ps - 1) / ps * ps; };
+  int64_t max_context = 0;
+  for (int64_t c : o.profile_contexts) max_context = std::max(max_context, round_up(c));
+  int64_t max_new = 0;
+  for (int64_t n : o.profile_prefill_tokens) max_new = std::max(max_new, n);
+  int64_t max_batch = 0;
+  for (int64_t b : o.profile_batches) max_batch = std::max(max_batch, b);
+  const int64_t tail_pages = (o.profile_decode_steps + ps - 1) / ps;
+  const int64_t pages =
+      max_context / ps + std::max((max_new + ps - 1) / ps, max_batch * tail_pages) + 1;
+  auto pool = m.make_kv_pool(static_cast<int32_t>(pages), o.page_size, kv_dtype);
+  if (!pool) return std::unexpected(pool.error());
+  std::vector<float> logits;
+  const int32_t vocab = m.config().vocab_size;
+  auto page_range = [](int64_t first, int64_t count) {
+    std::vector<PageId> t;
+    for (int64_t p = 0; p < count; ++p) t.push_back(make_page_id(static_cast<int32_t>(first + p)));
+    return t;
+  };
+  // The context: max_context tokens in pages [0, max_context / ps), computed once.
+  const std::vector<int32_t> context_ids = prompt_ids(std::max<int64_t>(max_context, 1), vocab, 7);
+  const std::vector<PageId> context_pages = page_range(0, max_context / ps);
+  if (max_context > 0) {
+    ForwardSequence s{context_ids, 0, context_pages, false};
+    if (auto st = m.forward(std::span(&s, 1), **pool, logits); !st) {
+      return std::unexpected(st.error());
+    }
+  }
+  const int64_t free_page = max_context / ps;
+
+  TimingProfile p;
+  p.model = o.model_dir.empty() ? "preset " + o.preset + " (" + o.arch + ")" : o.model_dir;
+  p.machine = !o.profile_machine.empty()
+                  ? o.profile_machine
+                  : cpu_name() + ", " + std::to_string(m.num_threads()) + " threads";
+  p.source = "measured: strata bench forward --profile-out (CPU engine, weights " +
+             std::string(weight_dtype_name(m.weights().layers[0].qkv.dtype())) + ", KV " +
+             std::string(kv_dtype_name(kv_dtype)) + ", page size " + std::to_string(ps) +
+             ", best of " + std::to_string(o.repeats) + ")";
+  std::vector<double> contexts;
+  for (int64_t c : o.profile_contexts) {
+    if (contexts.empty() || static_cast<double>(round_up(c)) > contexts.back()) {
+      contexts.push_back(static_cast<double>(round_up(c)));
+    }
+  }
+  auto table_for = [&](const std::vector<int64_t>& xs) {
+    TimingTable t;
+    std::vector<int64_t> sorted = xs;
+    std::sort(sorted.begin(), sorted.end());
+    sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+    for (int64_t x : sorted) t.x.push_back(static_cast<double>(x));
+    t.y = contexts;
+    return t;
+  };
+  p.prefill = table_for(o.profile_prefill_tokens);
+  p.decode = table_for(o.profile_batches);
+  auto best_ms = [&](auto&& run) -> Result<double> {
+    double best = 0;
+    for (int r = 0; r < o.repeats; ++r) {
+      const auto start = Clock::now();
+      if (auto st = run(); !st) return std::unexpected(st.error());
+      const double ms = seconds_since(start) * 1e3;
+      if (r == 0 || ms < best) best = ms;
+    }
+    return best;
+  };
+  for (double xd : p.prefill.x) {
+    std::vector<double>& row = p.prefill.ms.emplace_back();
+    const auto n = static_cast<int64_t>(xd);
+    const std::vector<int32_t> ids = prompt_ids(n, vocab, 11);
+    for (double cd : contexts) {
+      const auto c = static_cast<int64_t>(cd);
+      std::vector<PageId> table(context_pages.begin(), context_pages.begin() + c / ps);
+      const std::vector<PageId> own = page_range(free_page, (n + ps - 1) / ps);
+      table.insert(table.end(), own.begin(), own.end());
+      ForwardSequence s{ids, c, table, true};
+      auto ms = best_ms([&] { return m.forward(std::span(&s, 1), **pool, logits); });
+      if (!ms) return std::unexpected(ms.error());
+      row.push_back(*ms);
+      if (!o.json)
+        std::printf("prefill %6lld new, context %6lld: %9.3f ms\n", static_cast<long long>(n),
+                    static_cast<long long>(c), *ms);
+    }
+  }
+  for (double xd : p.decode.x) {
+    std::vector<double>& row = p.decode.ms.emplace_back();
+    const auto b = static_cast<size_t>(xd);
+    for (double cd : contexts) {
+      const auto c = static_cast<int64_t>(cd);
+      std::vector<std::vector<PageId>> tables(b);
+      for (size_t i = 0; i < b; ++i) {
+        tables[i].assign(context_pages.begin(), context_pages.begin() + c / ps);
+        const std::vector<PageId> own =
+            page_range(free_page + static_cast<int64_t>(i) * tail_pages, tail_pages);
+        tables[i].insert(tables[i].end(), own.begin(), own.end());
+      }
+      std::vector<int32_t> next(b, 1);
+      std::vector<ForwardSequence> seqs(b);
+      auto ms = best_ms([&]() -> Status {
+        for (int64_t step = 0; step < o.profile_decode_steps; ++step) {
+          for (size_t i = 0; i < b; ++i) {
+            seqs[i] = ForwardSequence{std::span(&next[i], 1), c + step, tables[i], true};
+          }
+          if (auto st = m.forward(seqs, **pool, logits); !st) return st;
+        }
+        return {};
+      });
+      if (!ms) return std::unexpected(ms.error());
+      row.push_back(*ms / static_cast<double>(o.profile_decode_steps));
+      if (!o.json)
+        std::printf("decode  batch %4zu, context %6lld: %9.3f ms a step\n", b,
+                    static_cast<long long>(c), row.back());
+    }
+  }
+  // The shipped form must load back (a grid the flags made degenerate fails here, named).
+  auto check = TimingProfile::parse(p.to_json());
+  if (!check) return std::unexpected(check.error());
+  return p;
+}
+
 int run_forward_bench(const ForwardBenchOptions& o) {
   auto fail = [](const std::string& message) {
     std::cerr << "strata bench forward: " << message << "\n";
@@ -265,6 +417,20 @@ int run_forward_bench(const ForwardBenchOptions& o) {
         c.num_layers, c.num_heads, c.num_kv_heads, c.intermediate_size, c.vocab_size,
         std::string(weight_dtype_name(m.weights().layers[0].qkv.dtype())).c_str(),
         std::string(kv_dtype_name(*kv_dtype)).c_str(), m.num_threads(), o.page_size, o.repeats);
+  }
+  if (!o.profile_out.empty()) {
+    auto profile = measure_profile(m, o, *kv_dtype);
+    if (!profile) return fail("--profile-out: " + profile.error().message);
+    std::ofstream out(o.profile_out, std::ios::binary | std::ios::trunc);
+    out << profile->to_json();
+    out.close();
+    if (!out) return fail("cannot write " + o.profile_out);
+    if (o.json) {
+      std::cout << nlohmann::json::parse(profile->to_json()).dump() << "\n";
+    } else {
+      std::printf("timing profile written to %s\n", o.profile_out.c_str());
+    }
+    return 0;
   }
   ForwardBench bench(m, **pool, o);
   nlohmann::json results = nlohmann::json::array();
@@ -351,6 +517,30 @@ void add_bench_forward(CLI::App& bench, int& exit_code) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  cmd->add_option("--profile-out", o->profile_out,
+                  "Measure a timing profile for `strata serve --simulate` and write it here "
+                  "(instead of the throughput scenarios; docs/simulation.md)");
+  cmd->add_option("--profile-machine", o->profile_machine,
+                  "The profile's machine field (default: the CPU's name and the threads)");
+  cmd->add_option("--profile-prefill-tokens", o->profile_prefill_tokens,
+                  "Profile grid: new tokens of the prefill passes")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--profile-batches", o->profile_batches,
+                  "Profile grid: sequences per decode step")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
+  cmd->add_option("--profile-contexts", o->profile_contexts,
+                  "Profile grid: context tokens (rounded up to pages)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--profile-decode-steps", o->profile_decode_steps,
+                  "Decode steps timed per grid point")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
   cmd->callback([o, &exit_code] { exit_code = run_forward_bench(*o); });
 }
 

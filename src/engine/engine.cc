@@ -4,7 +4,7 @@
 
 namespace strata {
 
-Result<std::unique_ptr<Engine>> Engine::create(Model* model, EngineOptions options,
+Result<std::unique_ptr<Engine>> Engine::create(ForwardModel* model, EngineOptions options,
                                                std::function<void(std::vector<KvEvent>)> publish,
                                                const Clock* clock) {
   auto scheduler = Scheduler::create(model, std::move(options), std::move(publish), clock);

@@ -22,15 +22,16 @@
 
 namespace strata {
 
-class Model;
+class ForwardModel;
 class Scheduler;
 class EngineTestAccess;
 
 class Engine {
  public:
-  // `model` must outlive the engine. `publish` (may be empty) receives the KV events of
-  // each scheduler step as one batch, on the scheduler thread.
-  static Result<std::unique_ptr<Engine>> create(Model* model, EngineOptions options,
+  // `model` (the CPU engine's Model, a SimulatedModel, any ForwardModel) must outlive the
+  // engine. `publish` (may be empty) receives the KV events of each scheduler step as one
+  // batch, on the scheduler thread.
+  static Result<std::unique_ptr<Engine>> create(ForwardModel* model, EngineOptions options,
                                                 std::function<void(std::vector<KvEvent>)> publish,
                                                 const Clock* clock = nullptr);
   ~Engine();  // stops the scheduler; unfinished requests end with kCancelled

@@ -27,7 +27,7 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 Result<std::unique_ptr<Scheduler>> Scheduler::create(
-    Model* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
+    ForwardModel* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
     const Clock* clock) {
   STRATA_CHECK(model != nullptr);
   if (auto st = validate(options); !st) return std::unexpected(st.error());
@@ -49,12 +49,13 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(
   return engine;
 }
 
-Scheduler::Scheduler(Model* model, EngineOptions options,
+Scheduler::Scheduler(ForwardModel* model, EngineOptions options,
                      std::function<void(std::vector<KvEvent>)> publish, const Clock* clock)
     : model_(model),
       options_(options),
       publish_(std::move(publish)),
       clock_(clock != nullptr ? clock : &SteadyClock::instance()),
+      chooses_tokens_(model->chooses_tokens()),
       budget_(StepBudgetOptions{.itl_target_ms = options.itl_target_ms,
                                 .min_prefill_tokens = options.min_prefill_tokens,
                                 .max_prefill_tokens = options.chunked_prefill_size}) {
@@ -606,7 +607,7 @@ void Scheduler::run_forward_thread() {
       forward_pending_ = false;
       batch = forward_batch_;
     }
-    Status st = model_->forward(batch, *kv_pool_, logits_);
+    Status st = model_->forward(batch, *kv_pool_, output_);
     {
       std::lock_guard lock(mutex_);
       forward_status_ = std::move(st);
@@ -922,13 +923,18 @@ bool Scheduler::preempt_for(const Seq& head) {
   return true;
 }
 
-// Samples the next token from `logits` and hands it to the stream; finishes the request at
-// a stop token or max_tokens. Returns true when it finished (the caller drops it from
-// running_).
-bool Scheduler::emit_token(Seq& seq, std::span<const float> logits) {
-  return emit_sampled(seq, seq.sampler->sample(logits));
+// Samples the next token from one output row. A model that chooses its tokens
+// (model/forward_model.h) hands back one token per row; its row is then that token as one
+// float (exact below 2^24, checked in SimulatedModel), which is also what a remembered prompt
+// row holds, so that full hits work without vocabulary-wide rows.
+SampledToken Scheduler::sample_row(Seq& seq, std::span<const float> row) {
+  if (!chooses_tokens_) return seq.sampler->sample(row);
+  STRATA_CHECK(row.size() == 1);
+  return sample_chosen(seq.sampler->params(), static_cast<int32_t>(row[0]));
 }
 
+// Hands a sampled token to the stream; finishes the request at a stop token or max_tokens.
+// Returns true when it finished (the caller drops it from running_).
 bool Scheduler::emit_sampled(Seq& seq, GeneratedToken tok) {
   if (tok.is_stop) {
     finish(seq, FinishReason::kStop, {}, tok.token);
@@ -969,7 +975,7 @@ bool Scheduler::sample_full_hits() {
     }
     sampled = true;
     ++counters_.prompt_logits_hits;
-    if (emit_token(seq, logits)) {
+    if (emit_sampled(seq, sample_row(seq, logits))) {
       running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;
@@ -1115,7 +1121,7 @@ bool Scheduler::step() {
     (decode ? step_decode : step_prefill) += plan[i].count;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  Status st = inline_forward_ ? model_->forward(batch, *kv_pool_, logits_)
+  Status st = inline_forward_ ? model_->forward(batch, *kv_pool_, output_)
                               : forward_serving_commands(batch);
   budget_.observe(
       step_prefill, step_decode,
@@ -1130,7 +1136,14 @@ bool Scheduler::step() {
     return true;
   }
 
-  const int32_t vocab = model_->config().vocab_size;
+  const size_t row_width = chooses_tokens_ ? 1 : static_cast<size_t>(model_->config().vocab_size);
+  std::vector<float> chosen_row(1);
+  if (chooses_tokens_) {
+    STRATA_CHECK(
+        output_.tokens.size() >=
+        static_cast<size_t>(std::count_if(batch.begin(), batch.end(),
+                                          [](const ForwardSequence& f) { return f.want_logits; })));
+  }
   size_t row = 0;
   std::vector<Seq*> done;
   std::vector<Seq*> sent;  // orders whose prompt is computed: their last pages go out
@@ -1142,8 +1155,13 @@ bool Scheduler::step() {
       if (seq.remote_room != 0) pd_send_ready(seq, false);
       continue;
     }
-    const std::span<const float> logits(logits_.data() + row * static_cast<size_t>(vocab),
-                                        static_cast<size_t>(vocab));
+    std::span<const float> logits;
+    if (chooses_tokens_) {
+      chosen_row[0] = static_cast<float>(output_.tokens[row]);
+      logits = chosen_row;
+    } else {
+      logits = std::span<const float>(output_.logits.data() + row * row_width, row_width);
+    }
     ++row;
     // The prompt's last position: remembered for the next full hit of the same prompt.
     if (seq.generated == 0 && seq.prompt_len > options_.page_size) {
@@ -1154,12 +1172,12 @@ bool Scheduler::step() {
       // The order's first token: the decode worker gets it with PrefillDone, once the last
       // pages (the partial one included) have landed.
       auto it = orders_.find(seq.remote_room);
-      if (it != orders_.end()) it->second.first_token = seq.sampler->sample(logits).token;
+      if (it != orders_.end()) it->second.first_token = sample_row(seq, logits).token;
       pd_send_ready(seq, true);
       sent.push_back(&seq);
       continue;
     }
-    if (emit_token(seq, logits)) done.push_back(&seq);
+    if (emit_sampled(seq, sample_row(seq, logits))) done.push_back(&seq);
   }
   for (Seq* s : sent) {
     auto it = std::find_if(running_.begin(), running_.end(),

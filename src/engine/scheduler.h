@@ -38,7 +38,7 @@
 #include "memory/kv_pool.h"
 #include "memory/page_allocator.h"
 #include "memory/transfer_engine.h"
-#include "model/model.h"
+#include "model/forward_model.h"
 #include "model/prompt_logits_cache.h"
 #include "storage/storage_backend.h"
 
@@ -49,7 +49,7 @@ class Scheduler {
   // `model` must outlive the engine. `publish` (may be empty) receives the KV events of
   // each scheduler step as one batch, on the scheduler thread.
   static Result<std::unique_ptr<Scheduler>> create(
-      Model* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
+      ForwardModel* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
       const Clock* clock = nullptr);
   ~Scheduler();  // stops the scheduler; unfinished requests end with kCancelled
   Scheduler(const Scheduler&) = delete;
@@ -74,7 +74,7 @@ class Scheduler {
 
   const EngineOptions& options() const { return options_; }
   int32_t num_pages() const { return num_pages_; }
-  const Model& model() const { return *model_; }
+  const ForwardModel& model() const { return *model_; }
   // Tool sessions (engine/tool_sessions.h), for CacheControl: tool_start (no `end_epoch`)
   // or tool_end. The future is ready once the move has landed: the offload on the host,
   // or the restore on the device (RUNNABLE). A restore without device room makes room by
@@ -101,8 +101,8 @@ class Scheduler {
   void serve_session_waiters(EngineState& s);
   // One waiter: its answer, or nullopt while it waits.
   std::optional<Result<ToolSessionView>> advance(SessionWaiter& w, EngineState& s);
-  Scheduler(Model* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
-            const Clock* clock);
+  Scheduler(ForwardModel* model, EngineOptions options,
+            std::function<void(std::vector<KvEvent>)> publish, const Clock* clock);
   void post(std::function<void(EngineState&)> command);
   void run();
   bool step();  // one scheduler iteration; false when idle
@@ -117,9 +117,10 @@ class Scheduler {
   void cache_computed_pages(Seq& seq);
   void finish(Seq& seq, FinishReason reason, std::string error = {}, int32_t stop_token = -1);
   void retract(Seq& seq);
-  bool emit_token(Seq& seq, std::span<const float> logits);
   // Hands a sampled token to the stream; finishes at a stop token or max_tokens (true).
   bool emit_sampled(Seq& seq, GeneratedToken tok);
+  // The token of one output row: sampled from logits, or the one the model chose.
+  SampledToken sample_row(Seq& seq, std::span<const float> row);
   // The usage figures of a request's first admission (what the cache saved, per tier).
   void count_admission(Seq& seq);
 
@@ -205,10 +206,11 @@ class Scheduler {
   bool io_busy() const;
   EngineState make_state();
 
-  Model* model_;
+  ForwardModel* model_;
   EngineOptions options_;
   std::function<void(std::vector<KvEvent>)> publish_;
   const Clock* clock_;
+  const bool chooses_tokens_;  // the model's ForwardModel::chooses_tokens()
   int32_t num_pages_ = 0;
   std::unique_ptr<KvPool> kv_pool_;
   std::unique_ptr<PageAllocator> allocator_;
@@ -256,7 +258,8 @@ class Scheduler {
   // Scheduler thread only.
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
-  std::vector<float> logits_;
+  // The last forward pass's logits rows, or its tokens (a backend that chooses them).
+  ForwardOutput output_;
   // The last-position logits of recent prompts (full hits sample from them): 32 MiB holds
   // ~230 prompts of 3,000 tokens with a 32,000-token vocabulary, ~50 with Qwen3's.
   PromptLogitsCache prompt_logits_{size_t{32} << 20};

@@ -99,9 +99,9 @@ KvPoolShape Model::kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype d
       config_.num_layers, config_.num_kv_heads, config_.head_dim, num_pages, page_size, dtype};
 }
 
-Result<std::unique_ptr<KvPool>> Model::make_kv_pool(int32_t num_pages, int32_t page_size,
-                                                    KvDtype dtype) const {
-  return KvPool::create(kv_pool_shape(num_pages, page_size, dtype));
+Status Model::forward(std::span<const ForwardSequence> batch, KvPool& pool, ForwardOutput& out) {
+  out.tokens.clear();
+  return forward(batch, pool, out.logits);
 }
 
 }  // namespace strata

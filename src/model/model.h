@@ -16,6 +16,7 @@
 #include "memory/kv_pool.h"
 #include "model/attention.h"
 #include "model/forward.h"
+#include "model/forward_model.h"
 #include "model/kernels.h"
 #include "model/matmul.h"
 #include "model/model_config.h"
@@ -33,7 +34,8 @@ struct ModelOptions {
   std::optional<WeightDtype> weight_dtype;
 };
 
-class Model {
+// The CPU engine's ForwardModel.
+class Model final : public ForwardModel {
  public:
   // Loads a Hugging Face folder: config.json, then model.safetensors or its shards.
   static Result<std::unique_ptr<Model>> load(const std::filesystem::path& dir,
@@ -43,19 +45,17 @@ class Model {
                                                      const TensorSource& tensors,
                                                      const ModelOptions& options = {});
 
-  ~Model();
+  ~Model() override;
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const override { return config_; }
   const ModelWeights& weights() const { return weights_; }
   int num_threads() const { return pool_.num_threads(); }
 
   // The KV pool shape this model needs (layers, KV heads, head_dim) with the given
   // pages, page size and dtype.
-  KvPoolShape kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype dtype) const;
-  Result<std::unique_ptr<KvPool>> make_kv_pool(int32_t num_pages, int32_t page_size,
-                                               KvDtype dtype) const;
+  KvPoolShape kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype dtype) const override;
 
   // Runs the batch: writes every new token's K and V into its page and, for each
   // sequence with want_logits, the logits of its last token, as consecutive rows of
@@ -65,6 +65,8 @@ class Model {
   // that is too short or names a page outside the pool, or a pool of another shape;
   // kResourceExhausted when the scratch for the batch cannot be allocated.
   Status forward(std::span<const ForwardSequence> batch, KvPool& pool, std::vector<float>& logits);
+  // ForwardModel's: the same, the rows in out.logits (out.tokens left empty).
+  Status forward(std::span<const ForwardSequence> batch, KvPool& pool, ForwardOutput& out) override;
 
   // Per-phase timing of forward() (off by default: it costs two clock reads a phase).
   void set_profiling(bool enabled) { profiling_ = enabled; }

@@ -57,6 +57,24 @@ Status validate_sampling_params(const SamplingParams& p) {
   return {};
 }
 
+namespace {
+constexpr float kChosenOtherLogprob = -9999.0f;
+}  // namespace
+
+SampledToken sample_chosen(const SamplingParams& params, int32_t token) {
+  SampledToken out;
+  out.token = token;
+  out.is_stop = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
+                params.stop_token_ids.end();
+  // A one-hot row's alternatives are at log(0); like vLLM, report -9999 for it (JSON has no
+  // -inf), ties by the smaller id as top_logprobs() breaks them.
+  if (params.top_logprobs > 0) out.top_logprobs.push_back(TokenLogprob{token, 0.0f});
+  for (int32_t id = 0; static_cast<int32_t>(out.top_logprobs.size()) < params.top_logprobs; ++id) {
+    if (id != token) out.top_logprobs.push_back(TokenLogprob{id, kChosenOtherLogprob});
+  }
+  return out;
+}
+
 float token_logprob(std::span<const float> logits, int32_t token) {
   STRATA_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size());
   std::vector<float> scratch;

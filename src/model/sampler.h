@@ -69,6 +69,13 @@ class Sampler {
   std::vector<int32_t> candidates_;
 };
 
+// What sample() reports for a token the model chose itself (model/forward_model.h): as for
+// a one-hot row, the token with log-probability 0 and, when asked for alternatives, the next
+// ones at -9999 (log 0, as vLLM writes it), ids 0, 1, ... skipping the token; is_stop from
+// params.stop_token_ids. No generator state is used. The vocabulary must hold more than
+// kMaxTopLogprobs ids (SimulatedModel checks it).
+SampledToken sample_chosen(const SamplingParams& params, int32_t token);
+
 // Log-softmax of `logits` for `token`, and the `n` most likely tokens (ties by id).
 // Exposed for tests and for scoring prompts.
 float token_logprob(std::span<const float> logits, int32_t token);

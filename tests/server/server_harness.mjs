@@ -23,8 +23,13 @@ export function tinyQwen3Model() {
   return dir;
 }
 
+// STRATA_SIMULATE=PROFILE runs every worker simulated (docs/simulation.md): a suite that
+// passes both ways shows a simulated worker's API, cache and events are a real worker's.
+const SIMULATE = process.env.STRATA_SIMULATE;
+
 export async function startServer(args = []) {
   const model = tinyQwen3Model();
+  if (SIMULATE && !args.includes('--simulate')) args = ['--simulate', SIMULATE, ...args];
   // A port of the caller's (a worker restarted on the same address) or any free one.
   const portArgs = args.includes('--port') ? [] : ['--port', '0'];
   const proc = spawn(STRATA, ['serve', '--model', model, ...portArgs, '--threads', '1',
