@@ -10,6 +10,8 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
                      const ChatTemplate* chat, Metrics& metrics, CacheEventsStream& cache_events)
     : conversations_(static_cast<size_t>(std::max<int64_t>(options.max_sessions, 0)),
                      options.session_ttl_ms),
+      responses_(static_cast<size_t>(std::max<int64_t>(options.max_stored_responses, 0)),
+                 static_cast<size_t>(std::max<int64_t>(options.max_stored_response_bytes, 0))),
       ctx_{.options = std::move(options),
            .engine = engine,
            .tokenizer = tokenizer,
@@ -17,11 +19,13 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
            .metrics = metrics,
            .http_stats = {},
            .conversations = conversations_,
+           .responses = responses_,
            .cache_events = cache_events},
       http_(ctx_.options.http) {
   ctx_.http_stats = [this] { return http_.stats(); };
   add_openai_routes(http_, ctx_);
   add_anthropic_routes(http_, ctx_);
+  add_responses_routes(http_, ctx_);
   add_tokenizer_routes(http_, ctx_);
   add_cache_routes(http_, ctx_);
   add_session_routes(http_, ctx_);
