@@ -28,7 +28,7 @@ Result<std::string> required_string(const ojson& obj, const char* key, const std
 }
 
 // Text parts are joined with a newline into one chat message's content.
-void append_text(std::string& to, const std::string& text) {
+void append_part_text(std::string& to, const std::string& text) {
   if (!to.empty()) to += "\n";
   to += text;
 }
@@ -52,7 +52,7 @@ Result<std::string> read_content(const ojson& content, bool assistant, const std
                           (assistant ? "output_text, refusal" : "input_text") + ")");
     }
     STRATA_TRY_ASSIGN(t, required_string(content[i], type == "refusal" ? "refusal" : "text", pw));
-    append_text(text, t);
+    append_part_text(text, t);
   }
   return text;
 }
@@ -123,7 +123,7 @@ class InputMapper {
 };
 
 // `tools`: function tools in Responses' flat shape, as chat-completions function tools.
-Result<ojson> read_tools(const ojson& tools) {
+Result<ojson> read_function_tools(const ojson& tools) {
   if (!tools.is_array()) return bad_argument("'tools' must be an array");
   ojson out = ojson::array();
   for (size_t i = 0; i < tools.size(); ++i) {
@@ -151,7 +151,7 @@ Result<ojson> read_tools(const ojson& tools) {
 }
 
 // `tool_choice`: "auto" | "none" | "required" | {"type": "function", "name": ...}.
-Result<ojson> read_tool_choice(const ojson& choice) {
+Result<ojson> read_responses_tool_choice(const ojson& choice) {
   if (choice.is_string()) {
     const std::string s = choice.get<std::string>();
     if (s == "auto" || s == "none" || s == "required") return ojson(s);
@@ -223,13 +223,13 @@ Result<ResponsesRequest> read_responses_request(const ojson& body) {
 
   r.echo["tools"] = json::array();
   if (const auto t = body.find("tools"); t != body.end() && !t->is_null()) {
-    STRATA_TRY_ASSIGN(tools, read_tools(*t));
+    STRATA_TRY_ASSIGN(tools, read_function_tools(*t));
     if (!tools.empty()) chat["tools"] = std::move(tools);
     r.echo["tools"] = json::parse(t->dump());
   }
   r.echo["tool_choice"] = "auto";
   if (const auto c = body.find("tool_choice"); c != body.end() && !c->is_null()) {
-    STRATA_TRY_ASSIGN(choice, read_tool_choice(*c));
+    STRATA_TRY_ASSIGN(choice, read_responses_tool_choice(*c));
     chat["tool_choice"] = std::move(choice);
     r.echo["tool_choice"] = json::parse(c->dump());
   }

@@ -13,20 +13,20 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-Result<ResponsesRequest> read(const std::string& body) {
+Result<ResponsesRequest> read_responses(const std::string& body) {
   return read_responses_request(ojson::parse(body));
 }
 
 // The refusal message of `body` ("" when it is accepted).
-std::string refusal(const std::string& body) {
-  auto r = read(body);
+std::string responses_refusal(const std::string& body) {
+  auto r = read_responses(body);
   if (r) return "";
   EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
   return r.error().message;
 }
 
 TEST(ResponsesRequest, AStringInputIsOneUserMessageAfterTheInstructions) {
-  auto r = read(R"({"model": "m", "instructions": "Be brief.", "input": "hi",
+  auto r = read_responses(R"({"model": "m", "instructions": "Be brief.", "input": "hi",
       "max_output_tokens": 16, "temperature": 0.5, "top_p": 0.9})");
   ASSERT_TRUE(r.has_value()) << r.error().message;
   const ojson chat = responses_chat_body(*r, ojson::array());
@@ -43,7 +43,7 @@ TEST(ResponsesRequest, AStringInputIsOneUserMessageAfterTheInstructions) {
 }
 
 TEST(ResponsesRequest, MapsMessageItemsAndTheirParts) {
-  auto r = read(R"({"input": [
+  auto r = read_responses(R"({"input": [
       {"role": "developer", "content": "rules"},
       {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
                                                       {"type": "input_text", "text": "b"}]},
@@ -57,7 +57,7 @@ TEST(ResponsesRequest, MapsMessageItemsAndTheirParts) {
 }
 
 TEST(ResponsesRequest, FunctionCallsJoinTheAssistantTurnAndOutputsAreToolMessages) {
-  auto r = read(R"({"input": [
+  auto r = read_responses(R"({"input": [
       {"role": "user", "content": "weather?"},
       {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
       {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather",
@@ -74,7 +74,7 @@ TEST(ResponsesRequest, FunctionCallsJoinTheAssistantTurnAndOutputsAreToolMessage
       "tool_choice": {"type": "function", "name": "get_time"}})");
   ASSERT_TRUE(r.has_value()) << r.error().message;
   const ojson& m = r->input_messages;
-  ASSERT_EQ(m.size(), 6u) << m.dump();
+  ASSERT_EQ(m.size(), 5u) << m.dump();
   EXPECT_EQ(m[1]["role"], "assistant");
   EXPECT_EQ(m[1]["content"], "Checking.");
   ASSERT_EQ(m[1]["tool_calls"].size(), 2u);
@@ -85,9 +85,9 @@ TEST(ResponsesRequest, FunctionCallsJoinTheAssistantTurnAndOutputsAreToolMessage
             ojson::parse(R"({"role": "tool", "tool_call_id": "call_1", "content": "sunny"})"));
   EXPECT_EQ(m[3]["content"], "noon");
   // A call after a tool message starts a new assistant turn, with empty content.
-  EXPECT_EQ(m[5]["role"], "assistant");
-  EXPECT_EQ(m[5]["content"], "");
-  EXPECT_EQ(m[5]["tool_calls"][0]["id"], "call_3");
+  EXPECT_EQ(m[4]["role"], "assistant");
+  EXPECT_EQ(m[4]["content"], "");
+  EXPECT_EQ(m[4]["tool_calls"][0]["id"], "call_3");
   const ojson chat = responses_chat_body(*r, ojson::array());
   EXPECT_EQ(chat["tools"][0], ojson::parse(R"({"type": "function", "function": {"name":
       "get_weather", "description": "d", "parameters": {"type": "object"}}})"));
@@ -102,7 +102,8 @@ TEST(ResponsesRequest, FunctionCallsJoinTheAssistantTurnAndOutputsAreToolMessage
 }
 
 TEST(ResponsesRequest, APreviousResponsesHistoryGoesBetweenInstructionsAndInput) {
-  auto r = read(R"({"instructions": "sys", "previous_response_id": "resp_1", "input": "again"})");
+  auto r = read_responses(
+      R"({"instructions": "sys", "previous_response_id": "resp_1", "input": "again"})");
   ASSERT_TRUE(r.has_value()) << r.error().message;
   EXPECT_EQ(r->previous_response_id, "resp_1");
   const ojson history = ojson::parse(
@@ -114,7 +115,8 @@ TEST(ResponsesRequest, APreviousResponsesHistoryGoesBetweenInstructionsAndInput)
 }
 
 TEST(ResponsesRequest, ReadsTheCachingAndStorageFields) {
-  auto r = read(R"({"input": "x", "store": false, "stream": true, "prompt_cache_key": "agent-7",
+  auto r = read_responses(
+      R"({"input": "x", "store": false, "stream": true, "prompt_cache_key": "agent-7",
       "prompt_cache_retention": "24h"})");
   ASSERT_TRUE(r.has_value()) << r.error().message;
   EXPECT_FALSE(r->store);
@@ -128,59 +130,64 @@ TEST(ResponsesRequest, ReadsTheCachingAndStorageFields) {
 }
 
 TEST(ResponsesRequest, AcceptsFieldsItHasNoUseFor) {
-  EXPECT_EQ(refusal(R"({"input": "x", "reasoning": {"effort": "low"}, "include": [],
+  EXPECT_EQ(responses_refusal(R"({"input": "x", "reasoning": {"effort": "low"}, "include": [],
       "service_tier": "auto", "truncation": "disabled", "metadata": {"k": "v"}, "user": "u",
       "text": {"format": {"type": "text"}}, "parallel_tool_calls": false, "background": false})"),
             "");
 }
 
 TEST(ResponsesRequest, RefusesWhatItCannotServe) {
-  EXPECT_NE(refusal(R"({"model": "m"})").find("'input' is required"), std::string::npos);
-  EXPECT_NE(refusal(R"({"input": 5})").find("'input' must be"), std::string::npos);
-  EXPECT_NE(refusal(R"({"input": [{"type": "item_reference", "id": "x"}]})")
+  EXPECT_NE(responses_refusal(R"({"model": "m"})").find("'input' is required"), std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": 5})").find("'input' must be"), std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": [{"type": "item_reference", "id": "x"}]})")
                 .find("input item type 'item_reference' is not supported"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"input": [{"role": "user", "content": [{"type": "input_image",
+  EXPECT_NE(responses_refusal(R"({"input": [{"role": "user", "content": [{"type": "input_image",
       "image_url": "http://x"}]}]})")
                 .find("content part type 'input_image'"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"input": [{"role": "tool", "content": "x"}]})").find("role"),
+  EXPECT_NE(responses_refusal(R"({"input": [{"role": "tool", "content": "x"}]})").find("role"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"input": [{"role": "user"}]})").find("content is required"),
+  EXPECT_NE(responses_refusal(R"({"input": [{"role": "user"}]})").find("content is required"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"input": [{"type": "function_call", "call_id": "c", "name": "f",
+  EXPECT_NE(responses_refusal(R"({"input": [{"type": "function_call", "call_id": "c", "name": "f",
       "arguments": "not json"}]})")
                 .find("arguments must be a JSON object"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"input": [{"type": "function_call_output", "output": "x"}]})")
+  EXPECT_NE(responses_refusal(R"({"input": [{"type": "function_call_output", "output": "x"}]})")
                 .find("call_id must be a string"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"input": "x", "tools": [{"type": "web_search"}]})").find("hosted tool"),
+  EXPECT_NE(
+      responses_refusal(R"({"input": "x", "tools": [{"type": "web_search"}]})").find("hosted tool"),
+      std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "tool_choice": "any"})").find("tool_choice"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"input": "x", "tool_choice": "any"})").find("tool_choice"),
+  EXPECT_NE(responses_refusal(R"({"input": "x", "tool_choice": {"type": "file_search"}})")
+                .find("file_search"),
             std::string::npos);
   EXPECT_NE(
-      refusal(R"({"input": "x", "tool_choice": {"type": "file_search"}})").find("file_search"),
+      responses_refusal(R"({"input": "x", "max_output_tokens": 0})").find("max_output_tokens"),
       std::string::npos);
-  EXPECT_NE(refusal(R"({"input": "x", "max_output_tokens": 0})").find("max_output_tokens"),
+  EXPECT_NE(responses_refusal(R"({"input": "x", "temperature": "hot"})").find("temperature"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"input": "x", "temperature": "hot"})").find("temperature"),
+  EXPECT_NE(responses_refusal(R"({"input": "x", "store": "yes"})").find("store"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"input": "x", "store": "yes"})").find("store"), std::string::npos);
-  EXPECT_NE(refusal(R"({"input": "x", "previous_response_id": 7})").find("previous_response_id"),
+  EXPECT_NE(responses_refusal(R"({"input": "x", "previous_response_id": 7})")
+                .find("previous_response_id"),
             std::string::npos);
-  EXPECT_NE(
-      refusal(R"({"input": "x", "prompt_cache_retention": "1w"})").find("prompt_cache_retention"),
-      std::string::npos);
-  EXPECT_NE(refusal(R"({"input": "x", "prompt_cache_key": ""})").find("prompt_cache_key"),
+  EXPECT_NE(responses_refusal(R"({"input": "x", "prompt_cache_retention": "1w"})")
+                .find("prompt_cache_retention"),
             std::string::npos);
-  EXPECT_NE(
-      refusal(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})").find("json_schema"),
-      std::string::npos);
-  EXPECT_NE(refusal(R"({"input": "x", "background": true})").find("background"), std::string::npos);
-  EXPECT_NE(refusal(R"({"input": "x", "conversation": "conv_1"})").find("conversation"),
+  EXPECT_NE(responses_refusal(R"({"input": "x", "prompt_cache_key": ""})").find("prompt_cache_key"),
             std::string::npos);
-  EXPECT_NE(refusal(R"([1])").find("JSON object"), std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})")
+                .find("json_schema"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "background": true})").find("background"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "conversation": "conv_1"})").find("conversation"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"([1])").find("JSON object"), std::string::npos);
 }
 
 }  // namespace

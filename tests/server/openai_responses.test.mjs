@@ -99,7 +99,7 @@ test('streaming: the SDK stream helper, and the raw event framing', async () => 
   stream.on('event', (e) => types.push(e.type));
   const final = await stream.finalResponse();
   assert.equal(text, 'Streaming works fine here.');
-  assert.equal(final.output_text, text);
+  assert.equal(final.output[0].content[0].text, text);
   assert.equal(final.status, 'completed');
   assert.ok(final.usage.output_tokens > 0);
   assert.deepEqual(types.slice(0, 4),
@@ -233,7 +233,8 @@ test('prompt_cache_retention: a soft pin of the turn; prompt_cache_key groups a 
     model: 'tiny', instructions: words(400, 71), input: 'second', forced_output: 'ok',
     previous_response_id: first.id, prompt_cache_retention: 'in_memory', prompt_cache_key: 'agent-1',
   });
-  assert.ok(second.usage.input_tokens_details.cached_tokens > 400);
+  assert.ok(second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens + first.usage.output_tokens - 16,
+    JSON.stringify([first.usage, second.usage]));
   const p2 = await pins();
   const detail = await server.get('/cache/state?detail=tree', ADMIN);
   const maxPinRef = Math.max(...detail.json.nodes.map((n) => Math.max(0, ...(n.pin_counts ?? [0]))));
