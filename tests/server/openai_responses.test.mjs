@@ -276,3 +276,24 @@ test('bad input: OpenAI error shape, 4xx, nothing stored, pinned or run', async 
   await assert.rejects(client.responses.create({ model: 'tiny', input: [{ type: 'item_reference', id: 'x' }] }),
     (e) => e instanceof OpenAI.BadRequestError && e.error?.type === 'invalid_request_error');
 });
+
+test('stored responses are bounded: --max-stored-responses drops the least recently used', async () => {
+  const small = await startServer(['--kv-cache-tokens', '4096', '--allow-forced-output', '--max-stored-responses', '2']);
+  try {
+    const c = new OpenAI({ baseURL: small.base + '/v1', apiKey: 'x', maxRetries: 0 });
+    const ids = [];
+    for (let i = 0; i < 3; i++) {
+      ids.push((await c.responses.create({ model: 'tiny', input: `turn ${i}`, forced_output: `r${i}` })).id);
+    }
+    await assert.rejects(c.responses.retrieve(ids[0]), (e) => e.status === 404);
+    assert.equal((await c.responses.retrieve(ids[1])).output_text, 'r1');
+    assert.equal((await c.responses.retrieve(ids[2])).output_text, 'r2');
+    // The dropped one cannot be continued; a kept one can.
+    await assert.rejects(c.responses.create({ model: 'tiny', input: 'x', previous_response_id: ids[0] }),
+      (e) => e.status === 400);
+    const next = await c.responses.create({ model: 'tiny', input: 'x', previous_response_id: ids[2], forced_output: 'ok' });
+    assert.equal(next.output_text, 'ok');
+  } finally {
+    await small.stop();
+  }
+});
