@@ -39,10 +39,11 @@ struct PreparedResponse {
   Prepared prepared;
 };
 
-// Reads, maps, renders and tokenizes a Responses body on top of its previous response.
+// Reads, maps, renders and tokenizes a Responses body on top of its previous response;
+// `previous_unknown` tells a refusal for an unknown previous_response_id from the others.
 // Blocking: runs on the worker pool.
 Result<PreparedResponse> prepare_response(RouteContext& ctx, const http::Request& req,
-                                          RequestTiming& timing) {
+                                          RequestTiming& timing, bool& previous_unknown) {
   auto body = parse_json_object_as<ojson>(req.body);
   if (!body) return std::unexpected(body.error());
   auto read = read_responses_request(*body);
@@ -51,6 +52,7 @@ Result<PreparedResponse> prepare_response(RouteContext& ctx, const http::Request
   if (read->previous_response_id) {
     previous = ctx.responses.find(*read->previous_response_id);
     if (!previous) {
+      previous_unknown = true;
       return make_error(ErrorCode::kNotFound, "Previous response with id '" +
                                                   *read->previous_response_id + "' not found.");
     }
@@ -522,14 +524,14 @@ awaitable<void> streamed_response(RouteContext& ctx, http::Exchange& ex, const P
 awaitable<void> create(RouteContext& ctx, http::Exchange& ex) {
   const auto t_start = WallClock::now();
   RequestTiming timing(ex.request());
+  bool unknown_previous = false;
   auto prepared = co_await ex.offload([&] {
     timing.worker_started();
-    auto m = prepare_response(ctx, ex.request(), timing);
+    auto m = prepare_response(ctx, ex.request(), timing, unknown_previous);
     release_memory_after(ex.request().body.size());
     return m;
   });
   if (!prepared) {
-    const bool unknown_previous = prepared.error().code == ErrorCode::kNotFound;
     co_await ex.respond(responses_error(prepared.error(), unknown_previous));
     co_return;
   }

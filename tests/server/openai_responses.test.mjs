@@ -293,6 +293,9 @@ test('stored responses are bounded: --max-stored-responses drops the least recen
       (e) => e.status === 400);
     const next = await c.responses.create({ model: 'tiny', input: 'x', previous_response_id: ids[2], forced_output: 'ok' });
     assert.equal(next.output_text, 'ok');
+    const m = (await small.get('/metrics')).text;
+    assert.match(m, /^strata_stored_responses 2$/m);
+    assert.match(m, /^strata_stored_responses_dropped_total 2$/m);
   } finally {
     await small.stop();
   }
