@@ -34,7 +34,12 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
   add_cache_events_routes(http_, ctx_);
   add_dashboard_routes(http_, ctx_);
   http_.on_response([&metrics](const http::Request& req, int status) {
-    metrics.requests(req.path.size() > 64 ? "other" : req.path, std::to_string(status)).Increment();
+    // A route with an id in its path is counted under its pattern: one label, not one per id.
+    const std::string_view path = req.path;
+    const std::string_view endpoint = path.starts_with("/v1/responses/") ? "/v1/responses/{id}"
+                                      : path.size() > 64                 ? "other"
+                                                                         : path;
+    metrics.requests(std::string(endpoint), std::to_string(status)).Increment();
   });
 }
 
