@@ -201,6 +201,45 @@ test('a chain of 16 turns on previous_response_id keeps every previous prompt an
   }
 });
 
+test('previous_response_id continues the exact tokens: a reasoning block and a streamed turn stay cached', async () => {
+  // Qwen3's template drops an earlier turn's <think> block when it renders the conversation
+  // afresh; the continuation keeps the tokens the model produced, so they stay cached.
+  const think = `<think>\n${words(200, 81)}\n</think>\n\nThe answer.`;
+  const first = await client.responses.create({
+    model: 'tiny', instructions: 'Be brief.', input: 'A question?', forced_output: think,
+  });
+  const covered = (prev, next) => {
+    const before = prev.usage.input_tokens + prev.usage.output_tokens;
+    assert.ok(next.usage.input_tokens_details.cached_tokens >= before - 16,
+      `cached ${next.usage.input_tokens_details.cached_tokens} of ${before}`);
+  };
+  const stream = client.responses.stream({
+    model: 'tiny', instructions: 'Be brief.', input: 'And another?', previous_response_id: first.id,
+    forced_output: 'Streamed reply.',
+  });
+  const second = await stream.finalResponse();
+  covered(first, second);
+  // The same conversation sent whole is rendered afresh: the <think> block is gone from it,
+  // and so is the cache hit past the assistant turn's start.
+  const whole = await client.responses.create({
+    model: 'tiny', instructions: 'Be brief.', store: false, forced_output: 'Streamed reply.',
+    input: [{ role: 'user', content: 'A question?' }, ...first.output, { role: 'user', content: 'And another?' }],
+  });
+  assert.ok(whole.usage.input_tokens_details.cached_tokens < first.usage.input_tokens + 32,
+    `a fresh render hits ${whole.usage.input_tokens_details.cached_tokens}`);
+  assert.ok(whole.usage.input_tokens < second.usage.input_tokens - 150, 'the continuation kept the block');
+  const third = await client.responses.create({
+    model: 'tiny', instructions: 'Be brief.', input: 'Last one.', previous_response_id: second.id, forced_output: 'ok',
+  });
+  covered(second, third);
+  // Other instructions: the conversation is rendered afresh (not carried over), and answers.
+  const other = await client.responses.create({
+    model: 'tiny', instructions: 'Be verbose.', input: 'Last one.', previous_response_id: second.id, forced_output: 'ok',
+  });
+  assert.equal(other.output_text, 'ok');
+  assert.ok(other.usage.input_tokens_details.cached_tokens < second.usage.input_tokens);
+});
+
 test('GET and DELETE /v1/responses/{id}', async () => {
   const r = await client.responses.create({ model: 'tiny', input: 'keep me', forced_output: 'kept' });
   const got = await client.responses.retrieve(r.id);
