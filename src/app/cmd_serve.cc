@@ -150,7 +150,8 @@ void add_api_flags(CLI::App& cmd, ServeOptions& o) {
   cmd.add_option("--max-stored-responses", so.max_stored_responses,
                  "Responses kept for GET /v1/responses/{id} and previous_response_id (the "
                  "least recently used dropped first; 0: none stored)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
   cmd.add_option_function<int64_t>(
          "--max-stored-responses-mb",
          [&so](int64_t mb) { so.max_stored_response_bytes = mb << 20; },
