@@ -195,6 +195,17 @@ void add_api_flags(CLI::App& cmd, ServeOptions& o) {
                  "How tool calls are read from replies: auto (from the chat template) | "
                  "hermes | llama3_json | mistral | none")
       ->capture_default_str();
+  cmd.add_option("--max-stored-responses", so.max_stored_responses,
+                 "Responses kept for GET /v1/responses/{id} and previous_response_id (the "
+                 "least recently used dropped first; 0: none stored)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
+  cmd.add_option_function<int64_t>(
+         "--max-stored-responses-mb",
+         [&so](int64_t mb) { so.max_stored_response_bytes = mb << 20; },
+         "Memory the stored responses may hold, in MiB (their messages and exact tokens)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->default_str("256");
   cmd.add_flag("--allow-forced-output", so.allow_forced_output,
                "Test-only: accept a request's 'forced_output', text emitted as the reply as "
                "if sampled");

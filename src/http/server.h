@@ -82,8 +82,9 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Adds a route: exact path. A path known for other methods answers 405, an unknown one
-  // 404. Before start().
+  // Adds a route: exact path, or a path ending in "/*" for any one non-empty last segment
+  // (the handler reads it from the request's path; an exact route wins). A path known for
+  // other methods answers 405, an unknown one 404. Before start().
   void route(std::string method, std::string path, Handler handler);
   // Called on an I/O thread after each answered request (metrics, logs). Before start().
   void on_response(std::function<void(const Request&, int status)> hook);

@@ -150,7 +150,12 @@ net::awaitable<void> Connection::serve_request() {
   start_watch();
 
   const Handler* handler = nullptr;
-  const auto route = s_.routes.find(request_.path);
+  auto route = s_.routes.find(request_.path);
+  // A route ending in "/*" takes any one last segment: "/v1/responses/*" has "/v1/responses/ID".
+  if (const size_t slash = request_.path.rfind('/');
+      route == s_.routes.end() && slash != std::string::npos && slash + 1 < request_.path.size()) {
+    route = s_.routes.find(request_.path.substr(0, slash + 1) + "*");
+  }
   if (route != s_.routes.end()) {
     for (const auto& r : route->second) {
       if (r.method == request_.method) handler = &r.handler;

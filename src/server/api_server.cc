@@ -10,6 +10,8 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
                      const ChatTemplate* chat, Metrics& metrics, CacheEventsStream& cache_events)
     : conversations_(static_cast<size_t>(std::max<int64_t>(options.max_sessions, 0)),
                      options.session_ttl_ms),
+      responses_(static_cast<size_t>(std::max<int64_t>(options.max_stored_responses, 0)),
+                 static_cast<size_t>(std::max<int64_t>(options.max_stored_response_bytes, 0))),
       ctx_{.options = std::move(options),
            .engine = engine,
            .tokenizer = tokenizer,
@@ -17,11 +19,13 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
            .metrics = metrics,
            .http_stats = {},
            .conversations = conversations_,
+           .responses = responses_,
            .cache_events = cache_events},
       http_(ctx_.options.http) {
   ctx_.http_stats = [this] { return http_.stats(); };
   add_openai_routes(http_, ctx_);
   add_anthropic_routes(http_, ctx_);
+  add_responses_routes(http_, ctx_);
   add_tokenizer_routes(http_, ctx_);
   add_cache_routes(http_, ctx_);
   add_session_routes(http_, ctx_);
@@ -30,7 +34,12 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
   add_cache_events_routes(http_, ctx_);
   add_dashboard_routes(http_, ctx_);
   http_.on_response([&metrics](const http::Request& req, int status) {
-    metrics.requests(req.path.size() > 64 ? "other" : req.path, std::to_string(status)).Increment();
+    // A route with an id in its path is counted under its pattern: one label, not one per id.
+    const std::string_view path = req.path;
+    const std::string_view endpoint = path.starts_with("/v1/responses/") ? "/v1/responses/{id}"
+                                      : path.size() > 64                 ? "other"
+                                                                         : path;
+    metrics.requests(std::string(endpoint), std::to_string(status)).Increment();
   });
 }
 

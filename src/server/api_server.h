@@ -32,6 +32,7 @@ class ApiServer {
 
  private:
   ConversationRecords conversations_;
+  ResponseStore responses_;
   RouteContext ctx_;
   http::Server http_;
 };

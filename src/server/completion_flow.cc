@@ -30,9 +30,9 @@ std::unexpected<Error> prompt_too_long(const RouteContext& ctx) {
 
 // The part of a chat request's rendering that may continue a session's exact tokens
 // (docs/sessions.md): returns them when the conversation extends the recorded one.
-std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Prepared& p) {
-  if (p.params.session_id.empty() || ctx.chat == nullptr) return std::nullopt;
-  const std::optional<ConversationRecord> rec = ctx.conversations.find(p.params.session_id);
+std::optional<std::vector<int32_t>> continue_record(RouteContext& ctx, const Prepared& p,
+                                                    const ConversationRecord* rec) {
+  if (ctx.chat == nullptr) return std::nullopt;
   const ojson& messages = p.messages;
   if (!rec || rec->cache_salt != p.params.cache_salt || messages.size() <= rec->num_messages + 1 ||
       messages[rec->num_messages].value("role", "") != "assistant") {
@@ -67,6 +67,13 @@ std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Pr
   std::vector<int32_t> out = rec->tokens;
   out.insert(out.end(), more->begin(), more->end());
   return out;
+}
+
+// A session_id's continuation: its record's, when it has one.
+std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Prepared& p) {
+  if (p.params.session_id.empty()) return std::nullopt;
+  const std::optional<ConversationRecord> rec = ctx.conversations.find(p.params.session_id);
+  return continue_record(ctx, p, rec ? &*rec : nullptr);
 }
 
 // Token ids of a prompt's text, refused as soon as they are known to exceed
@@ -136,7 +143,8 @@ ToolCallParserOptions parser_options(const RouteContext& ctx, const Prepared& p)
 }
 
 Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, const std::string& raw,
-                         bool chat, RequestTiming& timing) {
+                         bool chat, RequestTiming& timing,
+                         const ConversationRecord* continue_from) {
   auto body = parse_json_object(raw);
   if (!body) return std::unexpected(body.error());
   auto params = parse_generation_params(*body, chat);
@@ -174,7 +182,9 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, const std:
                         "chat template)");
     }
     timing.parsed();
-    if (auto continued = continue_session(ctx, p)) {
+    auto continued = continue_from != nullptr ? continue_record(ctx, p, continue_from)
+                                              : continue_session(ctx, p);
+    if (continued) {
       p.spec.prompt = std::move(*continued);
     } else {
       auto tokens = chat_prompt(ctx, p, timing);
@@ -233,6 +243,35 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, const std:
   return p;
 }
 
+std::optional<ConversationRecord> turn_record(const RouteContext& ctx, const Prepared& p,
+                                              const StreamItem& fin,
+                                              const std::vector<int32_t>& generated,
+                                              const std::string& text, bool stop_string) {
+  // The turn ends with the stop token the model sampled or, when it was cut off by
+  // max_tokens, with the end-of-turn token the template closes every turn with.
+  std::optional<int32_t> stop =
+      fin.stop_token >= 0 ? std::optional<int32_t>(fin.stop_token) : std::nullopt;
+  if (!stop && fin.finish == FinishReason::kLength) {
+    if (const auto& eos = ctx.tokenizer.special_token_strings().eos_token; eos) {
+      stop = ctx.tokenizer.token_to_id(*eos);
+    }
+  }
+  // A stop string cut the text inside the generated tokens: no exact record then.
+  if (stop_string || !(fin.finish == FinishReason::kStop || fin.finish == FinishReason::kLength) ||
+      !stop) {
+    return std::nullopt;
+  }
+  ConversationRecord rec;
+  rec.num_messages = p.session_prev;
+  rec.tokens = p.prompt_tokens;
+  rec.tokens.insert(rec.tokens.end(), generated.begin(), generated.end());
+  rec.tokens.push_back(*stop);
+  rec.stop_text = std::string(ctx.tokenizer.id_to_token(*stop).value_or(""));
+  rec.completion_text = text;
+  rec.cache_salt = p.params.cache_salt;
+  return rec;
+}
+
 // After a chat turn: remember the session's exact tokens, offload a session whose turn
 // ended in a tool call (--auto-tool-offload), and apply a message's cache_control pin.
 // Blocking (engine calls, rendering): runs on the worker pool.
@@ -241,27 +280,8 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
                   bool called_tools) {
   const std::string& session_id = p.params.session_id;
   if (!session_id.empty()) {
-    // The turn ends with the stop token the model sampled or, when it was cut off by
-    // max_tokens, with the end-of-turn token the template closes every turn with.
-    std::optional<int32_t> stop =
-        fin.stop_token >= 0 ? std::optional<int32_t>(fin.stop_token) : std::nullopt;
-    if (!stop && fin.finish == FinishReason::kLength) {
-      if (const auto& eos = ctx.tokenizer.special_token_strings().eos_token; eos) {
-        stop = ctx.tokenizer.token_to_id(*eos);
-      }
-    }
-    // A stop string cut the text inside the generated tokens: no exact record then.
-    if (!stop_string &&
-        (fin.finish == FinishReason::kStop || fin.finish == FinishReason::kLength) && stop) {
-      ConversationRecord rec;
-      rec.num_messages = p.session_prev;
-      rec.tokens = p.prompt_tokens;
-      rec.tokens.insert(rec.tokens.end(), generated.begin(), generated.end());
-      rec.tokens.push_back(*stop);
-      rec.stop_text = std::string(ctx.tokenizer.id_to_token(*stop).value_or(""));
-      rec.completion_text = text;
-      rec.cache_salt = p.params.cache_salt;
-      ctx.conversations.put(session_id, std::move(rec));
+    if (auto rec = turn_record(ctx, p, fin, generated, text, stop_string)) {
+      ctx.conversations.put(session_id, std::move(*rec));
     } else {
       ctx.conversations.erase(session_id);
     }

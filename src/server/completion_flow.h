@@ -74,14 +74,25 @@ struct Prepared {
 
 // Reads `body` (the JSON text of a chat-completions body when `chat`, else of a completions
 // body), renders and tokenizes it. `req` gives the headers (the admin key, a router's
-// prefill peer). Blocking.
+// prefill peer). A chat request continues the exact tokens of `continue_from` when given
+// (a previous response's turn), else of its session_id's record, when its messages extend
+// that turn's (docs/sessions.md). Blocking.
 Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, const std::string& body,
-                         bool chat, RequestTiming& timing);
+                         bool chat, RequestTiming& timing,
+                         const ConversationRecord* continue_from = nullptr);
 
 // Whether the reply of `p` is read for tool calls (chat, tools, tool_choice not none, and
 // a parser configured).
 bool parses_tool_calls(const RouteContext& ctx, const Prepared& p);
 ToolCallParserOptions parser_options(const RouteContext& ctx, const Prepared& p);
+
+// The exact tokens of a finished chat turn (prompt + generated + the end-of-turn token), for
+// the next turn to continue; none when the turn did not end by a stop token or max_tokens,
+// or a stop string cut it (`stop_string`).
+std::optional<ConversationRecord> turn_record(const RouteContext& ctx, const Prepared& p,
+                                              const StreamItem& fin,
+                                              const std::vector<int32_t>& generated,
+                                              const std::string& text, bool stop_string);
 
 // After a chat turn: remember the session's exact tokens, offload a session whose turn
 // ended in a tool call (--auto-tool-offload), and apply a message's cache_control pin.

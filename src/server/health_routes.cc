@@ -82,6 +82,7 @@ void add_health_routes(http::Server& server, RouteContext& ctx) {
                      cache_gauges(*state, ctx.engine.counters(), ctx.engine.pd_info().enabled));
                  if (ctx.http_stats) ctx.metrics.set_http(ctx.http_stats());
                  ctx.metrics.set_conversations(ctx.conversations.stats());
+                 ctx.metrics.set_stored_responses(ctx.responses.stats());
                  ctx.metrics.set_cache_events(ctx.cache_events.subscribers(),
                                               ctx.cache_events.dropped_subscribers());
                  return http::Response{.status = 200,

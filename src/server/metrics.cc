@@ -167,6 +167,26 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                "Conversation records dropped, by reason (capacity: --max-sessions, least "
                "recently used first; idle: --session-ttl-s); their next turn is rendered in full")
            .Register(*registry_);
+  stored_responses_ = &BuildGauge()
+                           .Name("strata_stored_responses")
+                           .Help("Responses kept for /v1/responses/{id} and previous_response_id")
+                           .Register(*registry_)
+                           .Add({});
+  stored_response_bytes_ = &BuildGauge()
+                                .Name("strata_stored_response_bytes")
+                                .Help(
+                                    "What the stored responses hold, estimated "
+                                    "(--max-stored-responses-mb)")
+                                .Register(*registry_)
+                                .Add({});
+  stored_responses_dropped_ =
+      &BuildGauge()
+           .Name("strata_stored_responses_dropped_total")
+           .Help(
+               "Stored responses dropped for --max-stored-responses or --max-stored-responses-mb "
+               "(least recently used first)")
+           .Register(*registry_)
+           .Add({});
   http_timeouts_family_ = &BuildGauge()
                                .Name("strata_http_timeouts_total")
                                .Help(
@@ -276,6 +296,12 @@ void Metrics::set_conversations(const ConversationRecords::Stats& s) {
   conversations_dropped_family_->Add({{"reason", "capacity"}})
       .Set(static_cast<double>(s.dropped_capacity));
   conversations_dropped_family_->Add({{"reason", "idle"}}).Set(static_cast<double>(s.dropped_idle));
+}
+
+void Metrics::set_stored_responses(const ResponseStore::Stats& s) {
+  stored_responses_->Set(static_cast<double>(s.responses));
+  stored_response_bytes_->Set(static_cast<double>(s.bytes));
+  stored_responses_dropped_->Set(static_cast<double>(s.dropped));
 }
 
 std::string Metrics::serialize() const {

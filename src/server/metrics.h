@@ -17,6 +17,7 @@
 
 #include "http/server.h"
 #include "server/conversations.h"
+#include "server/response_store.h"
 
 namespace strata {
 
@@ -75,6 +76,7 @@ class Metrics {
   // The HTTP layer's connections, refusals, timeouts by phase, disconnects.
   void set_http(const http::ServerStats& s);
   void set_conversations(const ConversationRecords::Stats& s);
+  void set_stored_responses(const ResponseStore::Stats& s);
   // GET /cache/events: clients following now, and those dropped for falling behind.
   void set_cache_events(int64_t subscribers, uint64_t dropped_subscribers);
   // The Prometheus text exposition format.
@@ -109,6 +111,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* pd_state_family_;
   prometheus::Gauge* conversations_;
   prometheus::Family<prometheus::Gauge>* conversations_dropped_family_;
+  prometheus::Gauge* stored_responses_;
+  prometheus::Gauge* stored_response_bytes_;
+  prometheus::Gauge* stored_responses_dropped_;
   prometheus::Gauge* http_open_;
   prometheus::Gauge* http_refused_;
   prometheus::Family<prometheus::Gauge>* http_timeouts_family_;

@@ -28,6 +28,7 @@
 #include "server/cache_events_stream.h"
 #include "server/conversations.h"
 #include "server/metrics.h"
+#include "server/response_store.h"
 #include "server/responses.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -54,6 +55,10 @@ struct ServerOptions {
   // Conversation records (server/conversations.h): --max-sessions, --session-ttl-s.
   int64_t max_sessions = 10'000;
   int64_t session_ttl_ms = 3'600'000;
+  // Responses kept for GET /v1/responses/{id} and previous_response_id
+  // (server/response_store.h): --max-stored-responses, --max-stored-responses-mb.
+  int64_t max_stored_responses = 10'000;
+  int64_t max_stored_response_bytes = int64_t{256} << 20;
   // What GET /server_info tells a router: the KV event sockets as bound ("" when off; a
   // wildcard host is answered as the host the router reached this server on). The role in
   // prefill/decode disaggregation comes from the engine (Engine::pd_info).
@@ -70,6 +75,7 @@ struct RouteContext {
   std::function<http::ServerStats()> http_stats;  // the HTTP layer's counters
 
   ConversationRecords& conversations;  // the exact tokens of each session_id's last turn
+  ResponseStore& responses;            // stored /v1/responses answers and their turns
   CacheEventsStream& cache_events;     // GET /cache/events: the engine's KV event batches
 
   // How this worker reads prompts: the one reading the router shares (request/).

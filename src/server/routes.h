@@ -11,6 +11,8 @@ namespace strata {
 void add_openai_routes(http::Server& server, RouteContext& ctx);
 // /v1/messages, /v1/messages/count_tokens: Anthropic's Messages API (anthropic_routes.cc).
 void add_anthropic_routes(http::Server& server, RouteContext& ctx);
+// /v1/responses, /v1/responses/{id}: OpenAI's Responses API (responses_routes.cc).
+void add_responses_routes(http::Server& server, RouteContext& ctx);
 // /tokenize, /detokenize (tokenizer_routes.cc).
 void add_tokenizer_routes(http::Server& server, RouteContext& ctx);
 // /cache/{pin,unpin,evict,flush,state,node}, /hicache/{pin,unpin}_blocks, /flush_cache

@@ -114,6 +114,15 @@ class ServerTest : public ::testing::Test {
       Response r{.content_type = "text/plain", .body = ex.request().body};
       co_await ex.respond(std::move(r));
     });
+    // One last segment of any name: the handler reads it from the path.
+    server_->route("GET", "/items/*", [](Exchange& ex) -> awaitable<void> {
+      Response r{.content_type = "text/plain", .body = "item " + ex.request().path};
+      co_await ex.respond(std::move(r));
+    });
+    server_->route("GET", "/items/exact", [](Exchange& ex) -> awaitable<void> {
+      Response r{.content_type = "text/plain", .body = "exact"};
+      co_await ex.respond(std::move(r));
+    });
     server_->route("GET", "/query", [](Exchange& ex) -> awaitable<void> {
       Response r{.content_type = "text/plain", .body = ex.request().query_param("q")};
       co_await ex.respond(std::move(r));
@@ -202,6 +211,19 @@ TEST_F(ServerTest, RoutesAnswerAndUnknownOnesAreJson404And405) {
   EXPECT_EQ(status_of(wrong), 405);
   EXPECT_NE(wrong.find("Allow: GET"), std::string::npos);
   EXPECT_EQ(get("/query?q=a%20b+c").substr(get("/query?q=a%20b+c").size() - 5), "a b c");
+}
+
+TEST_F(ServerTest, AWildcardRouteTakesOneLastSegmentAndAnExactRouteWins) {
+  start();
+  const std::string item = get("/items/abc");
+  EXPECT_EQ(status_of(item), 200);
+  EXPECT_NE(item.find("item /items/abc"), std::string::npos);
+  EXPECT_NE(get("/items/exact").find("\r\n\r\nexact"), std::string::npos);
+  EXPECT_EQ(status_of(get("/items/")), 404) << "an empty segment is no segment";
+  EXPECT_EQ(status_of(get("/items/a/b")), 404) << "one segment only";
+  RawClient c(port_);
+  c.send("POST /items/abc HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(status_of(c.read_all()), 405);
 }
 
 TEST_F(ServerTest, FramingErrorsAreAnsweredAndTheConnectionClosed) {

@@ -1,0 +1,309 @@
+#include "request/responses_request.h"
+
+#include "request/json_fields.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+#define STRATA_TRY_ASSIGN(var, expr)                     \
+  auto var##_r = (expr);                                 \
+  if (!var##_r) return std::unexpected(var##_r.error()); \
+  auto var = std::move(*var##_r)
+
+Result<std::string> type_of(const ojson& item, const std::string& where) {
+  if (!item.is_object()) return bad_argument(where + " must be an object");
+  const auto type = item.find("type");
+  if (type == item.end() || type->is_null()) return std::string();
+  if (!type->is_string()) return bad_argument(where + ".type must be a string");
+  return type->get<std::string>();
+}
+
+Result<std::string> required_string(const ojson& obj, const char* key, const std::string& where) {
+  STRATA_TRY_ASSIGN(s, get_string(obj, key));
+  if (!s) return bad_argument(where + "." + key + " must be a string");
+  return *s;
+}
+
+// Text parts are joined with a newline into one chat message's content.
+void append_part_text(std::string& to, const std::string& text) {
+  if (!to.empty()) to += "\n";
+  to += text;
+}
+
+// A message's content: a string, or text parts (input_text; output_text and refusal in an
+// assistant message).
+Result<std::string> read_content(const ojson& content, bool assistant, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) {
+    return bad_argument(where + " must be a string or an array of content parts");
+  }
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string pw = where + "[" + std::to_string(i) + "]";
+    STRATA_TRY_ASSIGN(type, type_of(content[i], pw));
+    const bool ok = assistant ? (type == "output_text" || type == "refusal" || type == "input_text")
+                              : type == "input_text";
+    if (!ok) {
+      return bad_argument(pw + ": content part type '" + type +
+                          "' is not supported here (supported: " +
+                          (assistant ? "output_text, refusal" : "input_text") + ")");
+    }
+    STRATA_TRY_ASSIGN(t, required_string(content[i], type == "refusal" ? "refusal" : "text", pw));
+    append_part_text(text, t);
+  }
+  return text;
+}
+
+// Builds the chat messages of `input` item by item: function calls join the assistant
+// message before them (a reply's text and its calls are one chat turn).
+class InputMapper {
+ public:
+  Status add(const ojson& item, size_t index) {
+    const std::string where = "input[" + std::to_string(index) + "]";
+    STRATA_TRY_ASSIGN(type, type_of(item, where));
+    if (type.empty() || type == "message") return add_message(item, where);
+    if (type == "function_call") return add_call(item, where);
+    if (type == "function_call_output") return add_output(item, where);
+    // Strata returns no reasoning items; a client that echoes one from elsewhere loses
+    // nothing the template would render.
+    if (type == "reasoning") return {};
+    return bad_argument(where + ": input item type '" + type +
+                        "' is not supported (supported: message, function_call, "
+                        "function_call_output, reasoning)");
+  }
+  ojson take() { return std::move(out_); }
+
+ private:
+  Status add_message(const ojson& item, const std::string& where) {
+    STRATA_TRY_ASSIGN(role, get_string(item, "role"));
+    if (!role ||
+        (*role != "user" && *role != "assistant" && *role != "system" && *role != "developer")) {
+      return bad_argument(where + ".role must be one of user, assistant, system, developer");
+    }
+    const auto content = item.find("content");
+    if (content == item.end()) return bad_argument(where + ".content is required");
+    STRATA_TRY_ASSIGN(text, read_content(*content, *role == "assistant", where + ".content"));
+    out_.push_back(ojson{{"role", *role == "developer" ? "system" : *role}, {"content", text}});
+    return {};
+  }
+
+  Status add_call(const ojson& item, const std::string& where) {
+    STRATA_TRY_ASSIGN(call_id, required_string(item, "call_id", where));
+    STRATA_TRY_ASSIGN(name, required_string(item, "name", where));
+    STRATA_TRY_ASSIGN(arguments, required_string(item, "arguments", where));
+    const ojson args = ojson::parse(arguments, nullptr, /*allow_exceptions=*/false);
+    if (!args.is_object()) {
+      return bad_argument(where + ".arguments must be a JSON object's text");
+    }
+    ojson call{{"id", call_id},
+               {"type", "function"},
+               {"function", {{"name", name}, {"arguments", arguments}}}};
+    if (out_.empty() || out_.back().value("role", "") != "assistant") {
+      out_.push_back(ojson{{"role", "assistant"}, {"content", ""}});
+    }
+    ojson& m = out_.back();
+    if (!m.contains("tool_calls")) m["tool_calls"] = ojson::array();
+    m["tool_calls"].push_back(std::move(call));
+    return {};
+  }
+
+  Status add_output(const ojson& item, const std::string& where) {
+    STRATA_TRY_ASSIGN(call_id, required_string(item, "call_id", where));
+    const auto output = item.find("output");
+    if (output == item.end()) return bad_argument(where + ".output is required");
+    STRATA_TRY_ASSIGN(text, read_content(*output, false, where + ".output"));
+    out_.push_back(ojson{{"role", "tool"}, {"tool_call_id", call_id}, {"content", text}});
+    return {};
+  }
+
+  ojson out_ = ojson::array();
+};
+
+// `tools`: function tools in Responses' flat shape, as chat-completions function tools.
+Result<ojson> read_function_tools(const ojson& tools) {
+  if (!tools.is_array()) return bad_argument("'tools' must be an array");
+  ojson out = ojson::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string where = "tools[" + std::to_string(i) + "]";
+    STRATA_TRY_ASSIGN(type, type_of(t, where));
+    if (type != "function") {
+      return bad_argument(where + ".type '" + type +
+                          "' is a hosted tool, which Strata does not run (function tools only)");
+    }
+    STRATA_TRY_ASSIGN(name, required_string(t, "name", where));
+    STRATA_TRY_ASSIGN(description, get_string(t, "description"));
+    STRATA_TRY_ASSIGN(strict, get_bool(t, "strict"));
+    (void)strict;
+    ojson function{{"name", name}};
+    if (description) function["description"] = *description;
+    const auto params = t.find("parameters");
+    if (params != t.end() && !params->is_null()) {
+      if (!params->is_object()) return bad_argument(where + ".parameters must be an object");
+      function["parameters"] = *params;
+    }
+    out.push_back(ojson{{"type", "function"}, {"function", std::move(function)}});
+  }
+  return out;
+}
+
+// `tool_choice`: "auto" | "none" | "required" | {"type": "function", "name": ...}.
+Result<ojson> read_responses_tool_choice(const ojson& choice) {
+  if (choice.is_string()) {
+    const std::string s = choice.get<std::string>();
+    if (s == "auto" || s == "none" || s == "required") return ojson(s);
+    return bad_argument("'tool_choice' must be auto, none, required or a function, not '" + s +
+                        "'");
+  }
+  STRATA_TRY_ASSIGN(type, type_of(choice, "tool_choice"));
+  if (type != "function") {
+    return bad_argument("tool_choice.type '" + type +
+                        "' is not supported (a string, or type 'function')");
+  }
+  STRATA_TRY_ASSIGN(name, required_string(choice, "name", "tool_choice"));
+  return ojson{{"type", "function"}, {"function", {{"name", name}}}};
+}
+
+// `text.format` must be plain text: structured output is not offered on any route.
+Status check_text(const ojson& text) {
+  if (!text.is_object()) return bad_argument("'text' must be an object");
+  const auto format = text.find("format");
+  if (format == text.end() || format->is_null()) return {};
+  STRATA_TRY_ASSIGN(type, type_of(*format, "text.format"));
+  if (!type.empty() && type != "text") {
+    return bad_argument("text.format.type '" + type + "' is not supported (only 'text')");
+  }
+  return {};
+}
+
+}  // namespace
+
+std::optional<int64_t> retention_ttl_s(const std::string& retention) {
+  if (retention == "in_memory" || retention == "in-memory") return kRetentionInMemoryTtlS;
+  if (retention == "24h") return kRetention24hTtlS;
+  return std::nullopt;
+}
+
+Result<ResponsesRequest> read_responses_request(const ojson& body) {
+  if (!body.is_object()) return bad_argument("the body must be a JSON object");
+  ResponsesRequest r;
+  ojson& chat = r.chat_body;
+  STRATA_TRY_ASSIGN(model, get_string(body, "model"));
+  if (model) chat["model"] = *model;
+  for (const char* refused : {"background", "conversation", "prompt"}) {
+    const auto it = body.find(refused);
+    if (it != body.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>())) {
+      return bad_argument(std::string("'") + refused + "' is not supported by Strata");
+    }
+  }
+  STRATA_TRY_ASSIGN(instructions, get_string(body, "instructions"));
+  r.instructions = instructions;
+  if (instructions) r.echo["instructions"] = *instructions;
+  STRATA_TRY_ASSIGN(previous, get_string(body, "previous_response_id"));
+  r.previous_response_id = previous;
+
+  const auto input = body.find("input");
+  if (input == body.end() || input->is_null()) {
+    return bad_argument("'input' is required: a string or an array of input items");
+  }
+  if (input->is_string()) {
+    r.input_messages.push_back(ojson{{"role", "user"}, {"content", input->get<std::string>()}});
+  } else if (input->is_array()) {
+    InputMapper mapper;
+    for (size_t i = 0; i < input->size(); ++i) {
+      if (auto st = mapper.add((*input)[i], i); !st) return std::unexpected(st.error());
+    }
+    r.input_messages = mapper.take();
+  } else {
+    return bad_argument("'input' must be a string or an array of input items");
+  }
+
+  r.echo["tools"] = json::array();
+  if (const auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+    STRATA_TRY_ASSIGN(tools, read_function_tools(*t));
+    if (!tools.empty()) chat["tools"] = std::move(tools);
+    r.echo["tools"] = json::parse(t->dump());
+  }
+  r.echo["tool_choice"] = "auto";
+  if (const auto c = body.find("tool_choice"); c != body.end() && !c->is_null()) {
+    STRATA_TRY_ASSIGN(choice, read_responses_tool_choice(*c));
+    chat["tool_choice"] = std::move(choice);
+    r.echo["tool_choice"] = json::parse(c->dump());
+  }
+  STRATA_TRY_ASSIGN(parallel, get_bool(body, "parallel_tool_calls"));
+  r.echo["parallel_tool_calls"] = parallel.value_or(true);
+  if (parallel) chat["parallel_tool_calls"] = *parallel;
+
+  STRATA_TRY_ASSIGN(max_tokens, get_int(body, "max_output_tokens", 1, 1 << 24));
+  r.echo["max_output_tokens"] = nullptr;
+  if (max_tokens) {
+    chat["max_tokens"] = *max_tokens;
+    r.echo["max_output_tokens"] = *max_tokens;
+  }
+  STRATA_TRY_ASSIGN(temperature, get_number(body, "temperature", 0.0, 2.0));
+  r.echo["temperature"] = temperature.value_or(1.0);
+  if (temperature) chat["temperature"] = *temperature;
+  STRATA_TRY_ASSIGN(top_p, get_number(body, "top_p", 0.0, 1.0));
+  r.echo["top_p"] = top_p.value_or(1.0);
+  if (top_p) chat["top_p"] = *top_p;
+  STRATA_TRY_ASSIGN(stream, get_bool(body, "stream"));
+  r.stream = stream.value_or(false);
+  chat["stream"] = r.stream;
+  STRATA_TRY_ASSIGN(store, get_bool(body, "store"));
+  r.store = store.value_or(true);
+
+  STRATA_TRY_ASSIGN(key, get_string(body, "prompt_cache_key"));
+  if (key) {
+    if (key->empty() || key->size() > 256) {
+      return bad_argument("'prompt_cache_key' must be 1 to 256 characters");
+    }
+    r.prompt_cache_key = *key;
+  }
+  STRATA_TRY_ASSIGN(retention, get_string(body, "prompt_cache_retention"));
+  if (retention) {
+    r.retention_ttl_s = retention_ttl_s(*retention);
+    if (!r.retention_ttl_s) {
+      return bad_argument("'prompt_cache_retention' must be \"in_memory\" or \"24h\", not \"" +
+                          *retention + "\"");
+    }
+    r.retention = *retention;
+  }
+
+  if (const auto t = body.find("text"); t != body.end() && !t->is_null()) {
+    if (auto st = check_text(*t); !st) return std::unexpected(st.error());
+  }
+  STRATA_TRY_ASSIGN(truncation, get_string(body, "truncation"));
+  if (truncation && *truncation != "disabled" && *truncation != "auto") {
+    return bad_argument("'truncation' must be \"disabled\" or \"auto\"");
+  }
+  if (const auto md = body.find("metadata"); md != body.end() && !md->is_null()) {
+    if (!md->is_object()) return bad_argument("'metadata' must be an object");
+    r.echo["metadata"] = json::parse(md->dump());
+  } else {
+    r.echo["metadata"] = json::object();
+  }
+  STRATA_TRY_ASSIGN(user, get_string(body, "user"));
+  if (user) r.echo["user"] = *user;
+  // Strata's extensions, read by parse_generation_params as on chat completions.
+  for (const char* key_name : {"forced_output", "ignore_eos", "cache_salt", "seed", "priority"}) {
+    if (const auto it = body.find(key_name); it != body.end()) chat[key_name] = *it;
+  }
+  return r;
+}
+
+ojson responses_chat_body(const ResponsesRequest& r, const ojson& history) {
+  ojson chat = r.chat_body;
+  ojson messages = ojson::array();
+  if (r.instructions) messages.push_back(ojson{{"role", "system"}, {"content", *r.instructions}});
+  for (const ojson& m : history) messages.push_back(m);
+  for (const ojson& m : r.input_messages) messages.push_back(m);
+  chat["messages"] = std::move(messages);
+  return chat;
+}
+
+}  // namespace strata
+
+#undef STRATA_TRY_ASSIGN

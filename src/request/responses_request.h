@@ -1,0 +1,69 @@
+// OpenAI's Responses API (POST /v1/responses) read as the chat-completions request it
+// means, so that a Responses request is rendered, tokenized, sampled and read for tool
+// calls by exactly the code that serves /v1/chat/completions (docs/openai-responses.md):
+//
+//   Responses body -> read_responses_request -> ResponsesRequest (input as chat messages,
+//   function tools in the chat shape, tool_choice, max_tokens, ...)
+//   -> responses_chat_body(request, history of previous_response_id)
+//   -> read_chat_request / parse_generation_params -> PromptReader::chat_tokens
+//
+// `instructions` become the first (system) message; the messages of a previous response
+// (its history: what came after its instructions, its output included) come next, then
+// this request's input. Instructions are not carried over from a previous response (as
+// OpenAI documents).
+//
+// Everything here is a pure function of its inputs (no engine, no I/O): safe on any thread.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/result.h"
+
+namespace strata {
+
+// `prompt_cache_retention`: "in_memory" (also "in-memory") keeps a prefix about as long as
+// a hosted in-memory cache does; "24h" asks for a day. Both are a client's soft pin, whose
+// TTL the pin policy caps at --max-client-pin-ttl-s (docs/authority.md).
+inline constexpr int64_t kRetentionInMemoryTtlS = 600;
+inline constexpr int64_t kRetention24hTtlS = 86'400;
+
+struct ResponsesRequest {
+  // The chat-completions body without `messages`: model, tools, tool_choice, max_tokens,
+  // temperature, top_p, stream, parallel_tool_calls, and Strata's own extensions when
+  // given (forced_output, ignore_eos, cache_salt, seed, priority).
+  nlohmann::ordered_json chat_body = nlohmann::ordered_json::object();
+  // This request's input as chat messages (user/assistant/system/tool; developer is system).
+  nlohmann::ordered_json input_messages = nlohmann::ordered_json::array();
+  std::optional<std::string> instructions;
+  std::optional<std::string> previous_response_id;
+  bool store = true;
+  bool stream = false;
+  std::string prompt_cache_key;            // "" : none
+  std::optional<int64_t> retention_ttl_s;  // prompt_cache_retention, when given
+  std::string retention;                   // its name as given ("" : none)
+  // What the response object echoes as given: tools (Responses' shape), tool_choice,
+  // max_output_tokens, temperature, top_p, metadata, user, parallel_tool_calls.
+  nlohmann::json echo = nlohmann::json::object();
+};
+
+// Reads and checks a Responses body (kInvalidArgument with a message naming the field):
+// unknown or unsupported item types and content parts (input_image, input_file,
+// item_reference, ...), hosted tools (web_search, file_search, ...), a non-text output
+// format, `background`, `conversation` and wrong types are refused. `reasoning` items and
+// fields Strata has no use for (reasoning, include, service_tier, truncation "disabled",
+// ...) are accepted and ignored.
+Result<ResponsesRequest> read_responses_request(const nlohmann::ordered_json& body);
+
+// The whole chat-completions body of `r`: [system: instructions] + `history` (the messages
+// of the previous response, empty when none) + r.input_messages.
+nlohmann::ordered_json responses_chat_body(const ResponsesRequest& r,
+                                           const nlohmann::ordered_json& history);
+
+// `prompt_cache_retention`'s TTL in seconds; nullopt for an unknown value.
+std::optional<int64_t> retention_ttl_s(const std::string& retention);
+
+}  // namespace strata

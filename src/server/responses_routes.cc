@@ -1,0 +1,591 @@
+// OpenAI's Responses API: POST /v1/responses (a whole response or its server-sent events),
+// GET and DELETE /v1/responses/{id} (docs/openai-responses.md).
+//
+// A Responses request is read as the chat-completions request it means
+// (request/responses_request.h) and then prepared, run and read for tool calls by the
+// chat-completions path itself (server/completion_flow.h, the same tool-call parsers); only
+// the answer's shape, the stored responses and the cache retention are this file's.
+//
+// A stored response (store, the default) keeps its messages and the exact tokens of its
+// turn (server/response_store.h): a request with its id as previous_response_id continues
+// those tokens, as a session_id continues its record's (docs/sessions.md), so a chain of
+// turns hits the cache completely. `prompt_cache_retention` becomes a soft pin of the
+// turn's tokens after it, with the request's authority (the admin's with the admin key,
+// else a client's, capped and budgeted: docs/authority.md); turns that share a
+// `prompt_cache_key` pin only the blocks their group has not pinned yet. A refused request
+// changes nothing: it is refused before the engine.
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "common/log.h"
+#include "request/responses_request.h"
+#include "server/completion_flow.h"
+#include "server/routes.h"
+#include "server/text_stream.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using boost::asio::awaitable;
+
+constexpr const char* kPath = "/v1/responses";
+
+// A Responses request, prepared for the engine.
+struct PreparedResponse {
+  ResponsesRequest request;
+  Prepared prepared;
+};
+
+// Reads, maps, renders and tokenizes a Responses body on top of its previous response;
+// `previous_unknown` tells a refusal for an unknown previous_response_id from the others.
+// Blocking: runs on the worker pool.
+Result<PreparedResponse> prepare_response(RouteContext& ctx, const http::Request& req,
+                                          RequestTiming& timing, bool& previous_unknown) {
+  auto body = parse_json_object_as<ojson>(req.body);
+  if (!body) return std::unexpected(body.error());
+  auto read = read_responses_request(*body);
+  if (!read) return std::unexpected(read.error());
+  std::shared_ptr<const StoredResponse> previous;
+  if (read->previous_response_id) {
+    previous = ctx.responses.find(*read->previous_response_id);
+    if (!previous) {
+      previous_unknown = true;
+      return make_error(ErrorCode::kNotFound, "Previous response with id '" +
+                                                  *read->previous_response_id + "' not found.");
+    }
+  }
+  const ojson chat = responses_chat_body(*read, previous ? previous->history : ojson::array());
+  // The previous turn's exact tokens, when this request renders the same conversation
+  // before its input (the same instructions: they are not carried over).
+  const ConversationRecord* record =
+      previous && previous->record && previous->instructions == read->instructions
+          ? &*previous->record
+          : nullptr;
+  auto p = prepare(ctx, req, chat.dump(-1, ' ', false, ojson::error_handler_t::replace),
+                   /*chat=*/true, timing, record);
+  if (!p) return std::unexpected(p.error());
+  return PreparedResponse{.request = std::move(*read), .prepared = std::move(*p)};
+}
+
+http::Response responses_error(const Error& e, bool previous_unknown = false) {
+  // OpenAI answers an unknown previous_response_id with 400.
+  if (previous_unknown) return error_response(400, e.message, "previous_response_not_found");
+  return error_response(e);
+}
+
+// Responses' usage, with Strata's per-tier breakdown of the cached tokens (as chat
+// completions reports it).
+json responses_usage(const RequestUsage& u) {
+  const json chat = usage_json(u);
+  json j{{"input_tokens", u.prompt_tokens},
+         {"input_tokens_details", {{"cached_tokens", u.cached_tokens}}},
+         {"output_tokens", u.completion_tokens},
+         {"output_tokens_details", {{"reasoning_tokens", 0}}},
+         {"total_tokens", u.prompt_tokens + u.completion_tokens},
+         {"cached_tokens_details", chat["cached_tokens_details"]}};
+  if (chat.contains("kv_transfer")) j["kv_transfer"] = chat["kv_transfer"];
+  return j;
+}
+
+// The output items of a response, built as the reply is read: message items with one
+// output_text part, and function_call items. The item ids are the response's id with the
+// item's index.
+class OutputItems {
+ public:
+  explicit OutputItems(std::string response_id) : response_id_(std::move(response_id)) {}
+
+  // Text of the reply (joins the open message item, or opens one).
+  void text(const std::string& piece) {
+    if (open_ != Open::kMessage) {
+      close();
+      open_ = Open::kMessage;
+      items_.push_back(json{{"id", item_id("msg")},
+                            {"type", "message"},
+                            {"status", "in_progress"},
+                            {"role", "assistant"},
+                            {"content", json::array()}});
+      text_.clear();
+      on_open_message();
+    }
+    text_ += piece;
+    message_text_ += piece;
+    on_text(piece);
+  }
+  // A call's first piece opens its item; later pieces add to its arguments.
+  void call(const ToolCallDelta& d) {
+    if (!d.id.empty()) {
+      close();
+      open_ = Open::kCall;
+      items_.push_back(json{{"id", item_id("fc")},
+                            {"type", "function_call"},
+                            {"status", "in_progress"},
+                            {"call_id", d.id},
+                            {"name", d.name},
+                            {"arguments", ""}});
+      on_open_call();
+    }
+    if (open_ != Open::kCall || d.arguments.empty()) return;
+    items_.back()["arguments"] = items_.back()["arguments"].get<std::string>() + d.arguments;
+    on_arguments(d.arguments);
+  }
+  // Closes the last item; a reply without any gets an empty message.
+  void finish() {
+    if (items_.empty()) text("");
+    close();
+  }
+
+  const json& items() const { return items_; }
+  // The reply as a chat message (the history a next turn continues).
+  ojson assistant_message() const {
+    ojson m{{"role", "assistant"}, {"content", message_text_}};
+    for (const json& item : items_) {
+      if (item["type"] != "function_call") continue;
+      if (!m.contains("tool_calls")) m["tool_calls"] = ojson::array();
+      m["tool_calls"].push_back(ojson{{"id", item["call_id"].get<std::string>()},
+                                      {"type", "function"},
+                                      {"function",
+                                       {{"name", item["name"].get<std::string>()},
+                                        {"arguments", item["arguments"].get<std::string>()}}}});
+    }
+    return m;
+  }
+  size_t num_calls() const {
+    return static_cast<size_t>(std::count_if(
+        items_.begin(), items_.end(), [](const json& i) { return i["type"] == "function_call"; }));
+  }
+  virtual ~OutputItems() = default;
+
+ protected:
+  // What a stream adds (events); a whole response needs none.
+  virtual void on_open_message() {}
+  virtual void on_text(const std::string&) {}
+  virtual void on_open_call() {}
+  virtual void on_arguments(const std::string&) {}
+  virtual void on_close() {}
+
+  size_t index() const { return items_.size() - 1; }
+  json& last() { return items_.back(); }
+  const std::string& open_text() const { return text_; }
+
+ private:
+  enum class Open { kNone, kMessage, kCall };
+  std::string item_id(const char* prefix) const {
+    return std::string(prefix) + "_" + response_id_.substr(5) + "_" + std::to_string(items_.size());
+  }
+  void close() {
+    if (open_ == Open::kNone) return;
+    json& item = items_.back();
+    item["status"] = "completed";
+    if (open_ == Open::kMessage) {
+      item["content"] = json::array(
+          {json{{"type", "output_text"}, {"text", text_}, {"annotations", json::array()}}});
+    }
+    on_close();
+    open_ = Open::kNone;
+  }
+
+  std::string response_id_;
+  json items_ = json::array();
+  Open open_ = Open::kNone;
+  std::string text_;          // the open message's
+  std::string message_text_;  // every message's
+};
+
+// The response object.
+json response_json(const Ids& ids, const ResponsesRequest& r, const std::string& status,
+                   json output, json usage, const json& incomplete_details) {
+  json j{
+      {"id", ids.id},
+      {"object", "response"},
+      {"created_at", ids.created},
+      {"status", status},
+      {"background", false},
+      {"error", nullptr},
+      {"incomplete_details", incomplete_details},
+      {"instructions", r.instructions ? json(*r.instructions) : json(nullptr)},
+      {"max_output_tokens", r.echo["max_output_tokens"]},
+      {"model", ids.model},
+      {"output", std::move(output)},
+      {"parallel_tool_calls", r.echo["parallel_tool_calls"]},
+      {"previous_response_id",
+       r.previous_response_id ? json(*r.previous_response_id) : json(nullptr)},
+      {"prompt_cache_key", r.prompt_cache_key.empty() ? json(nullptr) : json(r.prompt_cache_key)},
+      {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
+      {"service_tier", "default"},
+      {"store", r.store},
+      {"temperature", r.echo["temperature"]},
+      {"text", {{"format", {{"type", "text"}}}}},
+      {"tool_choice", r.echo["tool_choice"]},
+      {"tools", r.echo["tools"]},
+      {"top_p", r.echo["top_p"]},
+      {"truncation", "disabled"},
+      {"usage", std::move(usage)},
+      {"metadata", r.echo["metadata"]}};
+  if (!r.retention.empty()) j["prompt_cache_retention"] = r.retention;
+  if (r.echo.contains("user")) j["user"] = r.echo["user"];
+  return j;
+}
+
+// `prompt_cache_retention`: a soft pin of the turn's tokens (its exact record when there is
+// one, else its prompt), for the retention's TTL; within a prompt_cache_key group only the
+// blocks the group has not pinned yet. Blocking: runs on the worker pool.
+void pin_retention(RouteContext& ctx, const PreparedResponse& pr,
+                   const std::optional<ConversationRecord>& record) {
+  const ResponsesRequest& r = pr.request;
+  const Prepared& p = pr.prepared;
+  if (!r.retention_ttl_s) return;
+  const std::vector<int32_t>& tokens = record ? record->tokens : p.prompt_tokens;
+  std::vector<BlockHash> hashes =
+      hash_blocks(tokens, ctx.engine.options().page_size, p.params.cache_salt);
+  if (hashes.empty()) return;
+  int64_t ttl_ms = *r.retention_ttl_s * 1000;
+  if (p.pin_authority == PinAuthority::kClient) {
+    ttl_ms = std::min(ttl_ms, ctx.engine.options().max_client_pin_ttl_ms);
+  }
+  size_t first = 0;  // the first block this turn pins
+  const int64_t now_ms = SteadyClock::instance().now_ms();
+  if (!r.prompt_cache_key.empty()) {
+    const ResponseStore::GroupPins group = ctx.responses.group_pins(r.prompt_cache_key);
+    if (now_ms < group.expires_ms && group.hashes.size() <= hashes.size() &&
+        std::equal(group.hashes.begin(), group.hashes.end(), hashes.begin())) {
+      first = group.hashes.size();
+    }
+  }
+  if (first < hashes.size()) {
+    auto pinned =
+        ctx.engine.cache()
+            .pin(PinCommand{.hashes = std::vector<BlockHash>(
+                                hashes.begin() + static_cast<ptrdiff_t>(first), hashes.end()),
+                            .ttl_ms = ttl_ms,
+                            .authority = p.pin_authority})
+            .get();
+    if (!pinned) {
+      ctx.metrics.refused_pins().Increment();
+      STRATA_LOG_DEBUG("prompt_cache_retention pin refused: {}", pinned.error().message);
+      return;
+    }
+  }
+  if (!r.prompt_cache_key.empty()) {
+    ctx.responses.set_group_pins(
+        r.prompt_cache_key,
+        ResponseStore::GroupPins{.hashes = std::move(hashes), .expires_ms = now_ms + ttl_ms});
+  }
+}
+
+// After a turn: its exact record, the response stored (when asked), the retention pin.
+// Blocking: runs on the worker pool.
+void after_response(RouteContext& ctx, const PreparedResponse& pr, const StreamItem& fin,
+                    const std::vector<int32_t>& generated, const std::string& text,
+                    const OutputItems& items, const json& response) {
+  const Prepared& p = pr.prepared;
+  std::optional<ConversationRecord> record =
+      turn_record(ctx, p, fin, generated, text, /*stop_string=*/false);
+  pin_retention(ctx, pr, record);
+  if (!pr.request.store) return;
+  auto stored = std::make_shared<StoredResponse>();
+  stored->response = response;
+  stored->instructions = pr.request.instructions;
+  const size_t skip = pr.request.instructions ? 1 : 0;
+  for (size_t i = skip; i < p.messages.size(); ++i) stored->history.push_back(p.messages[i]);
+  stored->history.push_back(items.assistant_message());
+  stored->record = std::move(record);
+  ctx.responses.put(response["id"].get<std::string>(), std::move(stored));
+}
+
+// The incomplete_details and status of a finished reply.
+std::pair<std::string, json> status_of(FinishReason finish) {
+  if (finish == FinishReason::kLength) {
+    return {"incomplete", json{{"reason", "max_output_tokens"}}};
+  }
+  return {"completed", nullptr};
+}
+
+awaitable<void> whole_response(RouteContext& ctx, http::Exchange& ex, const PreparedResponse& pr,
+                               RequestGuard& req, const Ids& ids, WallClock::time_point t_start,
+                               RequestTiming& timing) {
+  const Prepared& p = pr.prepared;
+  TextStream text(ctx.tokenizer, p.params.stop);
+  TokenTimer timer(ctx.metrics, t_start);
+  std::string out;
+  std::vector<int32_t> generated;
+  std::optional<StreamItem> fin;
+  while (!fin) {
+    for (StreamItem& item : take_results(ctx, p, req)) {
+      for (const GeneratedToken& t : item.tokens) {
+        timer.token();
+        generated.push_back(t.token);
+        out += text.push(t.token);
+      }
+      if (item.finish) fin = std::move(item);
+    }
+    if (!fin && !co_await ex.wait(kPollInterval)) co_return;  // client gone: cancelled
+  }
+  req.finished();
+  timing.woken();
+  if (fin->finish == FinishReason::kError) {
+    co_await ex.respond(error_response(500, "generation failed: " + fin->error, "server_error"));
+    co_return;
+  }
+  out += text.finish();
+  timer.finish(fin->usage);
+  ParsedToolCalls parsed{.content = out};
+  if (parses_tool_calls(ctx, p)) {
+    parsed = parse_tool_calls(out, parser_options(ctx, p));
+    if (parsed.malformed) ctx.metrics.malformed_tool_calls().Increment();
+    if (!parsed.calls.empty()) ctx.metrics.tool_call_replies().Increment();
+  }
+  if (*fin->finish != FinishReason::kLength) {
+    if (auto st = check_tool_choice(p.tool_choice, parsed.calls); !st) {
+      co_await ex.respond(error_response(422, st.error().message, "tool_choice_not_followed"));
+      co_return;
+    }
+  }
+  OutputItems items(ids.id);
+  if (!parsed.content.empty() || parsed.calls.empty()) items.text(parsed.content);
+  for (const ToolCall& c : parsed.calls) {
+    items.call(ToolCallDelta{.id = c.id, .name = c.name, .arguments = c.arguments});
+  }
+  items.finish();
+  const auto [status, incomplete] = status_of(*fin->finish);
+  const json response = response_json(ids, pr.request, status, items.items(),
+                                      responses_usage(fin->usage), incomplete);
+  co_await ex.offload([&] { after_response(ctx, pr, *fin, generated, out, items, response); });
+  http::Response answer = json_response(200, response);
+  timing.answered();
+  answer.headers.emplace_back("Server-Timing", timing.server_timing());
+  co_await ex.respond(std::move(answer));
+  log_timing(timing, ids);
+}
+
+// The Responses events of a stream: each `event: NAME` with its data, numbered.
+class EventWriter : public OutputItems {
+ public:
+  explicit EventWriter(std::string response_id) : OutputItems(std::move(response_id)) {}
+
+  void event(const char* name, json data) {
+    data["type"] = name;
+    data["sequence_number"] = sequence_++;
+    out_ += std::string("event: ") + name +
+            "\ndata: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  }
+  std::string take() { return std::exchange(out_, std::string()); }
+
+ private:
+  void on_open_message() override {
+    event("response.output_item.added", json{{"output_index", index()}, {"item", last()}});
+    event("response.content_part.added", json{{"item_id", last()["id"]},
+                                              {"output_index", index()},
+                                              {"content_index", 0},
+                                              {"part", part("")}});
+  }
+  void on_text(const std::string& piece) override {
+    if (piece.empty()) return;
+    event("response.output_text.delta", json{{"item_id", last()["id"]},
+                                             {"output_index", index()},
+                                             {"content_index", 0},
+                                             {"delta", piece},
+                                             {"logprobs", json::array()}});
+  }
+  void on_open_call() override {
+    event("response.output_item.added", json{{"output_index", index()}, {"item", last()}});
+  }
+  void on_arguments(const std::string& piece) override {
+    event("response.function_call_arguments.delta",
+          json{{"item_id", last()["id"]}, {"output_index", index()}, {"delta", piece}});
+  }
+  void on_close() override {
+    const json& item = last();
+    if (item["type"] == "message") {
+      event("response.output_text.done", json{{"item_id", item["id"]},
+                                              {"output_index", index()},
+                                              {"content_index", 0},
+                                              {"text", open_text()},
+                                              {"logprobs", json::array()}});
+      event("response.content_part.done", json{{"item_id", item["id"]},
+                                               {"output_index", index()},
+                                               {"content_index", 0},
+                                               {"part", part(open_text())}});
+    } else {
+      event("response.function_call_arguments.done", json{{"item_id", item["id"]},
+                                                          {"output_index", index()},
+                                                          {"name", item["name"]},
+                                                          {"arguments", item["arguments"]}});
+    }
+    event("response.output_item.done", json{{"output_index", index()}, {"item", item}});
+  }
+  static json part(const std::string& text) {
+    return json{{"type", "output_text"}, {"text", text}, {"annotations", json::array()}};
+  }
+
+  std::string out_;
+  int64_t sequence_ = 0;
+};
+
+awaitable<void> streamed_response(RouteContext& ctx, http::Exchange& ex, const PreparedResponse& pr,
+                                  RequestGuard& req, const Ids& ids, WallClock::time_point t_start,
+                                  RequestTiming& timing) {
+  const Prepared& p = pr.prepared;
+  http::Headers headers{{"Cache-Control", "no-cache"}};
+  if (!co_await ex.begin_stream(200, "text/event-stream", std::move(headers))) co_return;
+  TextStream text(ctx.tokenizer, p.params.stop);
+  TokenTimer timer(ctx.metrics, t_start);
+  std::optional<ToolCallStreamParser> tools;
+  if (parses_tool_calls(ctx, p)) tools.emplace(parser_options(ctx, p));
+  EventWriter events(ids.id);
+  auto write = [&](const std::string& piece) {
+    if (!tools) {
+      if (!piece.empty()) events.text(piece);
+      return;
+    }
+    for (const ToolCallEvent& e : tools->push(piece)) {
+      if (e.call) {
+        events.call(*e.call);
+      } else if (!e.content.empty()) {
+        events.text(e.content);
+      }
+    }
+  };
+  const json started =
+      response_json(ids, pr.request, "in_progress", json::array(), nullptr, nullptr);
+  events.event("response.created", json{{"response", started}});
+  events.event("response.in_progress", json{{"response", started}});
+  if (!ex.send(events.take())) co_return;
+  std::vector<int32_t> generated;
+  std::string all_text;
+  std::optional<StreamItem> fin;
+  while (!fin) {
+    for (StreamItem& item : take_results(ctx, p, req)) {
+      for (const GeneratedToken& t : item.tokens) {
+        timer.token();
+        generated.push_back(t.token);
+        const std::string piece = text.push(t.token);
+        all_text += piece;
+        write(piece);
+      }
+      if (item.finish) fin = std::move(item);
+    }
+    if (fin) {
+      req.finished();
+      timing.woken();
+      if (*fin->finish == FinishReason::kError) {
+        events.event("error", json{{"code", "server_error"},
+                                   {"message", "generation failed: " + fin->error},
+                                   {"param", nullptr}});
+      } else {
+        const std::string tail = text.finish();
+        all_text += tail;
+        write(tail);
+        Status complies;
+        if (tools) {
+          for (const ToolCallEvent& e : tools->finish()) {
+            if (e.call) {
+              events.call(*e.call);
+            } else if (!e.content.empty()) {
+              events.text(e.content);
+            }
+          }
+          if (tools->malformed()) ctx.metrics.malformed_tool_calls().Increment();
+          if (tools->num_committed() > 0) ctx.metrics.tool_call_replies().Increment();
+          if (*fin->finish != FinishReason::kLength) {
+            complies = check_tool_choice(p.tool_choice, tools->calls());
+          }
+        }
+        events.finish();
+        timer.finish(fin->usage);
+        const auto [status, incomplete] = status_of(*fin->finish);
+        const json response = response_json(ids, pr.request, status, events.items(),
+                                            responses_usage(fin->usage), incomplete);
+        if (!complies) {
+          // What was streamed stands; the stream ends with the error instead.
+          events.event("error", json{{"code", "tool_choice_not_followed"},
+                                     {"message", complies.error().message},
+                                     {"param", "tool_choice"}});
+        } else {
+          co_await ex.offload(
+              [&] { after_response(ctx, pr, *fin, generated, all_text, events, response); });
+          events.event(status == "completed" ? "response.completed" : "response.incomplete",
+                       json{{"response", response}});
+        }
+      }
+      timing.answered();
+    }
+    std::string out = events.take();
+    if (!out.empty() && !ex.send(std::move(out))) co_return;  // gone, or reading too slowly
+    if (fin) break;
+    if (!co_await ex.wait(kPollInterval)) co_return;
+  }
+  co_await ex.end_stream();
+  log_timing(timing, ids);
+}
+
+awaitable<void> create(RouteContext& ctx, http::Exchange& ex) {
+  const auto t_start = WallClock::now();
+  RequestTiming timing(ex.request());
+  bool unknown_previous = false;
+  auto prepared = co_await ex.offload([&] {
+    timing.worker_started();
+    auto m = prepare_response(ctx, ex.request(), timing, unknown_previous);
+    release_memory_after(ex.request().body.size());
+    return m;
+  });
+  if (!prepared) {
+    co_await ex.respond(responses_error(prepared.error(), unknown_previous));
+    co_return;
+  }
+  timing.resumed();
+  const PreparedResponse& pr = *prepared;
+  auto submitted = ctx.engine.submit(RequestSpec(pr.prepared.spec));
+  if (!submitted) {
+    co_await ex.respond(error_response(submitted.error()));
+    co_return;
+  }
+  timing.submitted();
+  RequestGuard req(*submitted, [&timing, wake = ex.waker()] {
+    timing.item_pushed();
+    wake();
+  });
+  const Ids ids{.id = "resp_" + std::to_string(unix_time_s()) + std::to_string((*submitted)->id()),
+                .created = unix_time_s(),
+                .model = ctx.options.model_name,
+                .chat = true};
+  if (pr.request.stream) {
+    co_await streamed_response(ctx, ex, pr, req, ids, t_start, timing);
+  } else {
+    co_await whole_response(ctx, ex, pr, req, ids, t_start, timing);
+  }
+}
+
+// The id of /v1/responses/{id}.
+std::string id_of(const http::Request& req) {
+  return req.path.substr(std::string(kPath).size() + 1);
+}
+
+http::Response get_response(RouteContext& ctx, const http::Request& req) {
+  const std::string id = id_of(req);
+  auto stored = ctx.responses.find(id);
+  if (!stored) return error_response(404, "No response found with id '" + id + "'.", "not_found");
+  return json_response(200, stored->response);
+}
+
+http::Response delete_response(RouteContext& ctx, const http::Request& req) {
+  const std::string id = id_of(req);
+  if (!ctx.responses.erase(id)) {
+    return error_response(404, "No response found with id '" + id + "'.", "not_found");
+  }
+  return json_response(200, json{{"id", id}, {"object", "response"}, {"deleted", true}});
+}
+
+}  // namespace
+
+void add_responses_routes(http::Server& server, RouteContext& ctx) {
+  server.route("POST", kPath, [&ctx](http::Exchange& ex) { return create(ctx, ex); });
+  server.route("GET", std::string(kPath) + "/*",
+               blocking([&ctx](const http::Request& req) { return get_response(ctx, req); }));
+  server.route("DELETE", std::string(kPath) + "/*",
+               blocking([&ctx](const http::Request& req) { return delete_response(ctx, req); }));
+}
+
+}  // namespace strata

@@ -1,0 +1,194 @@
+// The Responses API read as a chat-completions request (request/responses_request.h): the
+// mapping of input items, instructions, tools and tool_choice onto chat messages, the
+// previous response's history, the caching fields, and the refusals.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "request/chat_request.h"
+#include "request/responses_request.h"
+
+namespace strata {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+Result<ResponsesRequest> read_responses(const std::string& body) {
+  return read_responses_request(ojson::parse(body));
+}
+
+// The refusal message of `body` ("" when it is accepted).
+std::string responses_refusal(const std::string& body) {
+  auto r = read_responses(body);
+  if (r) return "";
+  EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+  return r.error().message;
+}
+
+TEST(ResponsesRequest, AStringInputIsOneUserMessageAfterTheInstructions) {
+  auto r = read_responses(R"({"model": "m", "instructions": "Be brief.", "input": "hi",
+      "max_output_tokens": 16, "temperature": 0.5, "top_p": 0.9})");
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  const ojson chat = responses_chat_body(*r, ojson::array());
+  EXPECT_EQ(chat["model"], "m");
+  EXPECT_EQ(chat["max_tokens"], 16);
+  EXPECT_EQ(chat["temperature"], 0.5);
+  EXPECT_EQ(chat["top_p"], 0.9);
+  EXPECT_EQ(chat["stream"], false);
+  EXPECT_EQ(chat["messages"], ojson::parse(R"([{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "hi"}])"));
+  EXPECT_TRUE(r->store) << "store defaults to true";
+  EXPECT_FALSE(r->previous_response_id);
+  EXPECT_EQ(r->echo["max_output_tokens"], 16);
+}
+
+TEST(ResponsesRequest, MapsMessageItemsAndTheirParts) {
+  auto r = read_responses(R"({"input": [
+      {"role": "developer", "content": "rules"},
+      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
+                                                      {"type": "input_text", "text": "b"}]},
+      {"type": "message", "role": "assistant",
+       "content": [{"type": "output_text", "text": "c", "annotations": []}]},
+      {"role": "system", "content": "more"}]})");
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->input_messages, ojson::parse(R"([{"role": "system", "content": "rules"},
+      {"role": "user", "content": "a\nb"}, {"role": "assistant", "content": "c"},
+      {"role": "system", "content": "more"}])"));
+}
+
+TEST(ResponsesRequest, FunctionCallsJoinTheAssistantTurnAndOutputsAreToolMessages) {
+  auto r = read_responses(R"({"input": [
+      {"role": "user", "content": "weather?"},
+      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+      {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather",
+       "arguments": "{\"city\": \"Paris\"}", "status": "completed"},
+      {"type": "function_call", "call_id": "call_2", "name": "get_time", "arguments": "{}"},
+      {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+      {"type": "function_call_output", "call_id": "call_2",
+       "output": [{"type": "input_text", "text": "noon"}]},
+      {"type": "reasoning", "id": "rs_1", "summary": []},
+      {"type": "function_call", "call_id": "call_3", "name": "get_time", "arguments": "{}"}],
+      "tools": [{"type": "function", "name": "get_weather", "description": "d",
+                 "parameters": {"type": "object"}, "strict": true},
+                {"type": "function", "name": "get_time", "parameters": {"type": "object"}}],
+      "tool_choice": {"type": "function", "name": "get_time"}})");
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  const ojson& m = r->input_messages;
+  ASSERT_EQ(m.size(), 5u) << m.dump();
+  EXPECT_EQ(m[1]["role"], "assistant");
+  EXPECT_EQ(m[1]["content"], "Checking.");
+  ASSERT_EQ(m[1]["tool_calls"].size(), 2u);
+  EXPECT_EQ(m[1]["tool_calls"][0]["id"], "call_1");
+  EXPECT_EQ(m[1]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(m[1]["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+  EXPECT_EQ(m[2],
+            ojson::parse(R"({"role": "tool", "tool_call_id": "call_1", "content": "sunny"})"));
+  EXPECT_EQ(m[3]["content"], "noon");
+  // A call after a tool message starts a new assistant turn, with empty content.
+  EXPECT_EQ(m[4]["role"], "assistant");
+  EXPECT_EQ(m[4]["content"], "");
+  EXPECT_EQ(m[4]["tool_calls"][0]["id"], "call_3");
+  const ojson chat = responses_chat_body(*r, ojson::array());
+  EXPECT_EQ(chat["tools"][0], ojson::parse(R"({"type": "function", "function": {"name":
+      "get_weather", "description": "d", "parameters": {"type": "object"}}})"));
+  EXPECT_EQ(chat["tool_choice"],
+            ojson::parse(R"({"type": "function", "function": {"name": "get_time"}})"));
+  // The chat path reads what the mapping wrote.
+  ojson body = chat;
+  auto read_chat = read_chat_request(body, GenerationPrompt::kAlways);
+  ASSERT_TRUE(read_chat.has_value()) << read_chat.error().message;
+  EXPECT_EQ(read_chat->function_names, (std::vector<std::string>{"get_weather", "get_time"}));
+  EXPECT_EQ(read_chat->tool_choice.mode, ToolChoiceMode::kFunction);
+}
+
+TEST(ResponsesRequest, APreviousResponsesHistoryGoesBetweenInstructionsAndInput) {
+  auto r = read_responses(
+      R"({"instructions": "sys", "previous_response_id": "resp_1", "input": "again"})");
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->previous_response_id, "resp_1");
+  const ojson history = ojson::parse(
+      R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])");
+  const ojson chat = responses_chat_body(*r, history);
+  EXPECT_EQ(chat["messages"], ojson::parse(R"([{"role": "system", "content": "sys"},
+      {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+      {"role": "user", "content": "again"}])"));
+}
+
+TEST(ResponsesRequest, ReadsTheCachingAndStorageFields) {
+  auto r = read_responses(
+      R"({"input": "x", "store": false, "stream": true, "prompt_cache_key": "agent-7",
+      "prompt_cache_retention": "24h"})");
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_FALSE(r->store);
+  EXPECT_TRUE(r->stream);
+  EXPECT_EQ(r->prompt_cache_key, "agent-7");
+  EXPECT_EQ(r->retention_ttl_s, kRetention24hTtlS);
+  EXPECT_EQ(r->retention, "24h");
+  EXPECT_EQ(retention_ttl_s("in_memory"), kRetentionInMemoryTtlS);
+  EXPECT_EQ(retention_ttl_s("in-memory"), kRetentionInMemoryTtlS);
+  EXPECT_FALSE(retention_ttl_s("1h"));
+}
+
+TEST(ResponsesRequest, AcceptsFieldsItHasNoUseFor) {
+  EXPECT_EQ(responses_refusal(R"({"input": "x", "reasoning": {"effort": "low"}, "include": [],
+      "service_tier": "auto", "truncation": "disabled", "metadata": {"k": "v"}, "user": "u",
+      "text": {"format": {"type": "text"}}, "parallel_tool_calls": false, "background": false})"),
+            "");
+}
+
+TEST(ResponsesRequest, RefusesWhatItCannotServe) {
+  EXPECT_NE(responses_refusal(R"({"model": "m"})").find("'input' is required"), std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": 5})").find("'input' must be"), std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": [{"type": "item_reference", "id": "x"}]})")
+                .find("input item type 'item_reference' is not supported"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": [{"role": "user", "content": [{"type": "input_image",
+      "image_url": "http://x"}]}]})")
+                .find("content part type 'input_image'"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": [{"role": "tool", "content": "x"}]})").find("role"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": [{"role": "user"}]})").find("content is required"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": [{"type": "function_call", "call_id": "c", "name": "f",
+      "arguments": "not json"}]})")
+                .find("arguments must be a JSON object"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": [{"type": "function_call_output", "output": "x"}]})")
+                .find("call_id must be a string"),
+            std::string::npos);
+  EXPECT_NE(
+      responses_refusal(R"({"input": "x", "tools": [{"type": "web_search"}]})").find("hosted tool"),
+      std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "tool_choice": "any"})").find("tool_choice"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "tool_choice": {"type": "file_search"}})")
+                .find("file_search"),
+            std::string::npos);
+  EXPECT_NE(
+      responses_refusal(R"({"input": "x", "max_output_tokens": 0})").find("max_output_tokens"),
+      std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "temperature": "hot"})").find("temperature"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "store": "yes"})").find("store"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "previous_response_id": 7})")
+                .find("previous_response_id"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "prompt_cache_retention": "1w"})")
+                .find("prompt_cache_retention"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "prompt_cache_key": ""})").find("prompt_cache_key"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})")
+                .find("json_schema"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "background": true})").find("background"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "conversation": "conv_1"})").find("conversation"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"([1])").find("JSON object"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata
