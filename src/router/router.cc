@@ -463,11 +463,11 @@ awaitable<void> Router::Impl::join(std::shared_ptr<Worker> w) {
       w->last_error = error;
       co_return;
     }
+    // Under the mutex: the admin routes' threads read these (worker_json) meanwhile. This
+    // coroutine is their only writer, so its own reads below need no lock.
+    std::lock_guard lock(mutex);
     w->block_size = info["page_size"].get<int>();
-    {
-      std::lock_guard lock(mutex);
-      apply_server_info(*w, info);
-    }
+    apply_server_info(*w, info);
     if (info.contains("kv_events") && info["kv_events"].is_object()) {
       const json& ev = info["kv_events"];
       if (ev.contains("endpoint") && ev["endpoint"].is_string()) {

@@ -43,7 +43,8 @@ struct Worker {
   http::Url addr;               // parsed
   std::string kind = "strata";  // "strata" (GET /server_info, /load) or "vllm", "sglang"
   std::string role = "mixed";   // "mixed", "prefill" or "decode"; written under Impl::mutex
-  int block_size = 0;           // 0 until joined
+  // Written by join() under Impl::mutex (worker_json reads them from other threads).
+  int block_size = 0;                       // 0 until joined
   std::string kv_events, kv_events_replay;  // "" when the worker publishes none
   bool from_file = false;                   // listed in --workers-file
 
