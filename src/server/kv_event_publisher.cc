@@ -41,7 +41,8 @@ class MsgpackWriter {
   void array(uint32_t size) { mp_encode_array(grow(mp_sizeof_array(size)), size); }
   void str(std::string_view s) {
     const auto len = static_cast<uint32_t>(s.size());
-    mp_encode_str(grow(mp_sizeof_str(len)), s.data(), len);
+    // An empty view's data() may be null, which msgpuck's memcpy may not be given.
+    mp_encode_str(grow(mp_sizeof_str(len)), len == 0 ? "" : s.data(), len);
   }
   // mp_encode_int takes negative values only: non-negative ones are uints on the wire.
   void integer(int64_t v) {
