@@ -30,8 +30,8 @@ Result<std::string> header_session_id(std::string_view header_session) {
 
 // The prompt of a chat request as tokens (none without a chat template, or when longer
 // than the limit: too_long). read_chat_request normalizes the messages in place.
-Status read_chat_tokens(const PromptReader& reader, ojson& chat_body,
-                        size_t max_prompt_tokens, RoutedRequest& r) {
+Status read_chat_tokens(const PromptReader& reader, ojson& chat_body, size_t max_prompt_tokens,
+                        RoutedRequest& r) {
   auto read = read_chat_request(chat_body, GenerationPrompt::kAlways);
   if (!read) return std::unexpected(read.error());
   if (reader.chat() == nullptr) return {};
