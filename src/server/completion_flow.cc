@@ -394,4 +394,28 @@ std::vector<StreamItem> take_results(const RouteContext& ctx, const Prepared& p,
   return items;
 }
 
+boost::asio::awaitable<std::optional<WholeAnswer>> collect_whole(
+    const RouteContext& ctx, http::Exchange& ex, const Prepared& p, RequestGuard& req,
+    TextStream& text, TokenTimer& timer, RequestTiming& timing) {
+  WholeAnswer a;
+  std::optional<StreamItem> fin;
+  while (!fin) {
+    for (StreamItem& item : take_results(ctx, p, req)) {
+      for (const GeneratedToken& t : item.tokens) {
+        timer.token();
+        if (text.stopped()) continue;
+        a.generated.push_back(t.token);
+        a.text += text.push(t.token);
+        if (text.stopped()) req.stream().cancel();  // a stop string: no need to go on
+      }
+      if (item.finish) fin = std::move(item);
+    }
+    if (!fin && !co_await ex.wait(kPollInterval)) co_return std::nullopt;  // client gone
+  }
+  req.finished();
+  timing.woken();
+  a.fin = std::move(*fin);
+  co_return a;
+}
+
 }  // namespace strata

@@ -21,9 +21,11 @@
 
 #include "common/result.h"
 #include "engine/engine.h"
+#include "http/server.h"
 #include "server/request_parsing.h"
 #include "server/request_timing.h"
 #include "server/route_context.h"
+#include "server/text_stream.h"
 #include "text/tool_calls/tool_call_parser.h"
 #include "text/tool_calls/tool_request.h"
 
@@ -174,5 +176,18 @@ void log_timing(RequestTiming& timing, const Ids& ids);
 // token is dropped and its finish carries the forced tokens instead, with the usage of a
 // reply that generated them.
 std::vector<StreamItem> take_results(const RouteContext& ctx, const Prepared& p, RequestGuard& req);
+
+// A whole (not streamed) answer, read until the engine's finish: every token timed, the
+// text through `text` (tokens after a stop string dropped, the request cancelled there),
+// then req.finished() and timing.woken(). `text` is the answer before text.finish().
+struct WholeAnswer {
+  std::string text;
+  std::vector<int32_t> generated;
+  StreamItem fin;
+};
+// std::nullopt when the client went away (its request is cancelled with it).
+boost::asio::awaitable<std::optional<WholeAnswer>> collect_whole(
+    const RouteContext& ctx, http::Exchange& ex, const Prepared& p, RequestGuard& req,
+    TextStream& text, TokenTimer& timer, RequestTiming& timing);
 
 }  // namespace strata

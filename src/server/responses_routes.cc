@@ -309,22 +309,11 @@ awaitable<void> whole_response(RouteContext& ctx, http::Exchange& ex, const Prep
   const Prepared& p = pr.prepared;
   TextStream text(ctx.tokenizer, p.params.stop);
   TokenTimer timer(ctx.metrics, t_start);
-  std::string out;
-  std::vector<int32_t> generated;
-  std::optional<StreamItem> fin;
-  while (!fin) {
-    for (StreamItem& item : take_results(ctx, p, req)) {
-      for (const GeneratedToken& t : item.tokens) {
-        timer.token();
-        generated.push_back(t.token);
-        out += text.push(t.token);
-      }
-      if (item.finish) fin = std::move(item);
-    }
-    if (!fin && !co_await ex.wait(kPollInterval)) co_return;  // client gone: cancelled
-  }
-  req.finished();
-  timing.woken();
+  auto whole = co_await collect_whole(ctx, ex, p, req, text, timer, timing);
+  if (!whole) co_return;  // client gone: cancelled
+  std::string& out = whole->text;
+  const std::vector<int32_t>& generated = whole->generated;
+  const StreamItem* fin = &whole->fin;
   if (fin->finish == FinishReason::kError) {
     co_await ex.respond(error_response(500, "generation failed: " + fin->error, "server_error"));
     co_return;
