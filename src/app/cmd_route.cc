@@ -83,14 +83,16 @@ void add_route_command(CLI::App& app, int& exit_code) {
   http::add_listen_flags(*cmd, r.http);
   cmd->add_option("--worker", r.workers, "A Strata worker's URL (repeatable)");
   cmd->add_option("--workers-file", r.workers_file,
-                  "JSON list of {url, kv_events, kv_events_replay, block_size, role, kind} "
-                  "(re-read when it changes)");
+                  "JSON list of {url, kind, block_size, kv_events, kv_events_replay, role, "
+                  "max_running_requests}; kind: strata, vllm, sglang, llamacpp or openai "
+                  "(docs/router.md; re-read when it changes)");
   cmd->add_option("--policy", o->policy,
                   "round-robin, least-loaded, approximate, precise or default");
   cmd->add_option("--admin-api-key", r.admin_api_key,
                   "Bearer key for /workers (POST, DELETE), /cache/* and /session/*");
   cmd->add_option("--worker-api-key", r.worker_api_key,
-                  "Admin key sent to the workers (default: --admin-api-key)");
+                  "Admin key sent to the workers (default: --admin-api-key), and to "
+                  "llama.cpp workers' /slots and /metrics (llama-server --api-key)");
   cmd->add_option("--served-model-name", o->served_model_name, "Model name in logs");
   add_cost_flags(*cmd, r.weights);
   cmd->add_flag("--pd", r.pd.enabled,

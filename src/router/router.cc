@@ -36,24 +36,63 @@ std::string trim_url(std::string url) {
   return url;
 }
 
-// A Prometheus text sample's value: `name{...} value` or `name value`; nullopt if absent.
-std::optional<double> metric_value(const std::string& text, std::string_view name) {
-  std::istringstream in(text);
-  std::string line;
-  std::optional<double> sum;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    if (line.compare(0, name.size(), name) != 0) continue;
-    if (line.size() > name.size() && line[name.size()] != '{' && line[name.size()] != ' ') continue;
-    const size_t sp = line.rfind(' ');
-    if (sp == std::string::npos) continue;
-    try {
-      sum = sum.value_or(0) + std::stod(line.substr(sp + 1));
-    } catch (...) {
-      continue;
+// Reads a workers-file entry or a POST /workers body (but its url) into `w`: kind
+// (without one: vllm when it names a block_size, else strata), block_size, KV event
+// endpoints, role and, for an OpenAI-compatible server, max_running_requests.
+// kInvalidArgument naming the field and what it must be.
+Status read_worker_spec(const json& spec, Worker& w) {
+  auto text = [&](const char* key) -> Result<std::string> {
+    const auto it = spec.find(key);
+    if (it == spec.end() || it->is_null()) return std::string();
+    if (!it->is_string()) return bad_argument("'" + std::string(key) + "' must be a string");
+    return it->get<std::string>();
+  };
+  auto kind_name = text("kind");
+  if (!kind_name) return std::unexpected(kind_name.error());
+  if (kind_name->empty()) *kind_name = spec.contains("block_size") ? "vllm" : "strata";
+  const auto kind = parse_worker_kind(*kind_name);
+  if (!kind) return std::unexpected(kind.error());
+  w.kind = *kind;
+  const std::string a_kind = "a " + std::string(worker_kind_name(w.kind)) + " worker";
+  w.block_size = default_block_size(w.kind);
+  if (auto it = spec.find("block_size"); it != spec.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > 4096) {
+      return bad_argument("'block_size' must be an integer in [1, 4096]");
     }
+    w.block_size = it->get<int>();
   }
-  return sum;
+  if (w.kind != WorkerKind::kStrata && w.block_size == 0) {
+    return bad_argument(a_kind + " needs 'block_size' (its KV block size)");
+  }
+  auto events = text("kv_events");
+  if (!events) return std::unexpected(events.error());
+  auto replay = text("kv_events_replay");
+  if (!replay) return std::unexpected(replay.error());
+  if (!publishes_kv_events(w.kind) && (!events->empty() || !replay->empty())) {
+    return bad_argument(a_kind +
+                        " publishes no KV events: remove 'kv_events' and 'kv_events_replay' "
+                        "(the router scores it from what it sent there)");
+  }
+  w.kv_events = std::move(*events);
+  w.kv_events_replay = std::move(*replay);
+  auto role_name = text("role");
+  if (!role_name) return std::unexpected(role_name.error());
+  if (!role_name->empty()) {
+    const auto role = parse_worker_role(*role_name);
+    if (!role) return std::unexpected(role.error());
+    w.role = *role;
+  }
+  if (auto it = spec.find("max_running_requests"); it != spec.end()) {
+    if (w.kind != WorkerKind::kOpenAi) {
+      return bad_argument("'max_running_requests' is for kind openai (" + a_kind +
+                          " reports its load)");
+    }
+    if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > 1'000'000) {
+      return bad_argument("'max_running_requests' must be an integer in [1, 1000000]");
+    }
+    w.max_running_requests = it->get<int64_t>();
+  }
+  return {};
 }
 
 }  // namespace
@@ -217,33 +256,7 @@ Result<std::shared_ptr<Worker>> Router::Impl::add_worker(const std::string& raw_
   w->url = url;
   w->addr = *addr;
   if (spec != nullptr) {
-    auto str = [&](const char* key) -> std::string {
-      auto it = spec->find(key);
-      return it != spec->end() && it->is_string() ? it->get<std::string>() : std::string();
-    };
-    w->kind =
-        str("kind").empty() ? (spec->contains("block_size") ? "vllm" : "strata") : str("kind");
-    if (w->kind != "strata" && w->kind != "vllm" && w->kind != "sglang") {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "'kind' must be strata, vllm or sglang, not '" + w->kind + "'");
-    }
-    if (auto it = spec->find("block_size"); it != spec->end()) {
-      if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > 4096) {
-        return make_error(ErrorCode::kInvalidArgument,
-                          "'block_size' must be an integer in [1, 4096]");
-      }
-      w->block_size = it->get<int>();
-    }
-    if (w->kind != "strata" && w->block_size == 0) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "a " + w->kind + " worker needs 'block_size' (its KV block size)");
-    }
-    w->kv_events = str("kv_events");
-    w->kv_events_replay = str("kv_events_replay");
-    if (!str("role").empty()) w->role = str("role");
-    if (w->role != "mixed" && w->role != "prefill" && w->role != "decode") {
-      return make_error(ErrorCode::kInvalidArgument, "'role' must be mixed, prefill or decode");
-    }
+    if (auto st = read_worker_spec(*spec, *w); !st) return std::unexpected(st.error());
   }
   std::lock_guard lock(mutex);
   for (const auto& [id, other] : workers) {
@@ -259,7 +272,7 @@ Result<std::shared_ptr<Worker>> Router::Impl::add_worker(const std::string& raw_
   }
   w->id = id;
   workers.emplace(id, w);
-  STRATA_LOG_INFO("worker {} added: {} ({})", id, url, w->kind);
+  STRATA_LOG_INFO("worker {} added: {} ({})", id, url, worker_kind_name(w->kind));
   return w;
 }
 
@@ -297,24 +310,30 @@ std::vector<std::shared_ptr<Worker>> Router::Impl::worker_list() {
 
 json Router::Impl::worker_json(const Worker& w) {
   const int64_t now = now_ms();
+  const json prompt_tokens_total =
+      w.reported_prompt_tokens_total ? json(*w.reported_prompt_tokens_total) : json(nullptr);
   json j{{"id", w.id},
          {"url", w.url},
-         {"kind", w.kind},
-         {"role", w.role},
+         {"kind", worker_kind_name(w.kind)},
+         {"role", worker_role_name(w.role)},
          {"block_size", w.block_size},
          {"joined", w.joined},
          {"draining", w.draining},
          {"reachable", w.reachable},
          {"breaker", breaker_state_name(w.breaker.state(now))},
          {"eligible", eligible(w, now)},
+         {"max_prompt_tokens", w.max_prompt_tokens},
          {"load",
-          {{"load_fraction", w.load_fraction},
+          {{"source", load_source_name(w.load_source)},
+           {"load_fraction", w.load_fraction},
            {"running", w.reported_running},
            {"waiting", w.reported_waiting},
            {"queued_prefill_tokens", w.reported_queued_prefill},
            {"free_pages", w.free_pages},
            {"evictable_pages", w.evictable_pages},
-           {"total_pages", w.total_pages}}},
+           {"total_pages", w.total_pages},
+           {"max_running_requests", w.max_running_requests},
+           {"prompt_tokens_total", prompt_tokens_total}}},
          {"router",
           {{"active_requests", w.active_requests},
            {"inflight_prefill_tokens", w.inflight_prefill_tokens},
@@ -350,7 +369,7 @@ bool Router::Impl::eligible(const Worker& w, int64_t now) const {
 }
 
 bool Router::Impl::prefill_usable(const Worker& w, int64_t now) const {
-  return w.role == "prefill" && !w.pd_worker_id.empty() && eligible(w, now) &&
+  return w.role == WorkerRole::kPrefill && !w.pd_worker_id.empty() && eligible(w, now) &&
          w.breaker.state(now) == BreakerState::kClosed;
 }
 
@@ -388,8 +407,7 @@ void Router::Impl::apply_server_info(Worker& w, const json& info) {
     }
   }
   if (info.contains("role") && info["role"].is_string()) {
-    const std::string role = info["role"].get<std::string>();
-    if (role == "mixed" || role == "prefill" || role == "decode") w.role = role;
+    if (auto role = parse_worker_role(info["role"].get<std::string>())) w.role = *role;
   }
   w.pd_worker_id.clear();
   w.pd_endpoint.clear();
@@ -414,12 +432,13 @@ awaitable<void> Router::Impl::refresh_info(std::shared_ptr<Worker> w) {
   std::lock_guard lock(mutex);
   w->refreshing = false;
   if (!info.is_object()) co_return;  // info_stale stays: the next poll tries again
-  const std::string before = w->role + "/" + w->pd_worker_id;
+  const WorkerRole role_before = w->role;
+  const std::string pd_id_before = w->pd_worker_id;
   apply_server_info(*w, info);
   w->info_stale = false;
-  if (before != w->role + "/" + w->pd_worker_id) {
-    STRATA_LOG_INFO("worker {} ({}): now role {}, PD id '{}'", w->id, w->url, w->role,
-                    w->pd_worker_id);
+  if (role_before != w->role || pd_id_before != w->pd_worker_id) {
+    STRATA_LOG_INFO("worker {} ({}): now role {}, PD id '{}'", w->id, w->url,
+                    worker_role_name(w->role), w->pd_worker_id);
   }
 }
 
@@ -440,7 +459,7 @@ http::ClientRequest Router::Impl::upstream_request(const Worker& w, std::string 
 }
 
 awaitable<void> Router::Impl::join(std::shared_ptr<Worker> w) {
-  if (w->kind == "strata") {
+  if (w->kind == WorkerKind::kStrata) {
     http::ClientRequest req = upstream_request(*w, "GET", "/server_info", "", false);
     req.read_timeout_ms = 2'000;
     auto r = co_await client.request(std::move(req));
@@ -507,7 +526,7 @@ awaitable<void> Router::Impl::join(std::shared_ptr<Worker> w) {
     w->joining = false;
     w->last_error.clear();
   }
-  if (w->events && w->kind == "strata") {
+  if (w->events && w->kind == WorkerKind::kStrata) {
     // What the worker cached before the router came: its tree, read once the subscription
     // had time to take effect (later changes then arrive as events).
     boost::asio::steady_timer t(io, std::chrono::milliseconds(200));
@@ -515,7 +534,8 @@ awaitable<void> Router::Impl::join(std::shared_ptr<Worker> w) {
     co_await rebuild_index(w);
   }
   STRATA_LOG_INFO("worker {} joined: {} (block size {}, {}, role {})", w->id, w->url, w->block_size,
-                  w->events ? "KV events " + w->kv_events : std::string("approximate"), w->role);
+                  w->events ? "KV events " + w->kv_events : std::string("approximate"),
+                  worker_role_name(w->role));
 }
 
 void Router::Impl::on_stale(WorkerId id, const std::string& reason) {
@@ -536,7 +556,7 @@ void Router::Impl::on_stale(WorkerId id, const std::string& reason) {
 // request's unsalted hashes, as on the worker. Other workers stay approximate (scored
 // with WorkerMatch::stale) until their events carry them again.
 awaitable<void> Router::Impl::rebuild_index(std::shared_ptr<Worker> w) {
-  if (w->kind != "strata") co_return;
+  if (w->kind != WorkerKind::kStrata) co_return;
   for (int attempt = 0; attempt < 5 && !stopping; ++attempt) {
     http::ClientRequest req = upstream_request(*w, "GET", "/cache/state?detail=tree", "", true);
     req.read_timeout_ms = 10'000;
@@ -586,11 +606,25 @@ awaitable<void> Router::Impl::rebuild_index(std::shared_ptr<Worker> w) {
 }
 
 awaitable<void> Router::Impl::poll_load(std::shared_ptr<Worker> w) {
-  const bool strata = w->kind == "strata";
-  http::ClientRequest req = upstream_request(*w, "GET", strata ? "/load" : "/metrics", "", false);
-  req.read_timeout_ms = std::max<int64_t>(500, options.load_poll_ms * 5);
-  auto r = co_await client.request(std::move(req));
-  if (apply_load(*w, r)) wake_queue();
+  const int64_t timeout_ms = std::max<int64_t>(500, options.load_poll_ms * 5);
+  // The page each kind reports its load on (worker_kind.h), and a llama.cpp server's slots
+  // besides. llama-server wants its --api-key there (the worker key); /v1/models is public.
+  const bool strata = w->kind == WorkerKind::kStrata;
+  const bool llamacpp = w->kind == WorkerKind::kLlamaCpp;
+  const char* target = strata                           ? "/load"
+                       : w->kind == WorkerKind::kOpenAi ? "/v1/models"
+                                                        : "/metrics";
+  std::optional<Result<http::ClientResponse>> slots;
+  if (llamacpp) {
+    http::ClientRequest req = upstream_request(*w, "GET", "/slots", "", true);
+    req.read_timeout_ms = timeout_ms;
+    slots = co_await client.request(std::move(req));
+  }
+  http::ClientRequest req = upstream_request(*w, "GET", target, "", llamacpp);
+  req.read_timeout_ms = timeout_ms;
+  auto page = co_await client.request(std::move(req));
+  const LoadAnswers answers{std::move(page), std::move(slots)};
+  if (apply_load(*w, answers)) wake_queue();
   bool refresh = false;
   bool rebuild = false;
   {
@@ -605,17 +639,59 @@ awaitable<void> Router::Impl::poll_load(std::shared_ptr<Worker> w) {
   if (rebuild && w->events) co_await rebuild_index(w);
 }
 
-bool Router::Impl::apply_load(Worker& worker, const Result<http::ClientResponse>& r) {
+namespace {
+
+bool answered_200(const Result<http::ClientResponse>& r) {
+  return r && r->status == 200;
+}
+
+// llama-server's answer for a page it does not serve: 501 without --metrics or with
+// --no-slots (404 from a build without the route).
+bool not_served(const Result<http::ClientResponse>& r) {
+  return r && (r->status == 501 || r->status == 404);
+}
+
+std::string poll_error(std::string_view target, const Result<http::ClientResponse>& r) {
+  if (!r) return "load poll: GET " + std::string(target) + ": " + r.error().message;
+  return "load poll: GET " + std::string(target) + " answered " + std::to_string(r->status);
+}
+
+}  // namespace
+
+bool Router::Impl::apply_load(Worker& worker, const LoadAnswers& a) {
   Worker* w = &worker;
-  const bool strata = w->kind == "strata";
   const int64_t now = now_ms();
+  // Whether the worker answered as one that is up. An OpenAI-compatible server is up when
+  // it answers below 500 (a 401 or 404 still says it serves); a llama.cpp server when it
+  // answered one of its pages, or refused both as not served (it is up, without either):
+  // 503 is llama-server loading its model.
+  std::string error;
+  switch (w->kind) {
+    case WorkerKind::kOpenAi:
+      if (!a.page || a.page->status >= 500) error = poll_error("/v1/models", a.page);
+      break;
+    case WorkerKind::kLlamaCpp: {
+      const bool slots_ok = a.slots && answered_200(*a.slots);
+      const bool both_off = a.slots && not_served(*a.slots) && not_served(a.page);
+      if (!slots_ok && !answered_200(a.page) && !both_off) {
+        error = a.slots && !answered_200(*a.slots) && !not_served(*a.slots)
+                    ? poll_error("/slots", *a.slots)
+                    : poll_error("/metrics", a.page);
+      }
+      break;
+    }
+    default:
+      if (!answered_200(a.page)) {
+        error = poll_error(w->kind == WorkerKind::kStrata ? "/load" : "/metrics", a.page);
+      }
+  }
   std::lock_guard lock(mutex);
   w->polling = false;
   w->load_at_ms = now;
-  if (!r || r->status != 200) {
+  if (!error.empty()) {
     w->reachable = false;
     ++w->poll_failures;
-    w->last_error = !r ? r.error().message : "load poll answered " + std::to_string(r->status);
+    w->last_error = std::move(error);
     return false;
   }
   const bool was_saturated = w->load_fraction > options.weights.busy_threshold;
@@ -623,14 +699,16 @@ bool Router::Impl::apply_load(Worker& worker, const Result<http::ClientResponse>
   if (w->poll_failures > 0) w->info_stale = true;
   w->reachable = true;
   w->poll_failures = 0;
-  if (strata) {
-    json j = json::parse(r->body, nullptr, false);
+  if (w->kind == WorkerKind::kStrata) {
+    json j = json::parse(a.page->body, nullptr, false);
     if (!j.is_object()) return false;
     note_instance(*w, j);
+    w->load_source = LoadSource::kStrataLoad;
     w->load_fraction = j.value("load_fraction", 0.0);
     w->reported_running = j.value("running", int64_t{0});
     w->reported_waiting = j.value("waiting", int64_t{0});
     w->reported_queued_prefill = j.value("queued_prefill_tokens", int64_t{0});
+    w->max_running_requests = j.value("max_running_requests", int64_t{0});
     if (j.contains("device") && j["device"].is_object()) {
       w->free_pages = j["device"].value("free_pages", int64_t{0});
       w->evictable_pages = j["device"].value("evictable_pages", int64_t{0});
@@ -638,62 +716,134 @@ bool Router::Impl::apply_load(Worker& worker, const Result<http::ClientResponse>
     }
     const int64_t pause = j.value("recommended_pause_ms", int64_t{0});
     w->recommended_pause_until_ms = pause > 0 ? now + pause : 0;
-  } else {
-    // vLLM and SGLang expose their load in Prometheus text.
-    const std::string& m = r->body;
-    const bool vllm = w->kind == "vllm";
-    const double running =
-        metric_value(m, vllm ? "vllm:num_requests_running" : "sglang:num_running_reqs").value_or(0);
-    const double waiting =
-        metric_value(m, vllm ? "vllm:num_requests_waiting" : "sglang:num_queue_reqs").value_or(0);
-    double usage =
-        metric_value(m, vllm ? "vllm:kv_cache_usage_perc" : "sglang:token_usage")
-            .value_or(vllm ? metric_value(m, "vllm:gpu_cache_usage_perc").value_or(0) : 0);
-    w->reported_running = static_cast<int64_t>(running);
-    w->reported_waiting = static_cast<int64_t>(waiting);
-    w->load_fraction = std::max(usage, 0.0) + (waiting > 0 ? 1.0 : 0.0) * (usage >= 0.9 ? 1 : 0);
+    return was_saturated && w->load_fraction <= options.weights.busy_threshold;
   }
+  std::optional<LoadReport> report;
+  std::string missing;  // why the poll read less than the kind reports
+  if (w->kind == WorkerKind::kVllm || w->kind == WorkerKind::kSglang) {
+    report = read_engine_metrics(w->kind, a.page->body);
+  } else if (w->kind == WorkerKind::kLlamaCpp) {
+    std::optional<LlamaCppSlots> slots;
+    if (a.slots && answered_200(*a.slots)) {
+      auto s = read_llamacpp_slots((*a.slots)->body);
+      if (s) {
+        slots = *s;
+      } else {
+        missing = s.error().message;
+      }
+    }
+    std::optional<std::string_view> metrics;
+    if (answered_200(a.page)) metrics = a.page->body;
+    report = read_llamacpp_load(slots ? &*slots : nullptr, metrics ? &*metrics : nullptr);
+  } else {
+    // An OpenAI-compatible server reports nothing: its load is the router's own count of
+    // the requests it sent there and are still running, over its max_running_requests.
+    report = LoadReport{};
+    report->max_running = w->max_running_requests;
+    if (w->max_running_requests > 0) {
+      report->load_fraction =
+          static_cast<double>(w->active_requests) / static_cast<double>(w->max_running_requests);
+    }
+  }
+  if (!report) {
+    // Most likely the worker is another engine than its entry says (issue 33: llama.cpp
+    // servers entered as vllm were routed, and read no load).
+    missing = "kind " + std::string(worker_kind_name(w->kind)) +
+              ", but no load in its answers to the load poll: the router counts only what it "
+              "sent there (is the kind right? llama.cpp is llamacpp, any other "
+              "OpenAI-compatible server openai; llama-server reports with /slots or --metrics)";
+    report = LoadReport{};
+  }
+  if (missing.empty()) {
+    w->load_warned = false;
+  } else if (!w->load_warned) {
+    STRATA_LOG_WARN("worker {} ({}): {}", w->id, w->url, missing);
+    w->load_warned = true;
+  }
+  // llama.cpp has no instance id: its prompt-token counter going back says it restarted,
+  // with an empty cache, so what the router predicted there is gone.
+  if (report->prompt_tokens_total && w->reported_prompt_tokens_total &&
+      *report->prompt_tokens_total < *w->reported_prompt_tokens_total) {
+    STRATA_LOG_WARN(
+        "worker {} ({}) restarted (its prompt token count went back): its index "
+        "is forgotten",
+        w->id, w->url);
+    index.reset_worker(w->id);
+    approx_index.reset_worker(w->id);
+  }
+  w->reported_prompt_tokens_total = report->prompt_tokens_total;
+  w->load_source = report->source;
+  w->load_fraction = report->load_fraction;
+  w->reported_running = report->running;
+  w->reported_waiting = report->waiting;
+  if (w->kind != WorkerKind::kOpenAi) w->max_running_requests = report->max_running;
+  if (report->context_tokens > 0) w->max_prompt_tokens = report->context_tokens;
   return was_saturated && w->load_fraction <= options.weights.busy_threshold;
 }
 
-void Router::Impl::read_workers_file() {
+Status Router::Impl::read_workers_file(bool strict) {
+  const std::string& file = options.workers_file;
+  // A bad file or entry: an error at start (nothing runs yet), logged and skipped later.
+  auto bad = [&](const std::string& what) -> Status {
+    const std::string m = "--workers-file " + file + ": " + what;
+    if (strict) return make_error(ErrorCode::kInvalidArgument, m);
+    STRATA_LOG_ERROR("{}; skipped", m);
+    return {};
+  };
   std::error_code ec;
-  const auto mtime = std::filesystem::last_write_time(options.workers_file, ec);
-  if (ec) return;
+  const auto mtime = std::filesystem::last_write_time(file, ec);
+  if (ec) return strict ? bad(ec.message()) : Status{};
   const int64_t stamp = mtime.time_since_epoch().count();
   {
     std::lock_guard lock(mutex);
-    if (stamp == workers_file_mtime) return;
+    if (stamp == workers_file_mtime) return {};
     workers_file_mtime = stamp;
   }
-  std::ifstream f(options.workers_file);
+  std::ifstream f(file);
   std::stringstream ss;
   ss << f.rdbuf();
   json list = json::parse(ss.str(), nullptr, false);
-  if (!list.is_array()) {
-    STRATA_LOG_ERROR("--workers-file {}: not a JSON list; ignored", options.workers_file);
-    return;
-  }
+  if (!list.is_array()) return bad("not a JSON list of workers");
   std::set<std::string> listed;
-  for (const json& spec : list) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& spec = list[i];
+    const std::string entry = "entry " + std::to_string(i + 1);
     if (!spec.is_object() || !spec.contains("url") || !spec["url"].is_string()) {
-      STRATA_LOG_ERROR("--workers-file: an entry without a 'url' string; ignored");
+      if (auto st = bad(entry + " is without a 'url' string"); !st) return st;
       continue;
     }
     const std::string url = trim_url(spec["url"].get<std::string>());
     listed.insert(url);
-    if (find_worker(url)) continue;
+    if (auto old = find_worker(url)) {
+      bool changed = false;
+      {
+        std::lock_guard lock(mutex);
+        changed = old->from_file && old->file_spec != spec;
+      }
+      if (!changed) continue;
+      // An entry that changed (its kind corrected, say) is another worker now; a bad one
+      // leaves the worker as it was.
+      Worker probe(options.breaker);
+      if (auto st = read_worker_spec(spec, probe); !st) {
+        if (auto st2 = bad(entry + " (" + url + "): " + st.error().message); !st2) return st2;
+        continue;
+      }
+      STRATA_LOG_INFO("--workers-file: the entry of {} changed; the worker is added again", url);
+      remove_worker(old->id);
+    }
     auto w = add_worker(url, &spec);
     if (!w) {
-      STRATA_LOG_ERROR("--workers-file entry {}: {}", url, w.error().message);
+      if (auto st = bad(entry + " (" + url + "): " + w.error().message); !st) return st;
       continue;
     }
     std::lock_guard lock(mutex);
     (*w)->from_file = true;
+    (*w)->file_spec = spec;
   }
   for (const auto& w : worker_list()) {
     if (w->from_file && !listed.contains(w->url)) remove_worker(w->id);
   }
+  return {};
 }
 
 awaitable<void> Router::Impl::background_loop() {
@@ -703,7 +853,7 @@ awaitable<void> Router::Impl::background_loop() {
     const int64_t now = now_ms();
     if (!options.workers_file.empty() && now - last_file_check >= options.files_poll_ms) {
       last_file_check = now;
-      read_workers_file();
+      (void)read_workers_file(false);
     }
     std::vector<std::shared_ptr<Worker>> to_join, to_poll, to_remove;
     {
@@ -778,7 +928,7 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
     c.id = id;
     c.eligible = eligible(*w, now) &&
                  std::find(req.exclude.begin(), req.exclude.end(), id) == req.exclude.end();
-    c.prefill_only = w->role == "prefill";
+    c.prefill_only = w->role == WorkerRole::kPrefill;
     c.block_size = w->block_size;
     if (auto it = matches.find(id); it != matches.end()) {
       const WorkerMatch& m = it->second;
@@ -883,7 +1033,7 @@ void Router::Impl::choose_prefill_worker(RouteChoice& out,
   std::vector<PrefillCandidate> cands;
   std::vector<std::shared_ptr<Worker>> ws;
   for (const auto& [id, w] : workers) {
-    if (!w->joined || w->role != "prefill") continue;
+    if (!w->joined || w->role != WorkerRole::kPrefill) continue;
     PrefillCandidate c;
     c.id = id;
     c.usable = prefill_usable(*w, now) && w->block_size == decode.block_size;
@@ -995,7 +1145,7 @@ Result<std::unique_ptr<Router>> Router::create(RouterOptions options, const Toke
       return make_error(ErrorCode::kNotFound,
                         "--workers-file " + impl->options.workers_file + " does not exist");
     }
-    impl->read_workers_file();
+    if (auto st = impl->read_workers_file(true); !st) return std::unexpected(st.error());
   }
   add_router_routes(impl->http, *impl);
   add_router_admin_routes(impl->http, *impl);

@@ -1,10 +1,11 @@
-// `strata route`: the KV-aware router in front of Strata, vLLM and SGLang workers
-// (docs/router.md). It renders and tokenizes each request as the workers will, looks the
-// prompt's blocks up in an index built from every worker's KV events, scores each worker
-// (cost.h), and proxies the request there, streaming or not, with x-strata-worker and
-// x-strata-route headers on the answer. Prefill-role workers never get requests; with
-// --pd, a long prompt's decode worker is told to have it prefilled by one of them
-// (pd_choice.h, x-strata-prefill-peer upstream, x-strata-prefill-worker on the answer).
+// `strata route`: the KV-aware router in front of Strata, vLLM, SGLang and llama.cpp
+// workers and any OpenAI-compatible server (docs/router.md; their kinds: worker_kind.h). It
+// renders and tokenizes each request as the workers will, looks the prompt's blocks up in
+// an index built from every worker's KV events, scores each worker (cost.h), and proxies
+// the request there, streaming or not, with x-strata-worker and x-strata-route headers on
+// the answer. Prefill-role workers never get requests; with --pd, a long prompt's decode
+// worker is told to have it prefilled by one of them (pd_choice.h, x-strata-prefill-peer
+// upstream, x-strata-prefill-worker on the answer).
 //
 // Pieces: the prefix index (prefix_index.h) fed by one event subscriber per worker
 // (event_subscriber.h); sticky session bindings (session_table.h); a circuit breaker per

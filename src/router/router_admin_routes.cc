@@ -181,7 +181,7 @@ awaitable<void> relay_cache(Router::Impl& r, http::Exchange& ex, std::string op)
   std::vector<WorkerAnswer> answers;
   for (const auto& w : targets) {
     std::string out = req.body;
-    if (w->kind != "strata" && target->block_hashes) {
+    if (w->kind != WorkerKind::kStrata && target->block_hashes) {
       // Another engine names its blocks with its own hashes.
       json b = json::parse(req.body, nullptr, false);
       json list = json::array();
@@ -306,7 +306,7 @@ awaitable<void> add_worker_route(Router::Impl& r, http::Exchange& ex) {
   }
   for (const auto& [key, value] : body.items()) {
     if (key != "url" && key != "kind" && key != "kv_events" && key != "kv_events_replay" &&
-        key != "block_size" && key != "role") {
+        key != "block_size" && key != "role" && key != "max_running_requests") {
       co_await ex.respond(router_error(400, "unknown field '" + key + "'", "invalid_argument"));
       co_return;
     }
@@ -393,7 +393,7 @@ void add_router_admin_routes(http::Server& server, Router::Impl& r) {
       std::lock_guard lock(r.mutex);
       // Prefill-role workers take no requests of their own: they do not make the router up.
       for (const auto& [id, w] : r.workers) {
-        eligible += w->role != "prefill" && r.eligible(*w, r.now_ms()) ? 1 : 0;
+        eligible += w->role != WorkerRole::kPrefill && r.eligible(*w, r.now_ms()) ? 1 : 0;
       }
     }
     http::Response out = router_json(

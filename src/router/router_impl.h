@@ -33,20 +33,23 @@
 #include "router/event_subscriber.h"
 #include "router/prefix_index.h"
 #include "router/router.h"
+#include "router/worker_kind.h"
 
 namespace strata::router {
 
 // One worker as the router knows it. Fields below `mutex` are guarded by Impl::mutex.
 struct Worker {
   WorkerId id = 0;
-  std::string url;              // as given, normalised without a trailing '/'
-  http::Url addr;               // parsed
-  std::string kind = "strata";  // "strata" (GET /server_info, /load) or "vllm", "sglang"
-  std::string role = "mixed";   // "mixed", "prefill" or "decode"; written under Impl::mutex
+  std::string url;  // as given, normalised without a trailing '/'
+  http::Url addr;   // parsed
+  // What it is and how it reports its load (worker_kind.h): set when added, then constant.
+  WorkerKind kind = WorkerKind::kStrata;
+  WorkerRole role = WorkerRole::kMixed;  // written under Impl::mutex (/server_info)
   // Written by join() under Impl::mutex (worker_json reads them from other threads).
   int block_size = 0;                       // 0 until joined
   std::string kv_events, kv_events_replay;  // "" when the worker publishes none
   bool from_file = false;                   // listed in --workers-file
+  nlohmann::json file_spec;                 // its entry there, as last read
 
   // Guarded by Impl::mutex.
   bool joined = false;                    // /server_info read (or given by the file) and indexed
@@ -63,6 +66,14 @@ struct Worker {
   int64_t free_pages = 0, evictable_pages = 0, total_pages = 0;
   int64_t recommended_pause_until_ms = 0;
   int64_t load_at_ms = 0;
+  LoadSource load_source = LoadSource::kRouter;  // what the last poll read
+  // How many requests it computes at once: Strata's /load, llama.cpp's slots, an openai
+  // entry's `max_running_requests` (its load_fraction is then the router's active requests
+  // over it); 0 unknown.
+  int64_t max_running_requests = 0;
+  // llama.cpp's llamacpp:prompt_tokens_total: a smaller one means the server restarted.
+  std::optional<int64_t> reported_prompt_tokens_total;
+  bool load_warned = false;  // a poll read no load where the kind has one: logged once
   // The router's own accounting of what it sent there and is still running.
   int64_t inflight_prefill_tokens = 0;  // prompts not past their first token yet
   int64_t decode_requests = 0;          // streams past their first token
@@ -85,6 +96,14 @@ struct Worker {
   std::unique_ptr<EventSubscriber> events;  // null: approximate (no events)
 
   explicit Worker(CircuitBreakerOptions b) : breaker(b) {}
+};
+
+// What one load poll brought back (poll_load): the page the kind reports its load on
+// (Strata /load; /metrics; an OpenAI-compatible server's /v1/models, to see it answer), and
+// llama.cpp's /slots.
+struct LoadAnswers {
+  Result<http::ClientResponse> page;
+  std::optional<Result<http::ClientResponse>> slots;  // llama.cpp only
 };
 
 // Prometheus metrics of the router.
@@ -183,17 +202,20 @@ struct Router::Impl {
   void apply_server_info(Worker& w, const nlohmann::json& info);
   // Reads /server_info again (a worker back after failed polls may have restarted).
   boost::asio::awaitable<void> refresh_info(std::shared_ptr<Worker> w);
+  // Reads the worker's load the way its kind reports it (worker_kind.h).
   boost::asio::awaitable<void> poll_load(std::shared_ptr<Worker> w);
   // A worker whose instance id changed is another process: forgets its index (blocks,
   // predictions, pins) and marks it to be rebuilt from its tree. Caller holds mutex.
   void note_instance(Worker& w, const nlohmann::json& report);
   // The worker refused a request (4xx): the blocks choose() predicted there are not coming.
   void refused(const RouteChoice& c);
-  // Takes a load report in; true when the worker just stopped being saturated.
-  bool apply_load(Worker& w, const Result<http::ClientResponse>& r);
+  // Takes a load poll's answers in; true when the worker just stopped being saturated.
+  bool apply_load(Worker& w, const LoadAnswers& a);
   boost::asio::awaitable<void> rebuild_index(std::shared_ptr<Worker> w);
   void on_stale(WorkerId id, const std::string& reason);
-  void read_workers_file();
+  // Adds the --workers-file's new entries and removes those no longer listed. At start
+  // (`strict`) a bad file or entry is an error naming it; later ones are logged and skipped.
+  Status read_workers_file(bool strict);
   boost::asio::awaitable<void> background_loop();
 
   // Can take new requests: joined, not draining, answering, breaker closed (or probing).
