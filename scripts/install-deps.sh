@@ -7,7 +7,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=(
-  build-essential cmake pkg-config git ca-certificates
+  build-essential cmake ninja-build pkg-config git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libpcre2-dev libxxhash-dev unicode-data libabsl-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libssl-dev

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine: installs what is missing,
 # builds the release tree and an ASan+UBSan tree, and runs every test through CTest.
+# The sanitizer trees compile at the lowest priority while the tests before them run.
 #   scripts/test.sh            everything
 #   STRATA_SKIP_SANITIZERS=1   only the release build's tests
 # It sets STRATA_REQUIRE_BROWSER=1: the dashboard's browser tests fail, rather than skip,
@@ -47,30 +48,79 @@ export STRATA_REQUIRE_BROWSER=1
 # batch instead of once per file, about 38 % less compiler CPU (README, Tests).
 flags=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
 
+# Ninja (Debian's ninja-build, from install-deps.sh) schedules every tree's compilations as
+# one graph: a target's objects compile while the libraries it links are still being built,
+# where Make builds target after target and leaves a core idle at each link. A tree that
+# was configured earlier keeps its generator (CMake refuses to switch one).
+configure() {
+  local dir=$1
+  shift
+  local gen=()
+  if [[ ! -f "$dir/CMakeCache.txt" ]] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
+  cmake -S . -B "$dir" "${gen[@]}" "$@" >/dev/null
+}
+
 stage "release build"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}" >/dev/null
+configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}"
 cmake --build build -j "$jobs"
+
+sanitizers=1
+[[ "${STRATA_SKIP_SANITIZERS:-0}" == 1 ]] && sanitizers=0
+tsan_tests=(engine_tests memory_tests storage_tests http_tests pd_tests pd_engine_tests router_tests)
+logs=$root/build/sanitizer-build-logs
+if ((sanitizers)); then
+  # The sanitizer trees build while the release tests run, at the lowest CPU priority
+  # (nice 19: the tests keep the cores whenever they want them, and the compilers take what
+  # the tests leave idle: waits on servers, sleeps, single-threaded stretches).
+  # -O1 for the ASan tree, as AddressSanitizer's documentation advises: the tests' model
+  # arithmetic runs several times faster than at -O0 (the SIMD helpers are inlined), which
+  # is most of its test time; every check stays (README, Tests).
+  configure build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON \
+            -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
+  configure build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
+            -DSTRATA_BUILD_BENCH=OFF "${flags[@]}"
+  rm -rf "$logs"
+  mkdir -p "$logs"
+  # Its own session (setsid), so that an early exit stops its compilers too (trap below).
+  setsid nice -n 19 bash -c '
+    s=$SECONDS; cmake --build build-asan -j "$1" >"$2/asan.log" 2>&1; rc=$?
+    echo "$rc $((SECONDS - s))" >"$2/asan.done"
+    ((rc == 0)) || exit 1
+    s=$SECONDS; cmake --build build-tsan -j "$1" --target "${@:3}" >"$2/tsan.log" 2>&1; rc=$?
+    echo "$rc $((SECONDS - s))" >"$2/tsan.done"' \
+    sanitizer-builds "$jobs" "$logs" "${tsan_tests[@]}" &
+  builds_pid=$!
+  trap 'kill -- -$builds_pid 2>/dev/null || true; report' EXIT
+fi
+# Waits for a background build (asan or tsan); its log's end on a failure.
+wait_build() {
+  while [[ ! -f "$logs/$1.done" ]]; do
+    if ! kill -0 "$builds_pid" 2>/dev/null && [[ ! -f "$logs/$1.done" ]]; then
+      echo "== the $1 build stopped without a result"; tail -n 60 "$logs/$1.log" 2>/dev/null; exit 1
+    fi
+    sleep 2
+  done
+  local rc secs
+  read -r rc secs <"$logs/$1.done"
+  timings+=("$(printf '%5d s  %s' "$secs" "$1 build (beside the tests, nice 19)")")
+  if ((rc != 0)); then
+    echo "== the $1 build failed"; tail -n 60 "$logs/$1.log"; exit 1
+  fi
+}
+
 stage "release tests"
 (cd build && ctest --output-on-failure -j "$jobs")
 
-if [[ "${STRATA_SKIP_SANITIZERS:-0}" != 1 ]]; then
-  stage "sanitizer build (ASan + UBSan)"
-  # -O1, as AddressSanitizer's documentation advises: the tests' model arithmetic runs
-  # several times faster than at -O0 (the SIMD helpers are inlined), which is most of this
-  # stage's test time; every check stays (README, Tests).
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON \
-        -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" >/dev/null
-  cmake --build build-asan -j "$jobs"
+if ((sanitizers)); then
+  stage "waiting for the ASan + UBSan build"
+  wait_build asan
   stage "sanitizer tests"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      STRATA_SANITIZER_BUILD=1 ctest --output-on-failure -j "$jobs")
 
-  stage "ThreadSanitizer build (threaded modules)"
-  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
-        -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" >/dev/null
-  tsan_tests=(engine_tests memory_tests storage_tests http_tests pd_tests pd_engine_tests router_tests)
-  cmake --build build-tsan -j "$jobs" --target "${tsan_tests[@]}"
+  stage "waiting for the ThreadSanitizer build (threaded modules)"
+  wait_build tsan
   stage "ThreadSanitizer tests"
   # Each program has ten minutes (they take well under two): a hang fails the run with its
   # name instead of running into CI's limit.

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/utf8.h"
+
 namespace strata {
 
 namespace {
@@ -98,14 +100,7 @@ std::array<std::string, 256> byte_symbols() {
   int next = 256;
   for (int b = 0; b < 256; ++b) {
     const int code_point = direct[static_cast<size_t>(b)] ? b : next++;
-    std::string utf8;
-    if (code_point < 0x80) {
-      utf8.push_back(static_cast<char>(code_point));
-    } else {
-      utf8.push_back(static_cast<char>(0xC0 | (code_point >> 6)));
-      utf8.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-    }
-    out[static_cast<size_t>(b)] = utf8;
+    utf8::append(out[static_cast<size_t>(b)], static_cast<char32_t>(code_point));
   }
   return out;
 }

@@ -239,7 +239,6 @@ struct Router::Impl {
   void outcome(const RouteChoice& c, UpstreamOutcome o, const std::string& session, uint64_t probe);
   // A waiting ticket may go (capacity freed): wakes the next queued request.
   void wake_queue();
-  bool anyone_below_threshold();
 
   // ---- upstream calls (router_routes.cc) ----
   http::ClientRequest upstream_request(const Worker& w, std::string method, std::string target,

@@ -27,12 +27,12 @@ Result<ToolSessionView> kv_meta(RouteContext& ctx, const std::string& id) {
   return ctx.engine.cache().kv_meta(id).get();
 }
 
-struct ToolCall {
+struct ToolSessionCall {
   std::string session_id;
   std::optional<int64_t> epoch;
 };
 
-Result<ToolCall> parse_tool_call(const std::string& raw, bool start) {
+Result<ToolSessionCall> parse_tool_call(const std::string& raw, bool start) {
   auto body = parse_json_object(raw);
   if (!body) return std::unexpected(body.error());
   for (const auto& [key, value] : body->items()) {
@@ -46,7 +46,7 @@ Result<ToolCall> parse_tool_call(const std::string& raw, bool start) {
     return make_error(ErrorCode::kInvalidArgument,
                       "'session_id' (1 to 256 characters) is required");
   }
-  ToolCall call{.session_id = **id};
+  ToolSessionCall call{.session_id = **id};
   if (!start) {
     auto e = get_int(*body, "epoch", 0, std::numeric_limits<int64_t>::max());
     if (!e) return std::unexpected(e.error());
