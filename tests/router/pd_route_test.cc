@@ -8,11 +8,7 @@
 // with the prefill decision taken again; the metrics and GET /workers say what happened.
 // Every wait is bounded. Handlers build their Response in a named variable before
 // co_await (g++ 12 may destroy a temporary inside a co_await expression twice).
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +22,7 @@
 
 #include "http/server.h"
 #include "router/router.h"
+#include "router/router_test_http.h"
 #include "text/tokenizer/tokenizer.h"
 
 namespace strata::router {
@@ -34,68 +31,10 @@ namespace {
 using namespace std::chrono_literals;
 using boost::asio::awaitable;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-template <typename F>
-bool eventually(F f, std::chrono::milliseconds within = 5000ms) {
-  const auto deadline = Clock::now() + within;
-  while (Clock::now() < deadline) {
-    if (f()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return f();
-}
-
-struct HttpAnswer {
-  int status = 0;
-  std::string head;  // status line and headers, names lower-cased
-  std::string body;  // as sent (chunked framing left in for streams)
-
-  std::string header(const std::string& name) const {
-    const std::string key = "\r\n" + name + ":";
-    const size_t p = head.find(key);
-    if (p == std::string::npos) return "";
-    size_t b = p + key.size();
-    while (b < head.size() && head[b] == ' ') ++b;
-    return head.substr(b, head.find("\r\n", b) - b);
-  }
-};
-
-// One request on a fresh blocking connection (Connection: close), 10 s receive timeout.
-HttpAnswer http_call(int port, const std::string& method, const std::string& target,
-                     const std::string& body = "", const std::string& extra_headers = "") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{.tv_sec = 10, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  HttpAnswer out;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return out;
-  }
-  const std::string req = method + " " + target + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
-                          extra_headers + "Content-Length: " + std::to_string(body.size()) +
-                          "\r\n\r\n" + body;
-  (void)::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string all;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    all.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  const size_t end = all.find("\r\n\r\n");
-  if (all.size() < 12 || end == std::string::npos) return out;
-  out.status = std::stoi(all.substr(9, 3));
-  out.head = all.substr(0, end + 2);
-  for (char& c : out.head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  out.body = all.substr(end + 4);
-  return out;
-}
+using test_http::eventually;
+using test_http::http_call;
+using test_http::HttpAnswer;
+using test_http::tiny_tokenizer;
 
 // A Strata worker as the router sees it. Thread-safe: handlers run on its I/O thread.
 class FakeWorker {
@@ -186,19 +125,6 @@ class FakeWorker {
   std::mutex mutex_;
   std::vector<std::string> peers_;
 };
-
-std::unique_ptr<Tokenizer> tiny_tokenizer() {
-  const json tokenizer = {
-      {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}}}, {"merges", json::array()}}},
-      {"added_tokens", json::array()},
-      {"normalizer", nullptr},
-      {"pre_tokenizer", nullptr},
-      {"post_processor", nullptr},
-      {"decoder", nullptr}};
-  auto tok = Tokenizer::from_json_text(tokenizer.dump(), "", "");
-  EXPECT_TRUE(tok.has_value()) << tok.error().message;
-  return tok ? std::move(*tok) : nullptr;
-}
 
 // A completion request whose prompt is `n` token ids starting at `first` (distinct
 // prompts share no block).
