@@ -105,6 +105,10 @@ void add_route_command(CLI::App& app, int& exit_code) {
                   "--pd: a prefill worker with more prompt tokens waiting than this is "
                   "overloaded (>= 0)");
   add_session_binding_flags(*cmd, r.sessions);
+  cmd->add_option("--max-response-bindings", r.responses.max_responses,
+                  "Responses API: stored responses whose worker the router remembers (the "
+                  "least recently used is forgotten first)")
+      ->capture_default_str();
   cmd->add_option("--queue-size", r.queue.max_entries, "Requests waiting when all are saturated");
   cmd->add_option("--queue-per-tenant", r.queue.max_per_tenant, "Of them, per tenant");
   add_seconds_flag(*cmd, "--queue-timeout-s", r.queue.max_wait_ms,

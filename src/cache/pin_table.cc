@@ -111,6 +111,14 @@ uint32_t PinTable::soft_count(BlockHash hash) const {
   return it == records_.end() ? 0 : static_cast<uint32_t>(it->second.soft.size());
 }
 
+int64_t PinTable::max_soft_ttl_ms(BlockHash hash) const {
+  const auto it = records_.find(hash);
+  if (it == records_.end()) return 0;
+  int64_t ttl_ms = 0;
+  for (const SoftPin& p : it->second.soft) ttl_ms = std::max(ttl_ms, p.ttl_ms);
+  return ttl_ms;
+}
+
 PinPriority PinTable::priority(BlockHash hash) const {
   const auto it = records_.find(hash);
   if (it == records_.end() || it->second.soft.empty()) return PinPriority();

@@ -72,6 +72,8 @@ class PinTable {
   uint32_t soft_count(BlockHash hash) const;
   // Max over the block's soft pins; PinPriority() when it has none.
   PinPriority priority(BlockHash hash) const;
+  // The longest TTL among the block's soft pins, in ms; 0 when it has none.
+  int64_t max_soft_ttl_ms(BlockHash hash) const;
   int64_t pinned_blocks() const { return static_cast<int64_t>(records_.size()); }
   int64_t soft_pinned_blocks() const { return soft_pinned_blocks_; }
   // Blocks with a soft pin whose priority (the max over its soft pins) is at most

@@ -643,7 +643,7 @@ TreeStats RadixTree::stats() const {
   return s;
 }
 
-NodeSnapshot RadixTree::snapshot_of(const RadixNode& n) {
+NodeSnapshot RadixTree::snapshot_of(const RadixNode& n) const {
   NodeSnapshot s;
   s.id = n.id;
   s.parent_id = n.parent->id;
@@ -653,6 +653,10 @@ NodeSnapshot RadixTree::snapshot_of(const RadixNode& n) {
   s.lock_ref = n.lock_ref;
   s.pin_ref = n.pin_ref;
   s.soft_pinned_blocks = n.soft_pinned_blocks;
+  s.soft_pin_ttl_ms.reserve(n.hashes.size());
+  for (size_t k = 0; k < n.hashes.size(); ++k) {
+    s.soft_pin_ttl_ms.push_back(n.pin_counts[k] > 0 ? pins_.max_soft_ttl_ms(n.hashes[k]) : 0);
+  }
   s.last_access_ms = n.last_access_ms;
   s.hit_count = n.hit_count;
   s.on_device = n.on_device();

@@ -191,7 +191,8 @@ struct NodeSnapshot {
   std::vector<uint32_t> pin_counts;
   int32_t lock_ref = 0;
   int32_t pin_ref = 0;
-  int32_t soft_pinned_blocks = 0;  // pages of the node with at least one soft (TTL) pin
+  int32_t soft_pinned_blocks = 0;        // pages of the node with at least one soft (TTL) pin
+  std::vector<int64_t> soft_pin_ttl_ms;  // per page: its soft pins' longest TTL (0: none)
   int64_t last_access_ms = 0;
   uint64_t hit_count = 0;
   bool on_device = false;
@@ -326,7 +327,7 @@ class RadixTree {
   TreeStats stats() const;
   std::vector<NodeSnapshot> snapshot() const;
   // One node as snapshot() reports it.
-  static NodeSnapshot snapshot_of(const RadixNode& node);
+  NodeSnapshot snapshot_of(const RadixNode& node) const;
   // The cached node with this id (null when none; the root, id 0, is not one). Walks the
   // tree: for inspecting one node (the dashboard), not for the hot path.
   const RadixNode* find_node(NodeId id) const;

@@ -21,6 +21,7 @@ CacheState::Node node_view(const NodeSnapshot& n) {
                           .pin_ref = n.pin_ref,
                           .soft_pinned_blocks = n.soft_pinned_blocks,
                           .pin_counts = n.pin_counts,
+                          .soft_pin_ttl_ms = n.soft_pin_ttl_ms,
                           .last_access_ms = n.last_access_ms,
                           .hit_count = n.hit_count,
                           .loading = n.loading,
@@ -158,7 +159,7 @@ std::future<Result<CacheNodeContent>> CacheControl::node(uint64_t id) {
     if (n == nullptr) {
       return make_error(ErrorCode::kNotFound, "no cached node has id " + std::to_string(id));
     }
-    return CacheNodeContent{.node = node_view(RadixTree::snapshot_of(*n)), .token_ids = n->tokens};
+    return CacheNodeContent{.node = node_view(s.tree.snapshot_of(*n)), .token_ids = n->tokens};
   });
 }
 

@@ -129,6 +129,7 @@ struct CacheState {
     int32_t lock_ref = 0, pin_ref = 0;
     int32_t soft_pinned_blocks = 0;  // pages with at least one soft (TTL) pin
     std::vector<uint32_t> pin_counts;
+    std::vector<int64_t> soft_pin_ttl_ms;  // per page: its soft pins' longest TTL (0: none)
     int64_t last_access_ms = 0;
     uint64_t hit_count = 0;
     bool loading = false, session_protected = false, evictable = false;

@@ -181,6 +181,54 @@ Status check_text(const ojson& text) {
 
 }  // namespace
 
+Result<std::vector<std::string>> item_references(const ojson& body) {
+  std::vector<std::string> out;
+  const auto input = body.find("input");
+  if (input == body.end() || !input->is_array()) return out;
+  for (size_t i = 0; i < input->size(); ++i) {
+    const ojson& item = (*input)[i];
+    if (!item.is_object()) continue;
+    const auto type = item.find("type");
+    if (type == item.end() || *type != "item_reference") continue;
+    const auto id = item.find("id");
+    if (id == item.end() || !id->is_string()) {
+      return bad_argument("input[" + std::to_string(i) + "].id must be a string");
+    }
+    out.push_back(id->get<std::string>());
+  }
+  return out;
+}
+
+std::optional<std::string> response_of_item(std::string_view item_id) {
+  const size_t first = item_id.find('_');
+  const size_t last = item_id.rfind('_');
+  if (first == std::string_view::npos || last <= first + 1 || last + 1 == item_id.size()) {
+    return std::nullopt;
+  }
+  const std::string_view prefix = item_id.substr(0, first);
+  if (prefix != "msg" && prefix != "fc") return std::nullopt;
+  return "resp_" + std::string(item_id.substr(first + 1, last - first - 1));
+}
+
+Error item_not_found(const std::string& item_id) {
+  return Error{ErrorCode::kInvalidArgument, "Item with id '" + item_id + "' not found."};
+}
+
+Status resolve_item_references(
+    ojson& body, const std::function<std::optional<ojson>(const std::string& item_id)>& find) {
+  auto refs = item_references(body);
+  if (!refs) return std::unexpected(refs.error());
+  if (refs->empty()) return {};
+  for (ojson& item : body["input"]) {
+    if (!item.is_object() || !item.contains("type") || item["type"] != "item_reference") continue;
+    const std::string id = item["id"].get<std::string>();
+    std::optional<ojson> found = find(id);
+    if (!found) return std::unexpected(item_not_found(id));
+    item = std::move(*found);
+  }
+  return {};
+}
+
 std::optional<int64_t> retention_ttl_s(const std::string& retention) {
   if (retention == "in_memory" || retention == "in-memory") return kRetentionInMemoryTtlS;
   if (retention == "24h") return kRetention24hTtlS;

@@ -18,8 +18,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "common/result.h"
 
@@ -65,5 +68,28 @@ nlohmann::ordered_json responses_chat_body(const ResponsesRequest& r,
 
 // `prompt_cache_retention`'s TTL in seconds; nullopt for an unknown value.
 std::optional<int64_t> retention_ttl_s(const std::string& retention);
+
+// `item_reference` input items ({"type": "item_reference", "id": ITEM}) name an output item
+// of a stored response instead of repeating it (the Vercel AI SDK sends one for each earlier
+// assistant message while `store` is on). Only the worker that stored the response has the
+// item: it replaces each reference with the item before reading the body
+// (resolve_item_references), so read_responses_request never sees one; the router sends
+// such a request to that worker. Strata names a response's output items after it:
+// "msg_<R>_<i>" and "fc_<R>_<i>" are items of the response "resp_<R>".
+
+// The ids of the item_reference items of body["input"], in order; empty when there are none
+// (or `input` is not an array: the reading refuses it). kInvalidArgument for a reference
+// without a string id.
+Result<std::vector<std::string>> item_references(const nlohmann::ordered_json& body);
+// The response whose output item `item_id` is ("resp_<R>" for "msg_<R>_<i>" or
+// "fc_<R>_<i>"); nullopt for an id that names no item of a Strata response.
+std::optional<std::string> response_of_item(std::string_view item_id);
+// The answer for a reference to an item nobody stored: "Item with id 'ID' not found."
+Error item_not_found(const std::string& item_id);
+// Replaces each item_reference of body["input"] with the item `find` returns for its id;
+// item_not_found() for one it does not find (nullopt). Nothing else is read or checked.
+Status resolve_item_references(
+    nlohmann::ordered_json& body,
+    const std::function<std::optional<nlohmann::ordered_json>(const std::string& item_id)>& find);
 
 }  // namespace strata

@@ -3,6 +3,7 @@
 #include "request/anthropic_request.h"
 #include "request/chat_request.h"
 #include "request/json_fields.h"
+#include "request/responses_request.h"
 #include "text/tokenizer/utf8.h"
 
 namespace strata::router {
@@ -18,6 +19,20 @@ Result<std::optional<std::vector<int32_t>>> within_limit(Result<std::vector<int3
     return std::optional<std::vector<int32_t>>();
   }
   return std::unexpected(ids.error());
+}
+
+// What stands for a referenced item while the router reads a Responses body: an assistant
+// message for a message item, a function call for a call; nullopt (refused as the worker
+// refuses it: not found) for an id that names no item of a Strata response.
+std::optional<ojson> placeholder_item(const std::string& item_id) {
+  if (!response_of_item(item_id)) return std::nullopt;
+  if (item_id.starts_with("fc_")) {
+    return ojson{{"type", "function_call"},
+                 {"call_id", item_id},
+                 {"name", "referenced"},
+                 {"arguments", "{}"}};
+  }
+  return ojson{{"type", "message"}, {"role", "assistant"}, {"content", ""}};
 }
 
 // The x-session-id header's value, checked as a worker checks it.
@@ -51,6 +66,43 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
   if (!parsed) return std::unexpected(parsed.error());
   ojson& j = *parsed;
   RoutedRequest r;
+  if (api == RoutedApi::kResponses) {
+    auto refs = item_references(j);
+    if (!refs) return std::unexpected(refs.error());
+    // The rest of the body is read with each reference standing for an output item of its
+    // kind (its worker puts the stored item there), so that the router refuses what the
+    // worker will; the placeholders' text is never rendered.
+    r.item_references = std::move(*refs);
+    if (auto st = resolve_item_references(j, placeholder_item); !st) {
+      return std::unexpected(st.error());
+    }
+    auto read = read_responses_request(j);
+    if (!read) return std::unexpected(read.error());
+    r.stream = read->stream;
+    r.store = read->store;
+    if (!read->prompt_cache_key.empty()) {
+      r.session = read->prompt_cache_key;
+    } else if (!header_session.empty()) {
+      auto session = header_session_id(header_session);
+      if (!session) return std::unexpected(session.error());
+      r.session = std::move(*session);
+    }
+    const ojson& c = read->chat_body;
+    auto salt = c.find("cache_salt");
+    r.pd_local_only =
+        salt != c.end() && salt->is_string() && !salt->get_ref<const std::string&>().empty();
+    if (read->previous_response_id || !r.item_references.empty()) {
+      r.previous_response_id = std::move(read->previous_response_id);
+      return r;
+    }
+    // The worker's reading without a previous response (responses_routes.cc:
+    // prepare_response): instructions, then the input, as a chat request.
+    ojson chat = responses_chat_body(*read, ojson::array());
+    if (auto st = read_chat_tokens(reader, chat, max_prompt_tokens, r); !st) {
+      return std::unexpected(st.error());
+    }
+    return r;
+  }
   if (api == RoutedApi::kAnthropicMessages) {
     auto read = read_anthropic_request(j, AnthropicEndpoint::kMessages);
     if (!read) return std::unexpected(read.error());

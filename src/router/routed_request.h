@@ -1,5 +1,6 @@
-// What the router reads of a /v1/chat/completions, /v1/completions or /v1/messages
-// (Anthropic) request before it routes it: the prompt's tokens, read exactly as a worker reads them
+// What the router reads of a /v1/chat/completions, /v1/completions, /v1/messages
+// (Anthropic) or /v1/responses (OpenAI's Responses) request before it routes it: the
+// prompt's tokens, read exactly as a worker reads them
 // (the shared request/ module: the same validation, tool-call normalization, template and
 // tokenizer), the session and whether it streams. Everything else in the body is the worker's to
 // check. A pure function of its inputs: safe on any thread.
@@ -17,9 +18,10 @@
 
 namespace strata::router {
 
-// The API a generation request speaks. A Messages request is read as the chat request it
-// means (request/anthropic_request.h), exactly as the worker reads it.
-enum class RoutedApi : uint8_t { kChatCompletions, kCompletions, kAnthropicMessages };
+// The API a generation request speaks. A Messages request (request/anthropic_request.h)
+// and a Responses request (request/responses_request.h) are read as the chat request they
+// mean, exactly as the worker reads them.
+enum class RoutedApi : uint8_t { kChatCompletions, kCompletions, kAnthropicMessages, kResponses };
 
 struct RoutedRequest {
   // The body to send upstream when it differs from the client's (the x-session-id header
@@ -32,6 +34,13 @@ struct RoutedRequest {
   // A worker keeps these prompts' prefill local (docs/pd-disaggregation.md): a cache_salt
   // (tenant isolation) or log-probabilities travel in no prefill order.
   bool pd_local_only = false;
+  // A Responses request that builds on stored responses: the one it continues
+  // (previous_response_id; nullopt when none) and the output items it names (item_reference
+  // ids, in order). Only the worker that stored them holds them: the router cannot render
+  // such a request (it has no tokens) and sends it to that worker.
+  std::optional<std::string> previous_response_id;
+  std::vector<std::string> item_references;
+  bool store = false;  // a Responses request's own answer is stored (`store`, default true)
 };
 
 // Reads `body` (and the x-session-id header's value) as a worker would; kInvalidArgument
@@ -39,7 +48,9 @@ struct RoutedRequest {
 // `max_prompt_tokens` > 0 the encoding stops once the prompt is known to be longer: such
 // a request is routed unscored (too_long, no tokens) and the worker refuses it.
 // A Messages request's session comes from the x-session-id header only, and its body goes
-// upstream as it is (the Messages API has no session_id field).
+// upstream as it is (the Messages API has no session_id field). A Responses request's
+// session is its prompt_cache_key (else the x-session-id header), and its body goes
+// upstream as it is.
 Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std::string& body,
                                           std::string_view header_session, RoutedApi api,
                                           size_t max_prompt_tokens);

@@ -128,6 +128,7 @@ Status validate(const RouterOptions& o) {
   if (auto st = http::validate(o.http); !st) return st;
   if (auto st = validate(o.weights); !st) return st;
   if (auto st = validate(o.sessions); !st) return st;
+  if (auto st = validate(o.responses); !st) return st;
   if (auto st = validate(o.breaker); !st) return st;
   if (auto st = validate(o.queue); !st) return st;
   if (auto st = validate(o.pd); !st) return st;
@@ -201,10 +202,12 @@ RouterMetrics::RouterMetrics()
                         .Register(*registry)
                         .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.5, 1, 5,
                                                                          10, 30})),
-      worker_gauges(prometheus::BuildGauge()
-                        .Name("strata_router_worker")
-                        .Help("Per worker: healthy, load_fraction, active requests, index blocks")
-                        .Register(*registry)),
+      worker_gauges(
+          prometheus::BuildGauge()
+              .Name("strata_router_worker")
+              .Help("Per worker: eligible, load_fraction, active requests, sessions, stored "
+                    "responses bound to it, index blocks")
+              .Register(*registry)),
       pd_decisions(prometheus::BuildCounter()
                        .Name("strata_router_pd_decisions_total")
                        .Help("--pd: routed requests by where their prompt was prefilled")
@@ -230,6 +233,7 @@ Router::Impl::Impl(RouterOptions o, const Tokenizer& t, const ChatTemplate* c, s
       client(io.get_executor(), client_options(options)),
       http(options.http),
       sessions(options.sessions),
+      responses(options.responses),
       queue(options.queue),
       rng(options.seed) {}
 
@@ -285,6 +289,7 @@ void Router::Impl::remove_worker(WorkerId id) {
     w = it->second;
     workers.erase(it);
     sessions.unbind_worker(id);
+    responses.unbind_worker(id);  // its stored responses are no longer reachable
   }
   if (w->events) w->events->stop();
   index.remove_worker(id);
@@ -342,7 +347,8 @@ json Router::Impl::worker_json(const Worker& w) {
            {"new_sessions", w.new_sessions},
            {"failures", w.failures},
            {"prefill_orders", w.prefill_orders},
-           {"sessions", sessions.sessions_on(w.id, now)}}},
+           {"sessions", sessions.sessions_on(w.id, now)},
+           {"responses", responses.responses_on(w.id)}}},
          {"pd", w.pd_worker_id.empty() ? json(nullptr)
                                        : json{{"worker_id", w.pd_worker_id},
                                               {"endpoint", w.pd_endpoint},
@@ -384,10 +390,21 @@ void Router::Impl::note_instance(Worker& w, const json& report) {
     index.reset_worker(w.id);
     approx_index.reset_worker(w.id);
     index.mark_stale(w.id, true);
+    // Its stored responses went with the old process: they are unknown ids now.
+    responses.unbind_worker(w.id);
     w.needs_rebuild = true;
     w.info_stale = true;  // it may have a new role or PD id
   }
   w.instance_id = id;
+}
+
+void Router::Impl::stored_response(const Worker& w, const std::string& response_id) {
+  std::lock_guard lock(mutex);
+  auto it = workers.find(w.id);
+  if (it == workers.end() || it->second.get() != &w) return;
+  if (auto st = responses.bind(response_id, w.id); !st) {
+    STRATA_LOG_DEBUG("response id from {} not bound: {}", w.url, st.error().message);
+  }
 }
 
 void Router::Impl::refused(const RouteChoice& c) {
@@ -927,7 +944,8 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
     WorkerCandidate c;
     c.id = id;
     c.eligible = eligible(*w, now) &&
-                 std::find(req.exclude.begin(), req.exclude.end(), id) == req.exclude.end();
+                 std::find(req.exclude.begin(), req.exclude.end(), id) == req.exclude.end() &&
+                 (!req.only_worker || *req.only_worker == id);
     c.prefill_only = w->role == WorkerRole::kPrefill;
     c.block_size = w->block_size;
     if (auto it = matches.find(id); it != matches.end()) {
@@ -983,8 +1001,9 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
   size_t k = 0;
   while (ws[k]->id != d->worker) ++k;
   out.worker = ws[k];
-  out.reason = options.policy == Policy::kRoundRobin ? "round_robin"
-                                                     : std::string(route_reason_name(d->reason));
+  out.reason = req.only_worker                         ? "previous_response"
+               : options.policy == Policy::kRoundRobin ? "round_robin"
+                                                       : std::string(route_reason_name(d->reason));
   out.prompt_tokens = static_cast<int64_t>(req.tokens.size());
   out.predicted_cached_tokens = d->terms.cached_tokens;
   out.all_saturated = d->all_saturated && options.policy == Policy::kDefault;

@@ -10,15 +10,16 @@
 // Pieces: the prefix index (prefix_index.h) fed by one event subscriber per worker
 // (event_subscriber.h); sticky session bindings (session_table.h); a circuit breaker per
 // worker (circuit_breaker.h); the bounded fair queue used when every worker is saturated
-// (admission_queue.h); the worker registry (worker_registry.h), its load polling and
-// stale-index rebuilds; the HTTP routes (router_routes.cc for the OpenAI API,
-// router_admin_routes.cc for /workers, /cache/*, /session/*).
+// (admission_queue.h); which worker stored each response of the Responses API
+// (response_table.h); the worker registry, its load polling and stale-index rebuilds; the
+// HTTP routes (router_routes.cc for the OpenAI and Anthropic APIs, router_admin_routes.cc
+// for /workers, /cache/*, /session/*).
 //
 // Threads: the front HTTP server's I/O threads run the handlers; the router's own I/O
 // threads run the upstream client's sockets and the background loops (load polling,
 // joining workers, the workers file, rebuilds, expiry). One mutex guards the registry,
-// the session table, the queue and the accounting; the index has its own lock; the event
-// subscribers have their own threads.
+// the session and response tables, the queue and the accounting; the index has its own lock; the
+// event subscribers have their own threads.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,7 @@
 #include "router/circuit_breaker.h"
 #include "router/cost.h"
 #include "router/pd_choice.h"
+#include "router/response_table.h"
 #include "router/session_table.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -58,6 +60,7 @@ struct RouterOptions {
   Policy policy = Policy::kDefault;
   CostWeights weights;
   SessionTableOptions sessions;
+  ResponseTableOptions responses;  // which worker stored each response (Responses API)
   CircuitBreakerOptions breaker;
   AdmissionQueueOptions queue;
   PdOptions pd;                // --pd: long prompts prefilled by a prefill worker (pd_choice.h)

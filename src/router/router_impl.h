@@ -1,7 +1,7 @@
 // The router's insides, shared by router.cc (registry, loops, decisions), router_routes.cc
-// (the OpenAI API), router_admin_routes.cc (/workers, /cache/*, /session/*, /metrics) and
-// router_dashboard_routes.cc (/dashboard, /workers/cache_state).
-// Not part of the module's face: only router.h is.
+// (the OpenAI and Anthropic APIs), router_admin_routes.cc (/workers, /cache/*, /session/*,
+// /metrics) and router_dashboard_routes.cc (/dashboard, /workers/cache_state). Not part of the
+// module's face: only router.h is.
 #pragma once
 
 #include <prometheus/counter.h>
@@ -152,6 +152,9 @@ struct RouteRequest {
   std::string tenant;
   std::vector<WorkerId> exclude;  // tried already
   bool pd_local_only = false;     // salted or with log-probabilities: never a remote prefill
+  // Only this worker may take the request (a Responses request continuing a response it
+  // stored); nullopt: any. choose() returns nullopt when it is not eligible.
+  std::optional<WorkerId> only_worker;
 };
 
 struct Router::Impl {
@@ -174,6 +177,7 @@ struct Router::Impl {
   std::mutex mutex;
   std::map<WorkerId, std::shared_ptr<Worker>> workers;  // GUARDED_BY(mutex)
   SessionTable sessions;                                // GUARDED_BY(mutex)
+  ResponseTable responses;                              // GUARDED_BY(mutex)
   AdmissionQueue queue;                                 // GUARDED_BY(mutex)
   // Waiting requests' wake-ups, by ticket.
   std::unordered_map<uint64_t, std::function<void()>> queue_wakers;  // GUARDED_BY(mutex)
@@ -209,6 +213,9 @@ struct Router::Impl {
   void note_instance(Worker& w, const nlohmann::json& report);
   // The worker refused a request (4xx): the blocks choose() predicted there are not coming.
   void refused(const RouteChoice& c);
+  // Binds a stored response's id to the worker that answered it, unless that worker has
+  // left the registry meanwhile (its id may be another worker's by now).
+  void stored_response(const Worker& w, const std::string& response_id);
   // Takes a load poll's answers in; true when the worker just stopped being saturated.
   bool apply_load(Worker& w, const LoadAnswers& a);
   boost::asio::awaitable<void> rebuild_index(std::shared_ptr<Worker> w);

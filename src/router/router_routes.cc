@@ -1,18 +1,26 @@
-// The router's generation APIs: POST /v1/chat/completions, /v1/completions and Anthropic's
-// /v1/messages are rendered and tokenized as the workers will (so that the prompt's blocks can be
-// looked up), routed (router.cc: choose) and proxied, streaming or not. A failure before the
-// answer's first byte (connection refused, a 429 or 503, a timeout) is retried on the next-best
-// worker, up to --max-attempts; a worker that breaks a stream after its first byte ends the
-// client's stream with an error event. GET /v1/models, /tokenize and /detokenize go to a
+// The router's generation APIs: POST /v1/chat/completions, /v1/completions, Anthropic's
+// /v1/messages and OpenAI's /v1/responses are rendered and tokenized as the workers will (so that
+// the prompt's blocks can be looked up), routed (router.cc: choose) and proxied, streaming or not.
+// A failure before the answer's first byte (connection refused, a 429 or 503, a timeout) is retried
+// on the next-best worker, up to --max-attempts; a worker that breaks a stream after its first byte
+// ends the client's stream with an error event. GET /v1/models, /tokenize and /detokenize go to a
 // worker as they are (docs/router.md), and so does /v1/messages/count_tokens. A Messages
-// request is answered in Anthropic's shapes: its errors, and its stream's named events. With --pd,
-// a request whose prompt is prefilled remotely goes to its decode worker with x-strata-prefill-peer
-// (the prefill worker's PD id) and is answered with x-strata-prefill-worker (its URL); a client's
-// own x-strata-prefill-peer never reaches a worker.
+// request is answered in Anthropic's shapes: its errors, and its stream's named events.
+// A Responses answer keeps its stream's named events too; the router binds each stored
+// response's id to the worker that answered it (response_table.h), so that a request with
+// that previous_response_id or an item_reference to one of its output items, and GET / DELETE
+// /v1/responses/{id}, reach the worker that holds the response; an id the router cannot reach there
+// is answered as a worker answers an unknown one (docs/openai-responses.md). With --pd, a request
+// whose prompt is prefilled remotely goes to its decode worker with x-strata-prefill-peer (the
+// prefill worker's PD id) and is answered with x-strata-prefill-worker (its URL); a client's own
+// x-strata-prefill-peer never reaches a worker.
 #include <boost/asio/use_awaitable.hpp>
+
+#include <functional>
 
 #include "common/log.h"
 #include "request/error_shape.h"
+#include "request/responses_request.h"
 #include "router/routed_request.h"
 #include "router/router_impl.h"
 
@@ -52,15 +60,25 @@ struct UsageReport {
 
 UsageReport reported_usage(std::string_view data) {
   UsageReport out;
-  // Every usage object names prompt_tokens (Anthropic's: cache_read_input_tokens); most
-  // stream chunks carry none (cheap skip).
+  // Every usage object names prompt_tokens (Anthropic's: cache_read_input_tokens; the
+  // Responses API's: input_tokens_details); most stream chunks carry none (cheap skip).
   const bool anthropic = data.find("\"cache_read_input_tokens\"") != std::string_view::npos;
-  if (!anthropic && data.find("\"prompt_tokens\"") == std::string_view::npos) return out;
+  const bool responses = data.find("\"input_tokens_details\"") != std::string_view::npos;
+  if (!anthropic && !responses && data.find("\"prompt_tokens\"") == std::string_view::npos) {
+    return out;
+  }
   json j = json::parse(data, nullptr, false);
+  if (!j.is_object()) return out;
   // A Messages stream reports its usage whole in message_delta (top-level usage);
-  // message_start's message.usage is not read, so nothing is counted twice.
-  if (!j.is_object() || !j.contains("usage") || !j["usage"].is_object()) return out;
-  const json& u = j["usage"];
+  // message_start's message.usage is not read, so nothing is counted twice. A Responses
+  // stream reports it in response.completed's (or .incomplete's) response.usage, and an
+  // unstreamed response at the top level.
+  const json* usage = j.contains("usage") ? &j["usage"] : nullptr;
+  if (responses && !usage && j.contains("response") && j["response"].is_object()) {
+    usage = j["response"].contains("usage") ? &j["response"]["usage"] : nullptr;
+  }
+  if (usage == nullptr || !usage->is_object()) return out;
+  const json& u = *usage;
   out.present = true;
   if (anthropic) {
     if (u.contains("cache_read_input_tokens") && u["cache_read_input_tokens"].is_number_integer()) {
@@ -68,8 +86,9 @@ UsageReport reported_usage(std::string_view data) {
     }
     return out;
   }
-  if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
-    const json& d = u["prompt_tokens_details"];
+  const char* details = responses ? "input_tokens_details" : "prompt_tokens_details";
+  if (u.contains(details) && u[details].is_object()) {
+    const json& d = u[details];
     if (d.contains("cached_tokens") && d["cached_tokens"].is_number_integer()) {
       out.cached_tokens = d["cached_tokens"].get<int64_t>();
     }
@@ -107,7 +126,8 @@ bool retryable_status(int status) {
   return status == 429 || status == 503;
 }
 
-// The router's own error answer in the request's API's shape.
+// The router's own error answer in the request's API's shape (the Responses API's is the
+// workers' OpenAI shape, as chat completions').
 http::Response api_error(RoutedApi api, int status, const std::string& message,
                          const std::string& code) {
   if (api != RoutedApi::kAnthropicMessages) return router_error(status, message, code);
@@ -119,16 +139,114 @@ http::Response api_error(RoutedApi api, const Error& e) {
   return api_error(api, http_status(e.code), e.message, std::string(error_code_name(e.code)));
 }
 
-// One event of a stream as the client's API frames it: Anthropic names each event after
-// its data's type (message_start, content_block_delta, ...; its SDKs read the name).
-std::string sse_event(RoutedApi api, const std::string& data) {
-  if (api == RoutedApi::kAnthropicMessages) {
-    const json j = json::parse(data, nullptr, false);
-    if (j.is_object() && j.contains("type") && j["type"].is_string()) {
-      return "event: " + j["type"].get<std::string>() + "\ndata: " + data + "\n\n";
+// The events of a stream as the client's API frames them: Anthropic's and the Responses
+// API's name each event after its data's type (message_start, response.output_text.delta,
+// ...; their SDKs read the name), chat completions' are unnamed. A Responses stream's
+// response.created event names the response, whose id the router binds to its worker.
+class StreamFramer {
+ public:
+  explicit StreamFramer(RoutedApi api) : api_(api) {}
+
+  // One event, as the worker sent its data.
+  std::string event(const std::string& data) {
+    if (api_ != RoutedApi::kAnthropicMessages && api_ != RoutedApi::kResponses) {
+      return "data: " + data + "\n\n";
     }
+    const json j = json::parse(data, nullptr, false);
+    if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
+      return "data: " + data + "\n\n";
+    }
+    const std::string& type = j["type"].get_ref<const std::string&>();
+    if (api_ == RoutedApi::kResponses) {
+      if (auto seq = j.find("sequence_number"); seq != j.end() && seq->is_number_integer()) {
+        next_sequence_ = seq->get<int64_t>() + 1;
+      }
+      if (type == "response.created" && j.contains("response") && j["response"].is_object()) {
+        const json& response = j["response"];
+        if (response.contains("id") && response["id"].is_string()) {
+          response_id_ = response["id"].get<std::string>();
+        }
+      }
+    }
+    return "event: " + type + "\ndata: " + data + "\n\n";
   }
-  return "data: " + data + "\n\n";
+
+  // The event that ends a stream whose worker failed after its first byte, in the API's
+  // shape: chat completions' error chunk, Anthropic's error event, or the Responses
+  // API's `error` event (numbered after the worker's last one).
+  std::string error(const std::string& message) const {
+    if (api_ == RoutedApi::kAnthropicMessages) {
+      return "event: error\ndata: " + dump_json(anthropic_error_json(502, message)) + "\n\n";
+    }
+    if (api_ == RoutedApi::kResponses) {
+      const json e{{"type", "error"},
+                   {"code", "upstream_error"},
+                   {"message", message},
+                   {"param", nullptr},
+                   {"sequence_number", next_sequence_}};
+      return "event: error\ndata: " + dump_json(e) + "\n\n";
+    }
+    return "data: " + dump_json(error_json(502, message, "upstream_error")) + "\n\n";
+  }
+
+  // A Responses stream's response id, once its response.created event passed ("" before).
+  const std::string& response_id() const { return response_id_; }
+
+ private:
+  RoutedApi api_;
+  int64_t next_sequence_ = 0;
+  std::string response_id_;
+};
+
+// The Responses API's answers for a response the router cannot reach (it never saw its id,
+// forgot it, or the worker that stored it is gone): what a worker answers for an unknown
+// id — 400 previous_response_not_found for a continuation, 404 for GET and DELETE.
+http::Response unknown_previous_response(const std::string& id, const std::string& why) {
+  return router_error(400, "Previous response with id '" + id + "' not found." + why,
+                      "previous_response_not_found");
+}
+http::Response unknown_response(const std::string& id, const std::string& why) {
+  return router_error(404, "No response found with id '" + id + "'." + why, "not_found");
+}
+
+// The stored response a Responses request builds on — the one it continues, else the one
+// whose output item it references first — and a worker's answer when it does not have it.
+struct StoredBase {
+  std::string response_id;
+  std::function<http::Response(const std::string& why)> unknown;
+};
+std::optional<StoredBase> stored_base(const RoutedRequest& p) {
+  if (p.previous_response_id) {
+    return StoredBase{.response_id = *p.previous_response_id,
+                      .unknown = [id = *p.previous_response_id](const std::string& why) {
+                        return unknown_previous_response(id, why);
+                      }};
+  }
+  if (p.item_references.empty()) return std::nullopt;
+  const std::string& item = p.item_references.front();
+  return StoredBase{.response_id = response_of_item(item).value_or(""),
+                    .unknown = [item](const std::string& why) {
+                      const Error e = item_not_found(item);
+                      return router_error(http_status(e.code), e.message + why,
+                                          std::string(error_code_name(e.code)));
+                    }};
+}
+
+// What a worker's whole answer to a Responses request tells the response table: the id of
+// a response it stored, or that it no longer holds the previous response (its store's own
+// bound dropped it), which is then unknown here too.
+void note_responses_answer(Router::Impl& r, const RouteChoice& c, const RoutedRequest& p,
+                           int status, const std::string& body) {
+  if (status == 200 && p.store) {
+    const json j = json::parse(body, nullptr, false);
+    if (j.is_object() && j.contains("id") && j["id"].is_string()) {
+      r.stored_response(*c.worker, j["id"].get<std::string>());
+    }
+  } else if (status == 400 && p.previous_response_id &&
+             body.find("\"previous_response_not_found\"") != std::string::npos) {
+    std::lock_guard lock(r.mutex);
+    r.responses.erase(*p.previous_response_id);
+  }
 }
 
 // Waits in the router queue while every worker is saturated. False: the client was
@@ -201,6 +319,21 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
   rr.session = p->session;
   rr.tenant = tenant_of(req);
   rr.pd_local_only = p->pd_local_only;
+  // A Responses request that builds on a stored response goes to the worker that stored it,
+  // or nowhere.
+  const std::optional<StoredBase> base = stored_base(*p);
+  if (base) {
+    {
+      std::lock_guard lock(r.mutex);
+      rr.only_worker = r.responses.lookup(base->response_id);
+    }
+    if (!rr.only_worker) {
+      r.metrics.requests.Add({{"status", "400"}}).Increment();
+      http::Response out = base->unknown("");
+      co_await ex.respond(std::move(out));
+      co_return;
+    }
+  }
   int64_t queued_since = -1;
   std::optional<http::ClientResponse> last_refusal;  // a worker's 429/503, if all refuse
   std::string last_error;
@@ -250,6 +383,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
                 rr.session, c->probe);
       r.finished(*c, false);
       if (resp->status >= 400) r.refused(*c);
+      if (api == RoutedApi::kResponses) note_responses_answer(r, *c, *p, resp->status, resp->body);
       r.metrics.predicted_cached_tokens.Increment(static_cast<double>(c->predicted_cached_tokens));
       count_usage(r, *c, resp->body);
       r.metrics.requests.Add({{"status", std::to_string(resp->status)}}).Increment();
@@ -285,6 +419,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
                 rr.session, c->probe);
       r.finished(*c, false);
       r.refused(*c);
+      if (api == RoutedApi::kResponses) note_responses_answer(r, *c, *p, es->status(), es->body());
       r.metrics.requests.Add({{"status", std::to_string(es->status())}}).Increment();
       http::Response out{.status = es->status(),
                          .content_type = "application/json",
@@ -295,6 +430,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     }
     r.outcome(*c, UpstreamOutcome::kOk, rr.session, c->probe);
     r.metrics.predicted_cached_tokens.Increment(static_cast<double>(c->predicted_cached_tokens));
+    StreamFramer framer(api);
     bool started = false;
     bool open = co_await ex.begin_stream(200, "text/event-stream", route_headers(*c, attempt - 1));
     while (open) {
@@ -303,11 +439,8 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
         // The worker failed mid-stream: the client gets an error event, then the end.
         r.metrics.streams_broken.Increment();
         r.outcome(*c, UpstreamOutcome::kStreamBroken, rr.session, 0);
-        const std::string why =
-            "the worker " + worker_url + " failed mid-stream: " + ev.error().message;
-        ex.send(sse_event(api, dump_json(api == RoutedApi::kAnthropicMessages
-                                             ? anthropic_error_json(502, why)
-                                             : error_json(502, why, "upstream_error"))));
+        ex.send(
+            framer.error("the worker " + worker_url + " failed mid-stream: " + ev.error().message));
         break;
       }
       if (!ev->has_value()) break;
@@ -317,7 +450,12 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
       }
       const std::string& data = **ev;
       count_usage(r, *c, data);
-      if (!ex.send(sse_event(api, data))) {
+      const bool had_id = !framer.response_id().empty();
+      std::string framed = framer.event(data);
+      if (!had_id && !framer.response_id().empty() && p->store) {
+        r.stored_response(*c->worker, framer.response_id());
+      }
+      if (!ex.send(std::move(framed))) {
         cancel.cancel();
         open = false;
       }
@@ -329,6 +467,16 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     co_return;
   }
   // Every try failed before an answer, or no worker can take the request.
+  if (base && !last_refusal) {
+    // The worker that stored the response is gone (or unreachable): so is the response, as
+    // far as anyone can tell. No other worker has it.
+    r.metrics.requests.Add({{"status", "400"}}).Increment();
+    http::Response out =
+        base->unknown(" (the worker that stored it is unavailable" +
+                      (last_error.empty() ? std::string(")") : ": " + last_error + ")"));
+    co_await ex.respond(std::move(out));
+    co_return;
+  }
   if (last_refusal) {
     r.metrics.requests.Add({{"status", std::to_string(last_refusal->status)}}).Increment();
     http::Response out{.status = last_refusal->status,
@@ -386,6 +534,65 @@ awaitable<void> forward_any(Router::Impl& r, http::Exchange& ex) {
   co_await ex.respond(router_error(503, last_error, "unavailable"));
 }
 
+namespace {
+
+// GET and DELETE /v1/responses/{id}: to the worker that stored the response. An id the router
+// never bound (or dropped), and one whose worker is gone or does not answer, get the worker's
+// 404 for an unknown id, at once: no other worker has it. A worker's 404, and a deletion,
+// drop the binding.
+awaitable<void> stored_response_route(Router::Impl& r, http::Exchange& ex) {
+  const http::Request& req = ex.request();
+  constexpr std::string_view kPrefix = "/v1/responses/";
+  const std::string id = req.path.substr(kPrefix.size());
+  std::shared_ptr<Worker> w;
+  bool reachable = false;
+  {
+    std::lock_guard lock(r.mutex);
+    if (auto holder = r.responses.lookup(id)) {
+      if (auto it = r.workers.find(*holder); it != r.workers.end()) {
+        w = it->second;
+        // A draining worker still answers for what it stored; one whose load polls keep
+        // failing is taken for gone.
+        reachable = w->joined && (w->reachable || w->poll_failures < 3);
+      }
+    }
+  }
+  if (!w || !reachable) {
+    http::Response out = unknown_response(
+        id, w ? " (the worker that stored it, " + w->url + ", is unavailable)" : "");
+    co_await ex.respond(std::move(out));
+    co_return;
+  }
+  http::ClientRequest up = r.upstream_request(*w, req.method, req.target, "", false);
+  if (auto a = req.header("authorization"); !a.empty()) {
+    up.headers.emplace_back("Authorization", std::string(a));
+  }
+  // A stored response is answered from the worker's memory: a worker that takes longer
+  // than this is not answering (the client is told at once, not after a generation's
+  // timeout).
+  up.read_timeout_ms = std::min<int64_t>(r.options.first_byte_timeout_ms, 10'000);
+  auto resp = co_await r.client.request(std::move(up));
+  if (!resp) {
+    http::Response out =
+        unknown_response(id, " (the worker that stored it, " + w->url +
+                                 ", did not answer: " + resp.error().message + ")");
+    co_await ex.respond(std::move(out));
+    co_return;
+  }
+  if (resp->status == 404 || (req.method == "DELETE" && resp->status == 200)) {
+    std::lock_guard lock(r.mutex);
+    r.responses.erase(id);
+  }
+  http::Response out{.status = resp->status,
+                     .content_type = std::string(resp->header("content-type")),
+                     .body = std::move(resp->body),
+                     .headers = {{"x-strata-worker", w->url}}};
+  if (out.content_type.empty()) out.content_type = "application/json";
+  co_await ex.respond(std::move(out));
+}
+
+}  // namespace
+
 void add_router_routes(http::Server& server, Router::Impl& r) {
   server.route("POST", "/v1/chat/completions",
                [&r](http::Exchange& ex) { return generation(r, ex, RoutedApi::kChatCompletions); });
@@ -394,6 +601,12 @@ void add_router_routes(http::Server& server, Router::Impl& r) {
   server.route("POST", "/v1/messages", [&r](http::Exchange& ex) {
     return generation(r, ex, RoutedApi::kAnthropicMessages);
   });
+  server.route("POST", "/v1/responses",
+               [&r](http::Exchange& ex) { return generation(r, ex, RoutedApi::kResponses); });
+  for (const char* method : {"GET", "DELETE"}) {
+    server.route(method, "/v1/responses/*",
+                 [&r](http::Exchange& ex) { return stored_response_route(r, ex); });
+  }
   server.route("POST", "/v1/messages/count_tokens",
                [&r](http::Exchange& ex) { return forward_any(r, ex); });
   server.route("GET", "/v1/models", [&r](http::Exchange& ex) { return forward_any(r, ex); });

@@ -16,6 +16,14 @@ namespace {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
+// Per page, its soft pins' longest TTL in seconds (0: none), as /cache/state?detail=tree and
+// /cache/node say it.
+json ttls_s(const std::vector<int64_t>& ttl_ms) {
+  json out = json::array();
+  for (int64_t ms : ttl_ms) out.push_back(ms % 1000 == 0 ? json(ms / 1000) : json(ms / 1000.0));
+  return out;
+}
+
 // The blocks a /cache/{pin,unpin} body names, read as the router reads them
 // (request/prompt_reader.h: read_cache_target).
 Result<std::vector<BlockHash>> hashes_from_body(const RouteContext& ctx,
@@ -177,6 +185,7 @@ json state_json(const CacheState& s) {
                            {"tiers", tiers},
                            {"lock_ref", n.lock_ref},
                            {"pin_counts", n.pin_counts},
+                           {"soft_pin_ttl_s", ttls_s(n.soft_pin_ttl_ms)},
                            {"pin_ref", n.pin_ref},
                            {"soft_pinned_blocks", n.soft_pinned_blocks},
                            {"last_access_ms", n.last_access_ms},
@@ -237,6 +246,7 @@ http::Response node(RouteContext& ctx, const http::Request& req) {
                                  {"pin_ref", n.pin_ref},
                                  {"soft_pinned_blocks", n.soft_pinned_blocks},
                                  {"pin_counts", n.pin_counts},
+                                 {"soft_pin_ttl_s", ttls_s(n.soft_pin_ttl_ms)},
                                  {"lock_ref", n.lock_ref},
                                  {"hit_count", n.hit_count},
                                  {"last_access_ms", n.last_access_ms},

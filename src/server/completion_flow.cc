@@ -272,6 +272,20 @@ std::optional<ConversationRecord> turn_record(const RouteContext& ctx, const Pre
   return rec;
 }
 
+void auto_tool_offload(RouteContext& ctx, const Prepared& p, const std::string& session_id,
+                       const std::string& text, bool called_tools) {
+  if (!ctx.options.auto_tool_offload || session_id.empty()) return;
+  if (!called_tools && !parses_tool_calls(ctx, p) &&
+      ctx.options.tool_call_format != ToolCallFormat::kNone) {
+    called_tools =
+        !parse_tool_calls(text, ToolCallParserOptions{.format = ctx.options.tool_call_format})
+             .calls.empty();
+  }
+  if (!called_tools) return;
+  auto r = ctx.engine.cache().tool_start(session_id).get();
+  if (!r) STRATA_LOG_DEBUG("auto tool offload of '{}': {}", session_id, r.error().message);
+}
+
 // After a chat turn: remember the session's exact tokens, offload a session whose turn
 // ended in a tool call (--auto-tool-offload), and apply a message's cache_control pin.
 // Blocking (engine calls, rendering): runs on the worker pool.
@@ -286,19 +300,7 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
       ctx.conversations.erase(session_id);
     }
   }
-  // --auto-tool-offload: a turn that ends in tool calls parks the session on the host
-  // until its next request (which restores it by itself). A reply that was not read for
-  // calls (no tools in the request) is read here with the server's parser.
-  if (ctx.options.auto_tool_offload && !session_id.empty() && !called_tools &&
-      !parses_tool_calls(ctx, p) && ctx.options.tool_call_format != ToolCallFormat::kNone) {
-    called_tools =
-        !parse_tool_calls(text, ToolCallParserOptions{.format = ctx.options.tool_call_format})
-             .calls.empty();
-  }
-  if (ctx.options.auto_tool_offload && !session_id.empty() && called_tools) {
-    auto r = ctx.engine.cache().tool_start(session_id).get();
-    if (!r) STRATA_LOG_DEBUG("auto tool offload of '{}': {}", session_id, r.error().message);
-  }
+  auto_tool_offload(ctx, p, session_id, text, called_tools);
   if (p.msg_info && p.msg_info->pin_through >= 0) {
     ojson upto = ojson::array();
     for (int32_t k = 0; k <= p.msg_info->pin_through; ++k) {

@@ -102,6 +102,13 @@ std::optional<ConversationRecord> turn_record(const RouteContext& ctx, const Pre
 void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
                   const std::vector<int32_t>& generated, const std::string& text, bool stop_string,
                   bool called_tools);
+// --auto-tool-offload: a turn of `session_id` that ended in tool calls (`called_tools`, as
+// the route's parser read them) parks the session's KV on the host until its next request,
+// which restores it by itself. A reply that was not read for calls (no tools in the
+// request) is read here with the server's parser. Nothing without the flag or a session.
+// Blocking (an engine command): runs on the worker pool.
+void auto_tool_offload(RouteContext& ctx, const Prepared& p, const std::string& session_id,
+                       const std::string& text, bool called_tools);
 // Whether a finished turn leaves after_finish anything to do (a session to record or offload,
 // a pin): most requests have none and skip the round trip to the worker pool.
 bool has_after_finish(const Prepared& p);

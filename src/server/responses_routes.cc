@@ -9,13 +9,21 @@
 // A stored response (store, the default) keeps its messages and the exact tokens of its
 // turn (server/response_store.h): a request with its id as previous_response_id continues
 // those tokens, as a session_id continues its record's (docs/sessions.md), so a chain of
-// turns hits the cache completely. `prompt_cache_retention` becomes a soft pin of the
+// turns hits the cache completely; an `item_reference` input item is replaced with the stored
+// output item it names. `prompt_cache_retention` becomes a soft pin of the
 // turn's tokens after it, with the request's authority (the admin's with the admin key,
 // else a client's, capped and budgeted: docs/authority.md); turns that share a
-// `prompt_cache_key` pin only the blocks their group has not pinned yet. A refused request
-// changes nothing: it is refused before the engine.
+// `prompt_cache_key` pin only the blocks their group has not pinned yet. The key also names
+// the engine session of its turns (a chat request's session_id), so with --auto-tool-offload a
+// reply that calls functions parks the key's KV on the host until its next turn
+// (docs/function-calling.md). Response ids are unique across processes: a router binds each
+// to the worker that stored it (docs/router.md). A refused request changes nothing: it is
+// refused before the engine.
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "common/log.h"
@@ -46,6 +54,19 @@ Result<PreparedResponse> prepare_response(RouteContext& ctx, const http::Request
                                           RequestTiming& timing, bool& previous_unknown) {
   auto body = parse_json_object_as<ojson>(req.body);
   if (!body) return std::unexpected(body.error());
+  // An item_reference stands for an output item of a response stored here.
+  auto resolved = resolve_item_references(*body, [&ctx](const std::string& item_id) {
+    std::optional<ojson> out;
+    const std::optional<std::string> response_id = response_of_item(item_id);
+    if (!response_id) return out;
+    const std::shared_ptr<const StoredResponse> stored = ctx.responses.find(*response_id);
+    if (!stored || !stored->response.contains("output")) return out;
+    for (const json& item : stored->response["output"]) {
+      if (item.value("id", "") == item_id) out = ojson::parse(item.dump());
+    }
+    return out;
+  });
+  if (!resolved) return std::unexpected(resolved.error());
   auto read = read_responses_request(*body);
   if (!read) return std::unexpected(read.error());
   std::shared_ptr<const StoredResponse> previous;
@@ -67,7 +88,25 @@ Result<PreparedResponse> prepare_response(RouteContext& ctx, const http::Request
   auto p = prepare(ctx, req, chat.dump(-1, ' ', false, ojson::error_handler_t::replace),
                    /*chat=*/true, timing, record);
   if (!p) return std::unexpected(p.error());
+  // The key's turns are one engine session: a tool-call offload of it (after_response) is
+  // restored by its next turn.
+  p->spec.session_id = read->prompt_cache_key;
   return PreparedResponse{.request = std::move(*read), .prepared = std::move(*p)};
+}
+
+// A response's id: "resp_", a random 64-bit prefix drawn once per process, then the engine
+// request's id (both in hex). Unique within the process by the request id, and across
+// processes (the workers behind one router, a worker's restarts) by the prefix.
+std::string response_id(uint64_t request_id) {
+  static const std::string prefix = [] {
+    std::random_device rd;
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+    return std::string(buf);
+  }();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, request_id);
+  return "resp_" + prefix + buf;
 }
 
 http::Response responses_error(const Error& e, bool previous_unknown = false) {
@@ -284,6 +323,7 @@ void after_response(RouteContext& ctx, const PreparedResponse& pr, const StreamI
   std::optional<ConversationRecord> record =
       turn_record(ctx, p, fin, generated, text, /*stop_string=*/false);
   pin_retention(ctx, pr, record);
+  auto_tool_offload(ctx, p, pr.request.prompt_cache_key, text, items.num_calls() > 0);
   if (!pr.request.store) return;
   auto stored = std::make_shared<StoredResponse>();
   stored->response = response;
@@ -536,7 +576,7 @@ awaitable<void> create(RouteContext& ctx, http::Exchange& ex) {
     timing.item_pushed();
     wake();
   });
-  const Ids ids{.id = "resp_" + std::to_string(unix_time_s()) + std::to_string((*submitted)->id()),
+  const Ids ids{.id = response_id((*submitted)->id()),
                 .created = unix_time_s(),
                 .model = ctx.options.model_name,
                 .chat = true};

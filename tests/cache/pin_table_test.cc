@@ -204,3 +204,50 @@ TEST(PinTableTreeTest, HitRefreshesEachPinToItsOwnTtl) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// What /cache/state?detail=tree shows of a pin's TTL: per page, the longest TTL of its soft
+// pins (0 for none, a hard pin included).
+TEST(PinTableTreeTest, TheSnapshotShowsEachPagesLongestSoftPinTtl) {
+  PinTable t;
+  EXPECT_EQ(t.max_soft_ttl_ms(kBlock), 0);
+  t.pin(kBlock, PinOptions{}, 0);  // hard
+  EXPECT_EQ(t.max_soft_ttl_ms(kBlock), 0);
+  t.pin(kBlock, client_pin(), 0);
+  EXPECT_EQ(t.max_soft_ttl_ms(kBlock), kClientTtlMs);
+  t.pin(kBlock, admin_pin(), 0);
+  EXPECT_EQ(t.max_soft_ttl_ms(kBlock), kHourMs);
+
+  constexpr int32_t kPage = 4;
+  PageAllocator alloc(16);
+  ManualClock clock(0);
+  RadixTree tree(RadixTreeOptions{kPage}, &alloc, nullptr, &clock);
+  std::vector<TokenId> tokens{1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<PageId> pages;
+  ASSERT_TRUE(alloc.allocate(2, pages).has_value());
+  tree.insert(tokens, pages);
+  const std::vector<BlockHash> hs = hash_blocks(tokens, kPage);
+  // Per page of `tokens`, in order (pins may split the node).
+  auto ttls = [&] {
+    std::vector<int64_t> out;
+    for (BlockHash h : hs) {
+      for (const NodeSnapshot& n : tree.snapshot()) {
+        for (size_t k = 0; k < n.block_hashes.size(); ++k) {
+          if (n.block_hashes[k] == h) out.push_back(n.soft_pin_ttl_ms[k]);
+        }
+      }
+    }
+    return out;
+  };
+  EXPECT_EQ(ttls(), (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(tree.pin(std::vector<BlockHash>{hs[0]}, client_pin()).pinned, 1);
+  EXPECT_EQ(tree.pin(std::vector<BlockHash>{hs[1]}, PinOptions{}).pinned, 1);
+  EXPECT_EQ(ttls(), (std::vector<int64_t>{kClientTtlMs, 0}));
+  EXPECT_EQ(tree.pin(hs, admin_pin()).pinned, 2);
+  EXPECT_EQ(ttls(), (std::vector<int64_t>{kHourMs, kHourMs}));
+}
+
+}  // namespace
+}  // namespace strata

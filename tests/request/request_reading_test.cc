@@ -17,6 +17,7 @@
 #include "request/error_shape.h"
 #include "request/json_fields.h"
 #include "request/prompt_reader.h"
+#include "request/responses_request.h"
 #include "router/routed_request.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -317,6 +318,91 @@ TEST_F(RequestReadingTest, MessagesRequestsAreReadAsTheWorkerReadsThem) {
   auto bad_header =
       router::read_routed_request(reader(), body, "\xff", router::RoutedApi::kAnthropicMessages, 0);
   ASSERT_FALSE(bad_header.has_value());
+}
+
+// A Responses request through the router: the tokens the worker renders for it
+// (responses_routes.cc: read_responses_request, responses_chat_body, then the chat path) for
+// instructions and a function-call round trip; the session is prompt_cache_key (else the
+// x-session-id header); a continuation (previous_response_id) has no tokens, since its
+// conversation is its worker's; store and stream read; a bad body refused with the
+// worker's message.
+TEST_F(RequestReadingTest, ResponsesRequestsAreReadAsTheWorkerReadsThem) {
+  const std::string body = R"({"model":"m","instructions":"You are terse.","stream":true,
+    "tools":[{"type":"function","name":"get_weather","description":"Weather of a city",
+              "parameters":{"type":"object","properties":{"city":{"type":"string"}}}}],
+    "input":[{"role":"user","content":"Weather in Paris?"},
+      {"type":"function_call","call_id":"call_1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},
+      {"type":"function_call_output","call_id":"call_1","output":"3 C"}],
+    "prompt_cache_key":"agent-3","store":false})";
+  auto read = read_responses_request(ojson::parse(body));
+  ASSERT_TRUE(read.has_value()) << read.error().message;
+  ojson chat_body = responses_chat_body(*read, ojson::array());
+  auto chat = read_chat_request(chat_body, GenerationPrompt::kAlways);
+  ASSERT_TRUE(chat.has_value()) << chat.error().message;
+  auto worker = reader().chat_tokens(*chat);
+  ASSERT_TRUE(worker.has_value()) << worker.error().message;
+
+  auto routed = router::read_routed_request(reader(), body, "header-session",
+                                            router::RoutedApi::kResponses, 0);
+  ASSERT_TRUE(routed.has_value()) << routed.error().message;
+  EXPECT_EQ(routed->tokens, *worker);
+  EXPECT_FALSE(routed->tokens.empty());
+  EXPECT_TRUE(routed->stream);
+  EXPECT_FALSE(routed->store);
+  EXPECT_FALSE(routed->previous_response_id.has_value());
+  EXPECT_EQ(routed->session, "agent-3");
+  EXPECT_FALSE(routed->rewritten_body.has_value());
+
+  auto keyless = router::read_routed_request(reader(), R"({"input":"hi"})", "agent-4",
+                                             router::RoutedApi::kResponses, 0);
+  ASSERT_TRUE(keyless.has_value()) << keyless.error().message;
+  EXPECT_EQ(keyless->session, "agent-4");
+  EXPECT_TRUE(keyless->store);
+  EXPECT_FALSE(keyless->stream);
+
+  auto continued = router::read_routed_request(
+      reader(), R"({"input":"and Rome?","previous_response_id":"resp_1"})", "",
+      router::RoutedApi::kResponses, 0);
+  ASSERT_TRUE(continued.has_value()) << continued.error().message;
+  EXPECT_EQ(continued->previous_response_id, "resp_1");
+  EXPECT_TRUE(continued->tokens.empty());
+  EXPECT_TRUE(continued->session.empty());
+
+  // References to stored items: no tokens (the worker that stored them renders them), the
+  // rest of the body still read; an id that names no item of a Strata response refused as
+  // the worker refuses it.
+  auto referencing = router::read_routed_request(
+      reader(),
+      R"({"input":[{"role":"user","content":"q"},{"type":"item_reference","id":"msg_ab_0"},
+        {"type":"item_reference","id":"fc_ab_1"},{"type":"function_call_output","call_id":"c","output":"x"}]})",
+      "", router::RoutedApi::kResponses, 0);
+  ASSERT_TRUE(referencing.has_value()) << referencing.error().message;
+  EXPECT_EQ(referencing->item_references, (std::vector<std::string>{"msg_ab_0", "fc_ab_1"}));
+  EXPECT_TRUE(referencing->tokens.empty());
+  EXPECT_FALSE(referencing->previous_response_id.has_value());
+  auto not_ours = router::read_routed_request(
+      reader(), R"({"input":[{"type":"item_reference","id":"item_42"}]})", "",
+      router::RoutedApi::kResponses, 0);
+  ASSERT_FALSE(not_ours.has_value());
+  EXPECT_EQ(not_ours.error().message, "Item with id 'item_42' not found.");
+  auto bad_rest = router::read_routed_request(
+      reader(),
+      R"({"input":[{"type":"item_reference","id":"msg_ab_0"}],"tools":[{"type":"web_search"}]})",
+      "", router::RoutedApi::kResponses, 0);
+  EXPECT_FALSE(bad_rest.has_value());
+
+  for (const char* bad : {R"({"input":5})", R"({"input":[{"type":"input_image"}]})",
+                          R"({"input":"x","prompt_cache_key":""})",
+                          R"({"input":[{"role":"user","content":[{"type":"nope"}]}]})"}) {
+    auto refused = router::read_routed_request(reader(), bad, "", router::RoutedApi::kResponses, 0);
+    ASSERT_FALSE(refused.has_value()) << bad;
+    auto direct = read_responses_request(ojson::parse(bad));
+    ASSERT_FALSE(direct.has_value()) << bad;
+    EXPECT_EQ(refused.error().message, direct.error().message);
+  }
+  auto bad_header = router::read_routed_request(reader(), R"({"input":"hi"})", "\xff",
+                                                router::RoutedApi::kResponses, 0);
+  EXPECT_FALSE(bad_header.has_value());
 }
 
 TEST(ErrorShapeTest, OneShapeForWorkersAndRouter) {

@@ -3,7 +3,9 @@
 // previous response's history, the caching fields, and the refusals.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "request/chat_request.h"
 #include "request/responses_request.h"
@@ -188,6 +190,54 @@ TEST(ResponsesRequest, RefusesWhatItCannotServe) {
   EXPECT_NE(responses_refusal(R"({"input": "x", "conversation": "conv_1"})").find("conversation"),
             std::string::npos);
   EXPECT_NE(responses_refusal(R"([1])").find("JSON object"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// item_reference items: listed in order, named after their response, and replaced with the
+// item found (every other item untouched); one nobody stored is "not found".
+TEST(ResponsesRequest, ItemReferencesAreListedAndResolved) {
+  ojson body = ojson::parse(R"({"input": [
+      {"role": "user", "content": "Weather?"},
+      {"type": "item_reference", "id": "msg_00ab_0"},
+      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+      {"type": "item_reference", "id": "fc_00ab_1"},
+      {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]})");
+  auto refs = item_references(body);
+  ASSERT_TRUE(refs.has_value());
+  EXPECT_EQ(*refs, (std::vector<std::string>{"msg_00ab_0", "fc_00ab_1"}));
+  EXPECT_EQ(response_of_item("msg_00ab_0"), "resp_00ab");
+  EXPECT_EQ(response_of_item("fc_7f_12"), "resp_7f");
+  for (const char* bad : {"x", "msg_", "msg_ab", "msg__0", "msg_ab_", "rs_ab_0", "resp_ab"}) {
+    EXPECT_FALSE(response_of_item(bad).has_value()) << bad;
+  }
+  std::vector<std::string> asked;
+  auto st = resolve_item_references(body, [&](const std::string& id) -> std::optional<ojson> {
+    asked.push_back(id);
+    return ojson{{"type", "message"}, {"role", "assistant"}, {"content", "from " + id}};
+  });
+  ASSERT_TRUE(st.has_value()) << st.error().message;
+  EXPECT_EQ(asked, *refs);
+  EXPECT_EQ(body["input"][1]["content"], "from msg_00ab_0");
+  EXPECT_EQ(body["input"][2]["type"], "function_call");
+  EXPECT_EQ(body["input"][3]["content"], "from fc_00ab_1");
+  EXPECT_TRUE(item_references(body)->empty());
+  EXPECT_TRUE(read_responses_request(body).has_value());
+
+  ojson missing = ojson::parse(R"({"input": [{"type": "item_reference", "id": "msg_1_0"}]})");
+  auto refused = resolve_item_references(missing, [](const std::string&) { return std::nullopt; });
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(refused.error().message, "Item with id 'msg_1_0' not found.");
+  // Unresolved, the reading refuses a reference.
+  EXPECT_FALSE(read_responses_request(missing).has_value());
+  EXPECT_FALSE(
+      item_references(ojson::parse(R"({"input": [{"type": "item_reference"}]})")).has_value());
+  EXPECT_TRUE(item_references(ojson::parse(R"({"input": "text"})"))->empty());
 }
 
 }  // namespace

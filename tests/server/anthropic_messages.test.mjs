@@ -201,6 +201,60 @@ test('1h breakpoints with the admin key (x-api-key), the automatic mode', async 
   assert.ok(p.soft > before.soft, 'a TTL makes the admin pin soft too');
 });
 
+// A breakpoint is a pin of its prefix: a flood of other prompts, several times the pool,
+// evicts an unpinned prefix but not the pinned one; the pin's TTL (the tree's
+// soft_pin_ttl_s) is the one asked for, a client's capped by --max-client-pin-ttl-s.
+test('a breakpoint survives a flood that evicts unpinned prefixes; its pin has the TTL asked', async () => {
+  const small = await startServer(['--kv-cache-tokens', '2048', '--allow-forced-output', '--admin-api-key', KEY,
+    '--max-client-pinned-ratio', '0.4']);
+  try {
+    const c = new Anthropic({ baseURL: small.base, apiKey: 'not-the-key', maxRetries: 0 });
+    const a = new Anthropic({ baseURL: small.base, apiKey: KEY, maxRetries: 0 });
+    const ask = (system, cacheControl, question) => ({
+      model: 'tiny', max_tokens: 4, forced_output: 'ok', messages: [{ role: 'user', content: question }],
+      system: [{ type: 'text', text: system, ...(cacheControl ? { cache_control: cacheControl } : {}) }],
+    });
+    // The TTLs of the soft pins on the tree's pinned blocks, each once, and every block's.
+    const ttls = async () => {
+      const tree = await small.get('/cache/state?detail=tree', ADMIN);
+      assert.equal(tree.status, 200, tree.text);
+      const all = tree.json.nodes.flatMap((n) => n.soft_pin_ttl_s.filter((t, k) => n.pin_counts[k] > 0));
+      return { distinct: [...new Set(all)].sort((x, y) => x - y), all };
+    };
+    const pinned = words(200, 91);
+    const unpinned = words(200, 92);
+    const first = await c.messages.create(ask(pinned, { type: 'ephemeral' }, 'one'));
+    assert.ok(first.usage.cache_creation_input_tokens > 150, JSON.stringify(first.usage));
+    assert.deepEqual((await ttls()).distinct, [300], "a client's 5m breakpoint: 300 s");
+    const plain = await c.messages.create(ask(unpinned, null, 'one'));
+    assert.equal(plain.usage.cache_creation_input_tokens, 0);
+    // The admin's 1h breakpoint holds an hour; a client's is capped at 300 s.
+    await a.messages.create(ask(words(80, 93), { type: 'ephemeral', ttl: '1h' }, 'x'));
+    const withAdmin = await ttls();
+    assert.deepEqual(withAdmin.distinct, [300, 3600]);
+    await c.messages.create(ask(words(80, 94), { type: 'ephemeral', ttl: '1h' }, 'x'));
+    const withClient = await ttls();
+    assert.deepEqual(withClient.distinct, [300, 3600]);
+    assert.ok(withClient.all.length > withAdmin.all.length, "the client's 1h pin is made, at 300 s");
+    assert.equal(withClient.all.filter((t) => t === 3600).length, withAdmin.all.filter((t) => t === 3600).length);
+    // The flood: distinct long prompts, several times the pool of 128 pages.
+    for (let i = 0; i < 12; i++) {
+      const r = await small.post('/v1/completions', { prompt: words(600, 2000 + i), max_tokens: 1 });
+      assert.equal(r.status, 200, r.text);
+    }
+    const st = (await small.get('/cache/state', ADMIN)).json;
+    assert.ok(st.evictions.evicted_pages_total > 128, JSON.stringify(st.evictions));
+    const again = await c.messages.create(ask(pinned, { type: 'ephemeral' }, 'two'));
+    assert.ok(again.usage.cache_read_input_tokens >= first.usage.cache_creation_input_tokens - 16,
+      JSON.stringify([first.usage, again.usage]));
+    const plainAgain = await c.messages.create(ask(unpinned, null, 'two'));
+    assert.ok(plainAgain.usage.cache_read_input_tokens < 32, 'the unpinned prefix was evicted: ' +
+      JSON.stringify(plainAgain.usage));
+  } finally {
+    await small.stop();
+  }
+});
+
 test('bad input: Anthropic error shape, 4xx, nothing pinned or queued', async () => {
   const cc = { type: 'ephemeral' };
   const text = (t, c) => (c ? { type: 'text', text: t, cache_control: c } : { type: 'text', text: t });

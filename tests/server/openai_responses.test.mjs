@@ -1,8 +1,8 @@
 // Black-box tests of OpenAI's Responses API (docs/openai-responses.md) against a real
 // `strata serve` with the official `openai` npm client: responses.create, streaming (the
 // SDK's stream helper and the raw event framing), a function call round trip with
-// function_call_output, a 16-turn chain through previous_response_id that hits the cache
-// completely, GET and DELETE of stored responses, prompt_cache_retention as a soft pin
+// function_call_output (and item_reference to stored items), a 16-turn chain through
+// previous_response_id that hits the cache completely, GET and DELETE of stored responses, prompt_cache_retention as a soft pin
 // (grouped by prompt_cache_key), and bad input refused in OpenAI's error shape without
 // changing anything. The tiny model's replies are chosen with the test-only `forced_output`
 // field (--allow-forced-output).
@@ -167,6 +167,17 @@ test('function calls: out (whole and streamed), function_call_output back in', a
   });
   assert.equal(stateless.output_text, 'It is sunny in Paris.');
   await assert.rejects(client.responses.retrieve(stateless.id), (e) => e.status === 404);
+  // item_reference: the stored output items named instead of repeated (the Vercel AI SDK's
+  // way while `store` is on) read as the items themselves.
+  const referenced = await client.responses.create({
+    model: 'tiny', tools: TOOLS, forced_output: 'It is sunny in Paris.', store: false,
+    input: [{ role: 'user', content: 'Weather in Paris?' }, ...r.output.map((i) => ({ type: 'item_reference', id: i.id })),
+      { type: 'function_call_output', call_id: call.call_id, output: '21 C, sunny' }],
+  });
+  assert.equal(referenced.output_text, 'It is sunny in Paris.');
+  assert.equal(referenced.usage.input_tokens, stateless.usage.input_tokens);
+  await assert.rejects(client.responses.create({ model: 'tiny', input: [{ type: 'item_reference', id: r.output[0].id + '9' }] }),
+    (e) => e.status === 400 && /not found/.test(e.message));
   // tool_choice: a named function the reply does not call is refused.
   await assert.rejects(client.responses.create({
     model: 'tiny', input: 'x', tools: TOOLS, tool_choice: { type: 'function', name: 'get_weather' },
@@ -288,7 +299,7 @@ test('bad input: OpenAI error shape, 4xx, nothing stored, pinned or run', async 
   const cases = [
     [{ model: 'tiny' }, /input/],
     [{ model: 'tiny', input: 5 }, /input/],
-    [{ model: 'tiny', input: [{ type: 'item_reference', id: 'x' }] }, /item_reference/],
+    [{ model: 'tiny', input: [{ type: 'item_reference', id: 'x' }] }, /Item with id 'x' not found/],
     [{ model: 'tiny', input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x' }] }] }, /input_image/],
     [{ model: 'tiny', input: 'x', tools: [{ type: 'web_search' }] }, /hosted tool/],
     [{ model: 'tiny', input: 'x', max_output_tokens: 'many' }, /max_output_tokens/],

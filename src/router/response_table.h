@@ -1,0 +1,86 @@
+// Which worker stored each response: response id -> worker, for the Responses API through
+// `strata route` (docs/openai-responses.md, docs/router.md). A stored response lives in the
+// memory of the worker that answered it (its messages and the exact tokens of its turn,
+// server/response_store.h), so a request continuing from it (previous_response_id) and
+// GET / DELETE /v1/responses/{id} must reach that worker.
+//
+// Contract. A plain data structure, like SessionTable: no clock, no lock (the router calls
+// it under its own mutex, from one thread at a time), no I/O.
+//
+// Lifetime of a binding. bind() makes one when a worker answers a stored response (its id
+// read from the answer's body, or from a stream's response.created event). lookup()
+// refreshes it (a continuation, a GET). At most max_responses bindings are held: binding
+// one more drops the least recently used, the order in which a worker's own store drops
+// its responses. There is no TTL: a worker keeps a stored response until its own bounds
+// drop it, and then answers for it as for an unknown id (the router erase()s the binding
+// when it sees that answer, or a DELETE). unbind_worker() drops every binding of a worker
+// that is removed or restarted: its stored responses went with its process.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/result.h"
+
+namespace strata::router {
+
+struct ResponseTableOptions {
+  int64_t max_responses = 100'000;  // --max-response-bindings: bindings held, >= 1
+  int32_t max_id_bytes = 256;       // longer ids are never bound, >= 1
+};
+
+Status validate(const ResponseTableOptions& options);
+
+struct ResponseTableStats {
+  uint64_t binds = 0;      // bindings made (or moved to another worker)
+  uint64_t lru_drops = 0;  // bindings dropped for max_responses
+  uint64_t erased = 0;     // bindings dropped by erase (deleted, or gone on the worker)
+  uint64_t unbound = 0;    // bindings dropped by unbind_worker
+};
+
+class ResponseTable {
+ public:
+  explicit ResponseTable(ResponseTableOptions options = {});
+
+  // Binds response `id` to `worker` (made, or moved and refreshed). kInvalidArgument: an
+  // empty id, or one longer than max_id_bytes.
+  Status bind(std::string_view id, uint32_t worker);
+  // The worker that holds `id`, refreshed (most recently used); nullopt: unknown.
+  std::optional<uint32_t> lookup(std::string_view id);
+  // The same without refreshing it.
+  std::optional<uint32_t> peek(std::string_view id) const;
+  // Forgets `id`; false: it was not bound.
+  bool erase(std::string_view id);
+  // Drops every binding to `worker`; returns how many.
+  int64_t unbind_worker(uint32_t worker);
+
+  // Bindings to `worker`.
+  int64_t responses_on(uint32_t worker) const;
+  int64_t size() const { return static_cast<int64_t>(lru_.size()); }
+  const ResponseTableStats& stats() const { return stats_; }
+  const ResponseTableOptions& options() const { return options_; }
+
+ private:
+  struct Entry {
+    std::string id;
+    uint32_t worker = 0;
+  };
+  using List = std::list<Entry>;  // most recently used first
+  struct IdHash {
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+
+  void drop(List::iterator it);
+
+  ResponseTableOptions options_;
+  List lru_;
+  absl::flat_hash_map<std::string_view, List::iterator, IdHash> index_;  // keys view Entry::id
+  absl::flat_hash_map<uint32_t, int64_t> per_worker_;
+  ResponseTableStats stats_;
+};
+
+}  // namespace strata::router
