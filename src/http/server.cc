@@ -101,7 +101,7 @@ void Server::route(std::string method, std::string path, Handler handler) {
   impl_->routes[std::move(path)].push_back({std::move(method), std::move(handler)});
 }
 
-void Server::on_response(std::function<void(const Request&, int)> hook) {
+void Server::on_response(ResponseHook hook) {
   impl_->on_response = std::move(hook);
 }
 

@@ -86,8 +86,11 @@ class Server {
   // (the handler reads it from the request's path; an exact route wins). A path known for
   // other methods answers 405, an unknown one 404. Before start().
   void route(std::string method, std::string path, Handler handler);
-  // Called on an I/O thread after each answered request (metrics, logs). Before start().
-  void on_response(std::function<void(const Request&, int status)> hook);
+  // Called on an I/O thread after each answered request (metrics, logs), with the route
+  // that took it as registered ("/v1/responses/*"), or "" when none did (a 404). Before
+  // start().
+  using ResponseHook = std::function<void(const Request&, std::string_view route, int status)>;
+  void on_response(ResponseHook hook);
 
   // Binds and listens; a clear error when the address is taken. Raises the soft limit on
   // open files to the hard limit (each connection is a descriptor).

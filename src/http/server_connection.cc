@@ -206,7 +206,10 @@ net::awaitable<void> Connection::serve_request() {
   stop_watch();
   in_request_ = false;
   s_.active_requests.fetch_sub(1);
-  if (s_.on_response) s_.on_response(request_, status_ == 0 ? 499 : status_);
+  if (s_.on_response) {
+    s_.on_response(request_, route != s_.routes.end() ? std::string_view(route->first) : "",
+                   status_ == 0 ? 499 : status_);
+  }
 }
 
 net::awaitable<void> Connection::answer_framing_error(const beast::error_code& ec, Phase phase) {

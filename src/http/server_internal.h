@@ -116,7 +116,7 @@ struct Server::Impl {
     Handler handler;
   };
   std::unordered_map<std::string, std::vector<RouteEntry>> routes;
-  std::function<void(const Request&, int)> on_response;
+  Server::ResponseHook on_response;
   int port = 0;
   std::atomic<bool> stopping{false};
   std::atomic<int64_t> active_requests{0};

@@ -33,13 +33,11 @@ ApiServer::ApiServer(ServerOptions options, Engine& engine, const Tokenizer& tok
   add_worker_info_routes(http_, ctx_);
   add_cache_events_routes(http_, ctx_);
   add_dashboard_routes(http_, ctx_);
-  http_.on_response([&metrics](const http::Request& req, int status) {
-    // A route with an id in its path is counted under its pattern: one label, not one per id.
-    const std::string_view path = req.path;
-    const std::string_view endpoint = path.starts_with("/v1/responses/") ? "/v1/responses/{id}"
-                                      : path.size() > 64                 ? "other"
-                                                                         : path;
-    metrics.requests(std::string(endpoint), std::to_string(status)).Increment();
+  // Counted by the route that took the request ("/v1/responses/*" for every id), and a path
+  // no route takes as "unrouted": a client cannot add a label per path it makes up.
+  http_.on_response([&metrics](const http::Request&, std::string_view route, int status) {
+    metrics.requests(route.empty() ? "unrouted" : std::string(route), std::to_string(status))
+        .Increment();
   });
 }
 

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -168,9 +169,17 @@ class ServerTest : public ::testing::Test {
       throw std::runtime_error("boom");
       co_return;
     });
+    server_->on_response([this](const Request& req, std::string_view route, int status) {
+      std::lock_guard lock(answered_mutex_);
+      answered_.push_back(req.path + " " + std::string(route) + " " + std::to_string(status));
+    });
     ASSERT_TRUE(server_->bind().has_value());
     server_->start();
     port_ = server_->port();
+  }
+  std::vector<std::string> answered() {
+    std::lock_guard lock(answered_mutex_);
+    return answered_;
   }
   void TearDown() override {
     if (server_) server_->shutdown(1);
@@ -195,6 +204,8 @@ class ServerTest : public ::testing::Test {
   std::atomic<int> waiting_{0};
   std::atomic<int> abandoned_{0};
   std::atomic<int> stream_cut_{0};
+  std::mutex answered_mutex_;
+  std::vector<std::string> answered_;  // "path route status" from the response hook
 };
 
 TEST_F(ServerTest, RoutesAnswerAndUnknownOnesAreJson404And405) {
@@ -224,6 +235,21 @@ TEST_F(ServerTest, AWildcardRouteTakesOneLastSegmentAndAnExactRouteWins) {
   RawClient c(port_);
   c.send("POST /items/abc HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(status_of(c.read_all()), 405);
+}
+
+TEST_F(ServerTest, TheResponseHookNamesTheRouteAsRegisteredAndNoneForA404) {
+  start();
+  EXPECT_EQ(status_of(get("/hello")), 200);
+  EXPECT_EQ(status_of(get("/items/abc")), 200);
+  EXPECT_EQ(status_of(get("/made-up-path-1")), 404);
+  RawClient c(port_);
+  c.send("POST /items/xyz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(status_of(c.read_all()), 405);
+  // The hook runs after the answer is written: wait for all four.
+  ASSERT_TRUE(eventually([&] { return answered().size() == 4; }));
+  EXPECT_EQ(answered(),
+            (std::vector<std::string>{"/hello /hello 200", "/items/abc /items/* 200",
+                                      "/made-up-path-1  404", "/items/xyz /items/* 405"}));
 }
 
 TEST_F(ServerTest, FramingErrorsAreAnsweredAndTheConnectionClosed) {
