@@ -125,7 +125,8 @@ ojson figures_json(const PhaseRecord& p, const PolicyFigures& f) {
            {{"count", f.decisions},
             {"mean_s", finite_or_null(f.decision_mean_s)},
             {"p50_at_most_s", finite_or_null(f.decision_p50_s)},
-            {"p99_at_most_s", finite_or_null(f.decision_p99_s)}}}};
+            {"p99_at_most_s", finite_or_null(f.decision_p99_s)},
+            {"last_bound_s", f.decision_top_bound_s}}}};
   if (p.workload == kSharedPrefix) {
     j["rate_per_s"] = p.rate_per_s;
     j["reusable_fraction"] = f.reusable_fraction;
@@ -320,6 +321,9 @@ PolicyFigures summarize_phase(const PhaseRecord& p) {
       f.decisions > 0 ? p.router.decision_seconds_sum / p.router.decision_seconds_count : kNaN;
   f.decision_p50_s = bucket_quantile(p.router.decision_buckets, 0.5);
   f.decision_p99_s = bucket_quantile(p.router.decision_buckets, 0.99);
+  for (const auto& [bound, count] : p.router.decision_buckets) {
+    if (std::isfinite(bound)) f.decision_top_bound_s = std::max(f.decision_top_bound_s, bound);
+  }
   if (std::isfinite(first_back_s)) f.back_after_s = first_back_s - p.restarted_at_s;
   return f;
 }
@@ -551,10 +555,11 @@ Table trace_table(const std::vector<PolicyFigures>& figures) {
     return format_fixed(m.min, format) + "–" + format_fixed(m.max, format) + " (" +
            format_fixed(m.mean, "%.1f") + ")";
   };
-  const auto bound_us = [](double s) {
-    return std::isfinite(s) ? "≤ " + format_fixed(s * 1e6, "%.0f") + " µs" : std::string("-");
-  };
   for (const PolicyFigures& f : figures) {
+    const auto bound_us = [&f](double s) {
+      if (std::isinf(s)) return "> " + format_fixed(f.decision_top_bound_s * 1e6, "%.0f") + " µs";
+      return std::isfinite(s) ? "≤ " + format_fixed(s * 1e6, "%.0f") + " µs" : std::string("-");
+    };
     t.rows.push_back(
         {f.name, std::to_string(f.requests), std::to_string(f.failed_requests),
          format_ms(f.ttft.p50), format_ms(f.ttft.p90), format_ms(f.ttft.p99), format_ms(f.itl.p50),

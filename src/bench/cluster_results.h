@@ -119,11 +119,13 @@ struct PolicyFigures {
   // Prompt tokens computed (not cached) by worker, successful requests: the prefill load.
   std::vector<int64_t> computed_tokens_per_worker;
   // The router's decisions over the phase: count, mean, and the bucket bounds of the
-  // median and the 99th percentile (NaN when none was timed).
+  // median and the 99th percentile (NaN when none was timed; +inf beyond the histogram's
+  // last finite bound, decision_top_bound_s).
   int64_t decisions = 0;
   double decision_mean_s = 0;
   double decision_p50_s = 0;
   double decision_p99_s = 0;
+  double decision_top_bound_s = 0;
   // Failure workload:
   int64_t failed_streaming_on_killed = 0;  // in flight on the killed worker when it died
   int64_t failed_other = 0;                // every other failure
