@@ -220,15 +220,34 @@ void add_cluster(CLI::App& bench, int& exit_code) {
   CLI::App* cmd = bench.add_subcommand(
       "cluster",
       "Routing policies side by side: N `strata serve` workers behind one `strata route` per "
-      "policy, on shared-prefix groups, agentic sessions and a worker killed and restarted");
+      "policy, on shared-prefix groups, agentic sessions, a worker killed and restarted, or a "
+      "production trace (--trace)");
   add_common_options(cmd, o->target, o->run, "cluster");
   cmd->add_option("--router", o->target.url,
                   "A running `strata route` (instead of --spawn): its policy as it runs, no "
                   "failure workload");
-  cmd->add_option("--workers", o->workers, "Spawned workers (--server-arg goes to each)")
+  cmd->add_option("--workers", o->workers,
+                  "Spawned workers, at most 1,024 (--server-arg goes to each)")
       ->capture_default_str();
   cmd->add_option("--worker-kv-tokens", o->worker_kv_tokens,
-                  "Each worker's --kv-cache-tokens (small, so that placement matters)")
+                  "Each worker's --kv-cache-tokens (small, so that placement matters; with "
+                  "--trace the default is 360,000, about an H100's for an 8B model)")
+      ->capture_default_str();
+  cmd->add_option("--simulate", o->simulate_profile,
+                  "Spawn simulated workers: `strata serve --simulate PROFILE` "
+                  "(docs/simulation.md), dozens of them on a few cores");
+  cmd->add_option("--trace", o->trace_path,
+                  "Replay a Mooncake-format trace (JSON lines: timestamp ms, input_length, "
+                  "output_length, hash_ids); the workload is then `trace` unless --workloads "
+                  "says otherwise");
+  cmd->add_option("--trace-block-tokens", o->trace_block_tokens,
+                  "Tokens per hash id of the trace (Mooncake's: 512)")
+      ->capture_default_str();
+  cmd->add_option("--time-scale", o->time_scale,
+                  "Trace arrivals at timestamp times this (0.1: ten times faster)")
+      ->capture_default_str();
+  cmd->add_option("--trace-limit", o->trace_limit,
+                  "Replay only the trace's first N requests (0: all)")
       ->capture_default_str();
   cmd->add_option("--worker-threads", o->worker_threads, "Each worker's --threads")
       ->capture_default_str();
@@ -237,7 +256,7 @@ void add_cluster(CLI::App& bench, int& exit_code) {
                   "(default with --load-floor-bonus 0)")
       ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("--workloads", o->workloads, "shared-prefix, agentic, failure")
+  cmd->add_option("--workloads", o->workloads, "shared-prefix, agentic, failure, trace")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--router-arg", o->router_args,
@@ -245,7 +264,8 @@ void add_cluster(CLI::App& bench, int& exit_code) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->expected(1)
       ->allow_extra_args(false);
-  cmd->add_option("--max-tokens", o->max_tokens, "Tokens generated per request")
+  cmd->add_option("--max-tokens", o->max_tokens,
+                  "Tokens generated per request (the trace's: its output_length)")
       ->capture_default_str();
   cmd->add_option("--prefix-kv-fraction", o->prefix_kv_fraction,
                   "Shared-prefix: the prefixes together, as a fraction of the cluster's device KV")
@@ -291,7 +311,8 @@ void add_cluster(CLI::App& bench, int& exit_code) {
                 "round-robin's where it saturates and hit >= 0.9 of the reusable share; agentic "
                 "sessions per worker >= half the mean and hit within 5 points of precise; "
                 "failure: no failed request but those streaming on the killed worker, the "
-                "restarted worker back within 10 s");
+                "restarted worker back within 10 s; trace: default hit >= 0.9 of the ideal, "
+                "TTFT p99 <= 1/5 of round-robin's, prefix families per worker >= half the mean");
   cmd->callback([o, cmd, pause, &exit_code] {
     using F = std::function<void(ClusterOptions&, const ClusterOptions&)>;
     if (pause->size() == 2) {
@@ -331,6 +352,11 @@ void add_cluster(CLI::App& bench, int& exit_code) {
          {"--failure-session-rate", F([](auto& a, const auto& b) {
             a.failure_session_rate_per_s = b.failure_session_rate_per_s;
           })}});
+    // With --trace (after --quick, which would size the pools for its own workloads).
+    if (!o->trace_path.empty()) {
+      if (cmd->count("--workloads") == 0) o->workloads = {kTrace};
+      if (cmd->count("--worker-kv-tokens") == 0) o->worker_kv_tokens = kTraceWorkerKvTokens;
+    }
     exit_code = run_cluster(*o);
   });
 }

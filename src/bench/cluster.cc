@@ -17,6 +17,7 @@
 #include "bench/report.h"
 #include "bench/svg_chart.h"
 #include "bench/traffic.h"
+#include "router/prefix_index.h"
 
 namespace strata::bench {
 
@@ -95,10 +96,27 @@ class Sender {
                      std::string* reply) const {
     ojson body = chat_request(model_, std::move(messages), max_tokens_, true);
     if (!session_id.empty()) body["session_id"] = session_id;
+    return send_body(log, body, false, reply);
+  }
+
+  // A streamed completion of `prompt` token ids: `max_tokens` of them, whatever the
+  // model would end with (ignore_eos).
+  RoutedRequest send_tokens(const PhaseLog& log, const std::vector<int32_t>& prompt,
+                            int64_t max_tokens) const {
+    ojson body{{"model", model_},          {"prompt", prompt},
+               {"max_tokens", max_tokens}, {"ignore_eos", true},
+               {"stream", true},           {"stream_options", {{"include_usage", true}}}};
+    return send_body(log, body, true, nullptr);
+  }
+
+ private:
+  RoutedRequest send_body(const PhaseLog& log, const ojson& body, bool completion,
+                          std::string* reply) const {
     RoutedRequest r;
     r.start_s = monotonic_s() - log.t0_s();
     AnswerHead head;
-    auto answer = client_.stream_chat(body, &head);
+    auto answer =
+        completion ? client_.stream_completion(body, &head) : client_.stream_chat(body, &head);
     r.end_s = monotonic_s() - log.t0_s();
     r.status = head.status;
     r.worker = head.header("x-strata-worker");
@@ -117,7 +135,6 @@ class Sender {
     return r;
   }
 
- private:
   const ServerClient client_;
   const std::string model_;
   const int32_t max_tokens_;
@@ -202,10 +219,24 @@ void run_sessions(const AgenticWorkload& w, const std::string& id_prefix, const 
   for (std::thread& t : threads) t.join();
 }
 
+// The trace of workload 4 as it is replayed: the requests that fit the served model, their
+// ideal hits and prefix families, and the token blocks of their hash ids.
+struct TraceReplay {
+  std::vector<TraceRequest> requests;  // in arrival order
+  int64_t skipped_too_long = 0;        // input + output beyond the model's context
+  int64_t max_model_len = 0;
+  TraceIdeal ideal;
+  TraceFamilies families;
+  std::unique_ptr<TraceTokens> tokens;
+};
+
 class ClusterRun {
  public:
-  ClusterRun(const ClusterOptions& o, TokenCounter counter)
-      : o_(o), counter_(std::move(counter)), progress_(stderr, stderr_is_terminal()) {}
+  // `trace`: the requests of --trace (empty without it), read before anything starts.
+  ClusterRun(const ClusterOptions& o, TokenCounter counter, std::vector<TraceRequest> trace)
+      : o_(o), counter_(std::move(counter)), progress_(stderr, stderr_is_terminal()) {
+    trace_.requests = std::move(trace);
+  }
 
   int run();
 
@@ -224,6 +255,10 @@ class ClusterRun {
   Status run_shared_prefix(const std::string& policy, const std::vector<std::string>& args);
   Status run_agentic(const std::string& workload, const std::string& policy,
                      const std::vector<std::string>& args);
+  // Workload 4's preparation, once the served model is known: the vocabulary of the
+  // blocks and the context length (POST /tokenize), the ideal and the families.
+  Status prepare_trace(const ClusterView& view);
+  Status run_trace(const std::string& policy, const std::vector<std::string>& args);
   PhaseRecord new_phase(const std::string& workload, const std::string& policy,
                         const std::vector<std::string>& args) const {
     PhaseRecord p;
@@ -251,6 +286,7 @@ class ClusterRun {
   SharedPrefixWorkload shared_;
   AgenticWorkload agentic_;
   AgenticWorkload failure_;
+  TraceReplay trace_;
   int64_t phases_total_ = 0;
   int64_t phases_done_ = 0;
 };
@@ -265,6 +301,10 @@ Status ClusterRun::open(const std::string& workload, const std::string& policy) 
     fo.workers = o_.workers;
     fo.worker_args = {"--threads", std::to_string(o_.worker_threads), "--kv-cache-tokens",
                       std::to_string(o_.worker_kv_tokens)};
+    if (!o_.simulate_profile.empty()) {
+      fo.worker_args.push_back("--simulate");
+      fo.worker_args.push_back(o_.simulate_profile);
+    }
     for (const std::string& a : split_args(o_.target.server_args)) fo.worker_args.push_back(a);
     fo.router_args = *args;
     for (const std::string& a : split_args(o_.router_args)) fo.router_args.push_back(a);
@@ -324,6 +364,78 @@ Status ClusterRun::ensure_workloads(const ClusterView& view) {
       {"agentic_boilerplate_tokens", agentic_.boilerplate.tokens},
       {"failure_sessions", fshape.sessions}};
   if (!view.policy.empty() && !o_.target.spawn) record_.cluster["router_policy"] = view.policy;
+  if (!trace_.requests.empty()) return prepare_trace(view);
+  return {};
+}
+
+Status ClusterRun::prepare_trace(const ClusterView& view) {
+  // Ordinary tokens of the served model: those of generated text, as it tokenizes them.
+  TextGenerator gen(derive_seed(o_.run.seed, "trace-vocabulary", 0), counter_);
+  auto text = gen.text(3000);
+  if (!text) return std::unexpected(text.error());
+  auto tokenized = router_.post_json(
+      "/tokenize", nlohmann::json{{"prompt", text->text}, {"add_special_tokens", false}});
+  if (!tokenized) return std::unexpected(tokenized.error());
+  std::vector<int32_t> vocabulary;
+  for (const auto& t : tokenized->value("tokens", nlohmann::json::array())) {
+    if (t.is_number_integer()) vocabulary.push_back(t.get<int32_t>());
+  }
+  std::sort(vocabulary.begin(), vocabulary.end());
+  vocabulary.erase(std::unique(vocabulary.begin(), vocabulary.end()), vocabulary.end());
+  if (vocabulary.size() < 64) {
+    return make_error(ErrorCode::kCorrupt,
+                      cat("POST /tokenize gave ", std::to_string(vocabulary.size()),
+                          " distinct tokens of generated text; the trace's blocks need >= 64"));
+  }
+  trace_.max_model_len = tokenized->value("max_model_len", int64_t{0});
+  const int64_t given = static_cast<int64_t>(trace_.requests.size());
+  if (trace_.max_model_len > 0) {
+    std::erase_if(trace_.requests, [&](const TraceRequest& r) {
+      return r.input_tokens + r.output_tokens > trace_.max_model_len;
+    });
+  }
+  trace_.skipped_too_long = given - static_cast<int64_t>(trace_.requests.size());
+  if (trace_.requests.empty()) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      cat("no request of the trace fits the model's context of ",
+                          std::to_string(trace_.max_model_len), " tokens"));
+  }
+  const auto vocabulary_tokens = static_cast<int64_t>(vocabulary.size());
+  trace_.tokens =
+      std::make_unique<TraceTokens>(o_.run.seed, o_.trace_block_tokens, std::move(vocabulary));
+  trace_.ideal = trace_ideal_hit(trace_.requests, o_.trace_block_tokens, view.page_size);
+  trace_.families = trace_families(trace_.requests);
+  const double first_ms = trace_.requests.front().timestamp_ms;
+  const double span_ms = trace_.requests.back().timestamp_ms - first_ms;
+  int64_t input = 0, output = 0;
+  for (const TraceRequest& r : trace_.requests) {
+    input += r.input_tokens;
+    output += r.output_tokens;
+  }
+  record_.cluster["trace"] = {{"file", o_.trace_path},
+                              {"requests", static_cast<int64_t>(trace_.requests.size())},
+                              {"skipped_beyond_context", trace_.skipped_too_long},
+                              {"max_model_len", trace_.max_model_len},
+                              {"block_tokens", o_.trace_block_tokens},
+                              {"time_scale", o_.time_scale},
+                              {"trace_span_s", span_ms / 1000},
+                              {"arrival_span_s", span_ms / 1000 * o_.time_scale},
+                              {"input_tokens", input},
+                              {"output_tokens", output},
+                              {"prefix_families", trace_.families.count},
+                              {"vocabulary_tokens", vocabulary_tokens},
+                              {"ideal",
+                               {{"blocks", trace_.ideal.blocks},
+                                {"seen_blocks", trace_.ideal.seen_blocks},
+                                {"block_fraction", trace_.ideal.block_fraction()},
+                                {"prompt_tokens", trace_.ideal.prompt_tokens},
+                                {"hit_tokens", trace_.ideal.hit_tokens},
+                                {"token_fraction", trace_.ideal.token_fraction()}}}};
+  if (trace_.skipped_too_long > 0) {
+    std::cerr << "strata bench cluster: " << trace_.skipped_too_long << " of " << given
+              << " trace requests need more than the model's context of " << trace_.max_model_len
+              << " tokens; skipped\n";
+  }
   return {};
 }
 
@@ -450,6 +562,53 @@ Status ClusterRun::run_agentic(const std::string& workload, const std::string& p
   return {};
 }
 
+Status ClusterRun::run_trace(const std::string& policy, const std::vector<std::string>& args) {
+  const Sender sender(router_, model_, o_.max_tokens);
+  const std::vector<TraceRequest>& requests = trace_.requests;
+  const double first_ms = requests.front().timestamp_ms;
+  PhaseRecord phase = new_phase(kTrace, policy, args);
+  phase.sessions_planned = trace_.families.count;
+  phase.arrival_span_s = (requests.back().timestamp_ms - first_ms) / 1000 * o_.time_scale;
+  auto before = read_router_counters(router_);
+  if (!before) return std::unexpected(before.error());
+  PhaseLog log(monotonic_s());
+  // Open loop: each request on its own thread at its time, whatever is in flight.
+  std::vector<std::thread> threads;
+  threads.reserve(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const TraceRequest& q = requests[i];
+    if (!sleep_until(log.t0_s() + (q.timestamp_ms - first_ms) / 1000 * o_.time_scale)) break;
+    threads.emplace_back([&, i] {
+      const TraceRequest& r = requests[i];
+      RoutedRequest out = sender.send_tokens(log, trace_.tokens->prompt(r), r.output_tokens);
+      out.session = trace_.families.family[i];
+      out.turn = trace_.families.first[i] ? 0 : 1;
+      out.reusable_tokens = trace_.ideal.hit_tokens_per_request[i];
+      out.trace_line = r.line;
+      log.add(std::move(out));
+    });
+    show(cat(kTrace, " / ", policy, ": ", std::to_string(i + 1), "/",
+             std::to_string(requests.size()), " sent, ", std::to_string(log.count()), " done"),
+         static_cast<double>(log.count()) / static_cast<double>(requests.size()));
+  }
+  // The answers still streaming after the last arrival.
+  while (log.count() < static_cast<int64_t>(threads.size()) && !interrupted()) {
+    show(cat(kTrace, " / ", policy, ": ", std::to_string(log.count()), "/",
+             std::to_string(requests.size()), " done"),
+         static_cast<double>(log.count()) / static_cast<double>(requests.size()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  for (std::thread& t : threads) t.join();
+  phase.requests = log.requests();
+  for (const RoutedRequest& r : phase.requests) phase.wall_s = std::max(phase.wall_s, r.end_s);
+  auto after = read_router_counters(router_);
+  if (!after) return std::unexpected(after.error());
+  phase.router = *after - *before;
+  if (interrupted()) phase.error = "interrupted";
+  record_.phases.push_back(std::move(phase));
+  return {};
+}
+
 int ClusterRun::run() {
   const std::filesystem::path out = o_.run.out_dir;
   record_.machine = machine_info();
@@ -483,6 +642,13 @@ int ClusterRun::run() {
         {"session_rate_per_s", o_.failure_session_rate_per_s},
         {"kill_at", o_.kill_at},
         {"restart_at", o_.restart_at}}},
+      {"trace",
+       {{"file", o_.trace_path},
+        {"block_tokens", o_.trace_block_tokens},
+        {"time_scale", o_.time_scale},
+        {"limit", o_.trace_limit},
+        {"requests_read", static_cast<int64_t>(trace_.requests.size())}}},
+      {"simulate", o_.simulate_profile},
       {"seed", o_.run.seed},
       {"quick", o_.run.quick},
       {"check", o_.run.check},
@@ -518,6 +684,7 @@ int ClusterRun::run() {
         for (const std::string& a : split_args(o_.router_args)) args.push_back(a);
       }
       auto st = workload == kSharedPrefix ? run_shared_prefix(name, args)
+                : workload == kTrace      ? run_trace(name, args)
                                           : run_agentic(workload, name, args);
       close();
       if (!st) {
@@ -596,8 +763,9 @@ Status validate(const ClusterOptions& o) {
   };
   if (auto st = validate(o.target); !st) return st;
   if (o.run.out_dir.empty()) return bad("--out is required");
-  if (o.target.spawn && (o.workers < 1 || o.workers > 16))
-    return bad("--workers must be in [1, 16]");
+  if (o.target.spawn && (o.workers < 1 || o.workers > static_cast<int32_t>(router::kMaxWorkers))) {
+    return bad(cat("--workers must be in [1, ", std::to_string(router::kMaxWorkers), "]"));
+  }
   if (o.worker_kv_tokens < 256) return bad("--worker-kv-tokens must be >= 256");
   if (o.worker_threads < 1) return bad("--worker-threads must be >= 1");
   if (o.policies.empty()) return bad("--policies is empty");
@@ -606,10 +774,17 @@ Status validate(const ClusterOptions& o) {
   }
   if (o.workloads.empty()) return bad("--workloads is empty");
   for (const std::string& w : o.workloads) {
-    if (w != kSharedPrefix && w != kAgentic && w != kFailure) {
-      return bad(cat("unknown workload '", w, "' (shared-prefix, agentic, failure)"));
+    if (w != kSharedPrefix && w != kAgentic && w != kFailure && w != kTrace) {
+      return bad(cat("unknown workload '", w, "' (shared-prefix, agentic, failure, trace)"));
     }
   }
+  const bool trace = std::find(o.workloads.begin(), o.workloads.end(), kTrace) != o.workloads.end();
+  if (trace && o.trace_path.empty()) return bad("the trace workload needs --trace FILE");
+  if (!trace && !o.trace_path.empty()) return bad("--trace is given but --workloads has no trace");
+  if (o.trace_block_tokens < 1) return bad("--trace-block-tokens must be >= 1");
+  if (!(o.time_scale > 0) || o.time_scale > 1000) return bad("--time-scale must be in (0, 1000]");
+  if (o.trace_limit < 0) return bad("--trace-limit must be >= 0 (0: every request)");
+  if (!o.simulate_profile.empty() && !o.target.spawn) return bad("--simulate needs --spawn");
   if (o.max_tokens < 2) return bad("--max-tokens must be >= 2 (inter-token latency needs two)");
   if (!(o.prefix_kv_fraction > 0) || o.prefix_kv_fraction > 4) {
     return bad("--prefix-kv-fraction must be in (0, 4]");
@@ -639,7 +814,17 @@ int run_cluster(const ClusterOptions& o) {
     std::cerr << "strata bench cluster: " << counter.error().message << "\n";
     return 2;
   }
-  ClusterRun run(o, std::move(*counter));
+  // A bad trace is an error before any process starts.
+  std::vector<TraceRequest> trace;
+  if (!o.trace_path.empty()) {
+    auto t = load_trace(o.trace_path, o.trace_block_tokens, o.trace_limit);
+    if (!t) {
+      std::cerr << "strata bench cluster: " << t.error().message << "\n";
+      return 2;
+    }
+    trace = std::move(*t);
+  }
+  ClusterRun run(o, std::move(*counter), std::move(trace));
   return run.run();
 }
 

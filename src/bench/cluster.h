@@ -12,6 +12,13 @@
 // 3. failure: workload 2's shape over a fixed duration; the worker that served the most
 //    requests so far is killed (SIGKILL) at --kill-at of it and restarted where it was at
 //    --restart-at.
+// 4. trace (--trace FILE, issue 33): a production trace in Mooncake's format replayed open
+//    loop, each request at its timestamp times --time-scale, its prompt the token blocks of
+//    its hash ids (cluster_trace.h) sent as token ids to /v1/completions with max_tokens =
+//    its output length and ignore_eos; scored against the trace's ideal hit.
+//
+// With --simulate PROFILE every spawned worker is `strata serve --simulate PROFILE`
+// (docs/simulation.md), so that dozens of them run on a few cores.
 //
 // Each workload starts from cold workers and a fresh router, so that no policy inherits
 // another's cache. Every request is streamed; the router's x-strata-worker header says
@@ -29,6 +36,7 @@
 #include <vector>
 
 #include "bench/cluster_results.h"
+#include "bench/cluster_trace.h"
 #include "bench/cluster_workload.h"
 #include "bench/target.h"
 #include "common/result.h"
@@ -38,9 +46,10 @@ namespace strata::bench {
 struct ClusterOptions {
   TargetOptions target;  // --spawn --model (workers and routers), or --router URL (as url)
   RunOptions run;
-  int32_t workers = 3;              // spawned workers, in [1, 16]
+  int32_t workers = 3;              // spawned workers, in [1, router::kMaxWorkers = 1,024]
   int64_t worker_kv_tokens = 4096;  // each worker's --kv-cache-tokens, >= 256
   int32_t worker_threads = 1;       // each worker's --threads, >= 1
+  std::string simulate_profile;     // --simulate: every worker simulated on this profile
   std::vector<std::string> policies = {"round-robin", "least-loaded", "approximate", "precise",
                                        "default"};
   std::vector<std::string> workloads = {kSharedPrefix, kAgentic, kFailure};
@@ -69,8 +78,18 @@ struct ClusterOptions {
   double kill_at = 0.3;                     // fraction of the duration when a worker is killed
   double restart_at = 0.55;    // fraction when it is restarted, kill_at < restart_at < 1
   double join_timeout_s = 60;  // a router's workers must all have joined by then
+  // Workload 4 (cluster_trace.h).
+  std::string trace_path;                             // --trace: a Mooncake-format trace
+  int64_t trace_block_tokens = kMooncakeBlockTokens;  // tokens per hash id, >= 1
+  double time_scale = 1;                              // arrivals times this, in (0, 1000]
+  int64_t trace_limit = 0;                            // the first N requests; 0: all
   ClusterTargets targets;
 };
+
+// Each worker's --kv-cache-tokens for a trace when none is given: about what one H100
+// (80 GB) holds for Qwen3-8B in BF16 (16 GB of weights, 90 % of the memory used, 144 KiB of
+// KV per token), the model and GPU of profiles/h100-qwen3-8b.json.
+inline constexpr int64_t kTraceWorkerKvTokens = 360'000;
 
 void apply_quick(ClusterOptions& o);
 Status validate(const ClusterOptions& o);

@@ -28,7 +28,9 @@ Result<std::unique_ptr<Fleet>> Fleet::start(const FleetOptions& o) {
   if (o.workers < 1) return make_error(ErrorCode::kInvalidArgument, "a fleet needs >= 1 worker");
   std::unique_ptr<Fleet> f(new Fleet());
   f->options_ = o;
-  for (int32_t i = 0; i < o.workers; ++i) {
+  // Every worker is forked first, then awaited: dozens of (simulated) workers start
+  // together rather than one after the other.
+  auto worker_spawn = [&o](int32_t i, bool wait_ready) {
     SpawnOptions so;
     so.strata_bin = o.strata_bin;
     so.model_dir = o.model_dir;
@@ -36,13 +38,30 @@ Result<std::unique_ptr<Fleet>> Fleet::start(const FleetOptions& o) {
     so.log_path = o.log_dir / (o.log_prefix + "-worker-" + std::to_string(i + 1) + ".log");
     so.kv_events = true;
     so.start_timeout_s = o.start_timeout_s;
-    auto p = ServerProcess::start(so);
+    so.wait_ready = wait_ready;
+    return so;
+  };
+  for (int32_t i = 0; i < o.workers; ++i) {
+    auto p = ServerProcess::start(worker_spawn(i, false));
     if (!p) return std::unexpected(p.error());
-    f->worker_urls_.push_back((*p)->url());
-    f->kv_events_.push_back((*p)->kv_events_endpoint());
-    f->kv_replay_.push_back((*p)->kv_events_replay_endpoint());
-    f->restarts_.push_back(0);
     f->workers_.push_back(std::move(*p));
+  }
+  for (int32_t i = 0; i < o.workers; ++i) {
+    auto& w = f->workers_[static_cast<size_t>(i)];
+    // A free port picked for a worker may be taken before it binds it (by a connection of
+    // another process): such a worker is started again, alone, on other ports.
+    for (int attempt = 1;; ++attempt) {
+      auto st = w->wait_ready(o.start_timeout_s);
+      if (st) break;
+      if (attempt == 3) return std::unexpected(st.error());
+      auto again = ServerProcess::start(worker_spawn(i, false));
+      if (!again) return std::unexpected(again.error());
+      w = std::move(*again);
+    }
+    f->worker_urls_.push_back(w->url());
+    f->kv_events_.push_back(w->kv_events_endpoint());
+    f->kv_replay_.push_back(w->kv_events_replay_endpoint());
+    f->restarts_.push_back(0);
   }
   SpawnOptions ro;
   ro.strata_bin = o.strata_bin;
@@ -114,6 +133,10 @@ void Fleet::stop() {
   if (router_) {
     (void)router_->stop();
     router_.reset();
+  }
+  // SIGTERM to every worker first, so that they shut down together.
+  for (auto& w : workers_) {
+    if (w && w->pid() > 0) ::kill(w->pid(), SIGTERM);
   }
   for (auto& w : workers_) {
     if (w) (void)w->stop();

@@ -37,7 +37,7 @@ struct FleetOptions {
 
 class Fleet {
  public:
-  // Starts the workers one after the other, then the router, then waits until the
+  // Starts the workers (all forked, then each awaited), then the router, then waits until the
   // router's GET /workers shows every worker joined and eligible. On an error, what was
   // started is stopped.
   static Result<std::unique_ptr<Fleet>> start(const FleetOptions& options);

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "bench/cluster_trace.h"
 #include "bench/svg_chart.h"
 
 namespace strata::bench {
@@ -40,6 +41,23 @@ std::string format_counts(const std::vector<int64_t>& counts) {
 
 double fraction(double part, double whole) {
   return whole > 0 ? part / whole : 0;
+}
+
+struct MinMeanMax {
+  double min = kNaN;
+  double mean = kNaN;
+  double max = kNaN;
+};
+
+MinMeanMax min_mean_max(const std::vector<int64_t>& v) {
+  MinMeanMax m;
+  if (v.empty()) return m;
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  m.min = static_cast<double>(*lo);
+  m.max = static_cast<double>(*hi);
+  m.mean = static_cast<double>(std::accumulate(v.begin(), v.end(), int64_t{0})) /
+           static_cast<double>(v.size());
+  return m;
 }
 
 int32_t worker_index(const PhaseRecord& p, const std::string& url) {
@@ -100,13 +118,27 @@ ojson figures_json(const PhaseRecord& p, const PolicyFigures& f) {
           {"sessions_per_worker_max_over_min", finite_or_null(spread(f.sessions_per_worker))},
           {"router_queue", {{"queued", f.queued}, {"mean_s", f.queue_mean_s}}},
           {"router_retries", f.retries},
-          {"router_rejected", static_cast<int64_t>(p.router.rejected)},
-          {"streams_broken", static_cast<int64_t>(p.router.streams_broken)}};
+          {"router_rejected", f.rejected},
+          {"streams_broken", static_cast<int64_t>(p.router.streams_broken)},
+          {"computed_tokens_per_worker", f.computed_tokens_per_worker},
+          {"router_decision",
+           {{"count", f.decisions},
+            {"mean_s", finite_or_null(f.decision_mean_s)},
+            {"p50_at_most_s", finite_or_null(f.decision_p50_s)},
+            {"p99_at_most_s", finite_or_null(f.decision_p99_s)},
+            {"last_bound_s", f.decision_top_bound_s}}}};
   if (p.workload == kSharedPrefix) {
     j["rate_per_s"] = p.rate_per_s;
     j["reusable_fraction"] = f.reusable_fraction;
   }
   if (p.workload != kSharedPrefix) j["sessions"] = p.sessions_planned;
+  if (p.workload == kTrace) {
+    // Sessions are the trace's prefix families (requests sharing their first block).
+    j["ideal_hit_fraction"] = f.reusable_fraction;
+    j["hit_of_ideal"] =
+        finite_or_null(f.reusable_fraction > 0 ? f.cache_hit_fraction / f.reusable_fraction : kNaN);
+    j["arrival_span_s"] = p.arrival_span_s;
+  }
   if (p.workload == kFailure) {
     j["killed_worker"] =
         p.killed_worker >= 0 ? ojson(p.workers[static_cast<size_t>(p.killed_worker)]) : ojson();
@@ -133,6 +165,10 @@ ojson requests_json(const PhaseRecord& p) {
             {"cached_tokens", q.cached_tokens},
             {"completion_tokens", q.completion_tokens}};
     if (q.group >= 0) j["group"] = q.group;
+    if (q.trace_line >= 0) {
+      j["line"] = q.trace_line;
+      j["ideal_hit_tokens"] = q.reusable_tokens;
+    }
     if (q.session >= 0) {
       j["session"] = q.session;
       j["turn"] = q.turn;
@@ -161,7 +197,9 @@ RouterCounters parse_router_metrics(const std::string& text) {
       {"strata_router_queue_seconds_count", &RouterCounters::queue_seconds_count},
       {"strata_router_retries_total", &RouterCounters::retries},
       {"strata_router_rejected_total", &RouterCounters::rejected},
-      {"strata_router_streams_broken_total", &RouterCounters::streams_broken}};
+      {"strata_router_streams_broken_total", &RouterCounters::streams_broken},
+      {"strata_router_decision_seconds_sum", &RouterCounters::decision_seconds_sum},
+      {"strata_router_decision_seconds_count", &RouterCounters::decision_seconds_count}};
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
@@ -171,6 +209,18 @@ RouterCounters parse_router_metrics(const std::string& text) {
     const std::string_view name(line.data(), name_end);
     const size_t value_at = line.rfind(' ');
     if (value_at == std::string::npos || value_at + 1 >= line.size()) continue;
+    if (name == "strata_router_decision_seconds_bucket") {
+      const size_t le_at = line.find("le=\"");
+      if (le_at == std::string::npos) continue;
+      const size_t le_end = line.find('"', le_at + 4);
+      const std::string le = line.substr(le_at + 4, le_end - le_at - 4);
+      try {
+        const double bound = le == "+Inf" ? std::numeric_limits<double>::infinity() : std::stod(le);
+        c.decision_buckets[bound] += std::stod(line.substr(value_at + 1));
+      } catch (const std::exception&) {
+      }
+      continue;
+    }
     for (const auto& [metric, field] : names) {
       if (name != metric) continue;
       try {
@@ -192,8 +242,24 @@ RouterCounters operator-(const RouterCounters& a, const RouterCounters& b) {
   d.queue_seconds_count = a.queue_seconds_count - b.queue_seconds_count;
   d.retries = a.retries - b.retries;
   d.rejected = a.rejected - b.rejected;
+  d.decision_seconds_sum = a.decision_seconds_sum - b.decision_seconds_sum;
+  d.decision_seconds_count = a.decision_seconds_count - b.decision_seconds_count;
+  for (const auto& [bound, count] : a.decision_buckets) {
+    const auto it = b.decision_buckets.find(bound);
+    d.decision_buckets[bound] = count - (it == b.decision_buckets.end() ? 0 : it->second);
+  }
   d.streams_broken = a.streams_broken - b.streams_broken;
   return d;
+}
+
+double bucket_quantile(const std::map<double, double>& buckets, double q) {
+  if (buckets.empty()) return kNaN;
+  const double total = buckets.rbegin()->second;
+  if (!(total > 0)) return kNaN;
+  for (const auto& [bound, count] : buckets) {
+    if (count >= q * total) return bound;
+  }
+  return buckets.rbegin()->first;
 }
 
 PolicyFigures summarize_phase(const PhaseRecord& p) {
@@ -203,6 +269,7 @@ PolicyFigures summarize_phase(const PhaseRecord& p) {
   f.wall_s = p.wall_s;
   f.requests_per_worker.assign(p.workers.size(), 0);
   f.sessions_per_worker.assign(p.workers.size(), 0);
+  f.computed_tokens_per_worker.assign(p.workers.size(), 0);
   const std::string killed =
       p.killed_worker >= 0 && static_cast<size_t>(p.killed_worker) < p.workers.size()
           ? p.workers[static_cast<size_t>(p.killed_worker)]
@@ -224,7 +291,11 @@ PolicyFigures summarize_phase(const PhaseRecord& p) {
       ++(excused ? f.failed_streaming_on_killed : f.failed_other);
       continue;
     }
-    if (w >= 0) ++f.requests_per_worker[static_cast<size_t>(w)];
+    if (w >= 0) {
+      ++f.requests_per_worker[static_cast<size_t>(w)];
+      f.computed_tokens_per_worker[static_cast<size_t>(w)] +=
+          std::max<int64_t>(0, q.prompt_tokens - q.cached_tokens);
+    }
     ttft.push_back(q.ttft_s);
     itl.insert(itl.end(), q.itl_s.begin(), q.itl_s.end());
     f.prompt_tokens += q.prompt_tokens;
@@ -244,6 +315,15 @@ PolicyFigures summarize_phase(const PhaseRecord& p) {
   f.queued = static_cast<int64_t>(p.router.queued);
   f.queue_mean_s = fraction(p.router.queue_seconds_sum, p.router.queue_seconds_count);
   f.retries = static_cast<int64_t>(p.router.retries);
+  f.rejected = static_cast<int64_t>(p.router.rejected);
+  f.decisions = static_cast<int64_t>(p.router.decision_seconds_count);
+  f.decision_mean_s =
+      f.decisions > 0 ? p.router.decision_seconds_sum / p.router.decision_seconds_count : kNaN;
+  f.decision_p50_s = bucket_quantile(p.router.decision_buckets, 0.5);
+  f.decision_p99_s = bucket_quantile(p.router.decision_buckets, 0.99);
+  for (const auto& [bound, count] : p.router.decision_buckets) {
+    if (std::isfinite(bound)) f.decision_top_bound_s = std::max(f.decision_top_bound_s, bound);
+  }
   if (std::isfinite(first_back_s)) f.back_after_s = first_back_s - p.restarted_at_s;
   return f;
 }
@@ -358,6 +438,38 @@ std::vector<Check> cluster_checks(const ClusterRecord& r, const ClusterTargets& 
     out.push_back(Check{"failure: restarted worker back",
                         df.back_after_s >= 0 && df.back_after_s <= t.max_back_after_s, d2});
   }
+  // Workload 4.
+  const auto def4 = phases_of(r, kTrace, "default");
+  if (!def4.empty()) {
+    const PolicyFigures df = summarize_phase(*def4.front());
+    const double share =
+        df.reusable_fraction > 0 ? df.cache_hit_fraction / df.reusable_fraction : kNaN;
+    std::string detail = "default hit " + format_percent(df.cache_hit_fraction);
+    detail += " of an ideal " + format_percent(df.reusable_fraction);
+    detail += " = " + format_fixed(share, "%.2f") + ", target >= ";
+    detail += format_fixed(t.min_hit_of_ideal, "%.2f");
+    out.push_back(Check{"trace hit fraction of the ideal",
+                        std::isfinite(share) && share >= t.min_hit_of_ideal, detail});
+    const MinMeanMax s = min_mean_max(df.sessions_per_worker);
+    std::string d2 = "default: prefix families per worker " + format_fixed(s.min, "%.0f");
+    d2 += " to " + format_fixed(s.max, "%.0f") + ", least vs mean " + format_fixed(s.mean, "%.1f");
+    d2 += ", target >= " + format_fixed(t.min_trace_session_share, "%.2f") + " of the mean";
+    out.push_back(Check{"trace sessions spread",
+                        s.mean > 0 && s.min >= t.min_trace_session_share * s.mean, d2});
+    const auto rr4 = phases_of(r, kTrace, "round-robin");
+    if (!rr4.empty()) {
+      const PolicyFigures rf = summarize_phase(*rr4.front());
+      const double ratio = df.ttft.p99 / rf.ttft.p99;
+      std::string d3 = "default " + format_ms(df.ttft.p99) + " / round-robin ";
+      d3 += format_ms(rf.ttft.p99) + " = " + format_fixed(ratio, "%.2f") + ", target <= ";
+      d3 += format_fixed(t.max_trace_ttft_p99_ratio, "%.2f");
+      d3 += " (round-robin's last answer at " + format_fixed(rr4.front()->wall_s, "%.1f s");
+      d3 += " for arrivals over " + format_fixed(rr4.front()->arrival_span_s, "%.1f s");
+      d3 += ", " + std::to_string(rf.queued) + " queued)";
+      out.push_back(Check{"trace TTFT p99 vs round-robin",
+                          std::isfinite(ratio) && ratio <= t.max_trace_ttft_p99_ratio, d3});
+    }
+  }
   return out;
 }
 
@@ -420,6 +532,49 @@ Table policies_table(const std::vector<PolicyFigures>& figures, bool failure_col
   return t;
 }
 
+Table trace_table(const std::vector<PolicyFigures>& figures) {
+  Table t;
+  t.header = {"Policy",
+              "Requests",
+              "Failed",
+              "TTFT p50",
+              "TTFT p90",
+              "TTFT p99",
+              "ITL p50",
+              "ITL p90",
+              "ITL p99",
+              "Cache hit",
+              "Of ideal",
+              "Requests/worker",
+              "Families/worker",
+              "Prefill tok/worker",
+              "Queued / 429 / moved",
+              "Decision p50 / p99"};
+  const auto range = [](const std::vector<int64_t>& v, const char* format) {
+    const MinMeanMax m = min_mean_max(v);
+    return format_fixed(m.min, format) + "–" + format_fixed(m.max, format) + " (" +
+           format_fixed(m.mean, "%.1f") + ")";
+  };
+  for (const PolicyFigures& f : figures) {
+    const auto bound_us = [&f](double s) {
+      if (std::isinf(s)) return "> " + format_fixed(f.decision_top_bound_s * 1e6, "%.0f") + " µs";
+      return std::isfinite(s) ? "≤ " + format_fixed(s * 1e6, "%.0f") + " µs" : std::string("-");
+    };
+    t.rows.push_back(
+        {f.name, std::to_string(f.requests), std::to_string(f.failed_requests),
+         format_ms(f.ttft.p50), format_ms(f.ttft.p90), format_ms(f.ttft.p99), format_ms(f.itl.p50),
+         format_ms(f.itl.p90), format_ms(f.itl.p99), format_percent(f.cache_hit_fraction),
+         format_fixed(f.reusable_fraction > 0 ? f.cache_hit_fraction / f.reusable_fraction : kNaN,
+                      "%.2f"),
+         range(f.requests_per_worker, "%.0f"), range(f.sessions_per_worker, "%.0f"),
+         range(f.computed_tokens_per_worker, "%.0f"),
+         std::to_string(f.queued) + " / " + std::to_string(f.rejected) + " / " +
+             std::to_string(f.retries),
+         bound_us(f.decision_p50_s) + " / " + bound_us(f.decision_p99_s)});
+  }
+  return t;
+}
+
 ojson cluster_results_json(const ClusterRecord& r, const std::vector<Check>& checks) {
   ojson workloads = ojson::array();
   // Workload 1: by level, and the saturation level's figures as the workload's policies.
@@ -450,7 +605,7 @@ ojson cluster_results_json(const ClusterRecord& r, const std::vector<Check>& che
               {"policies", at_sat},
               {"levels", levels}});
   }
-  for (const char* name : {kAgentic, kFailure}) {
+  for (const char* name : {kAgentic, kFailure, kTrace}) {
     const auto phases = phases_of(r, name);
     if (phases.empty()) continue;
     ojson policies = ojson::array();
@@ -531,6 +686,27 @@ std::string cluster_summary_markdown(const ClusterRecord& r, const std::vector<C
     }
     md += ":\n\n" + to_markdown(policies_table(figs, name == std::string(kFailure))) + "\n";
   }
+  if (const auto phases = phases_of(r, kTrace); !phases.empty()) {
+    md += "**Workload 4: trace replay**";
+    if (r.cluster.contains("trace")) {
+      const ojson& t = r.cluster["trace"];
+      md += " (`" + t.value("file", std::string()) + "`: ";
+      md += std::to_string(t.value("requests", int64_t{0})) + " requests";
+      if (t.value("skipped_beyond_context", int64_t{0}) > 0) {
+        md += " (" + std::to_string(t.value("skipped_beyond_context", int64_t{0})) +
+              " more skipped: beyond the model's context)";
+      }
+      md += ", arrivals over " + format_fixed(t.value("arrival_span_s", 0.0), "%.1f s");
+      md += " at time scale " + format_fixed(t.value("time_scale", 0.0), "%g");
+      const ojson ideal = t.value("ideal", ojson::object());
+      md += "; ideal hit " + format_percent(ideal.value("token_fraction", 0.0)) +
+            " of prompt tokens, " + format_percent(ideal.value("block_fraction", 0.0)) +
+            " of blocks)";
+    }
+    std::vector<PolicyFigures> figs;
+    for (const PhaseRecord* p : phases) figs.push_back(summarize_phase(*p));
+    md += ":\n\n" + to_markdown(trace_table(figs)) + "\n";
+  }
   md += "Checks:\n\n";
   for (const Check& c : checks) md += check_line(c);
   return md;
@@ -604,6 +780,20 @@ Status write_cluster_outputs(const std::string& out_dir, const ClusterRecord& r,
   if (auto st = write_file(out / "cluster_ttft_p90.svg", render_bar_chart(ttft)); !st) return st;
   if (auto st = write_file(out / "cluster_hit_fraction.svg", render_bar_chart(hit)); !st) {
     return st;
+  }
+  // The trace's TTFT percentiles by policy.
+  if (const auto trace = phases_of(r, kTrace); !trace.empty()) {
+    BarChart c{.title = "Trace replay: TTFT by policy",
+               .y_label = "milliseconds",
+               .categories = {"p50", "p90", "p99"},
+               .series = {},
+               .values = {}};
+    for (const PhaseRecord* p : trace) {
+      const PolicyFigures f = summarize_phase(*p);
+      c.series.push_back(p->policy);
+      c.values.push_back({f.ttft.p50 * 1000, f.ttft.p90 * 1000, f.ttft.p99 * 1000});
+    }
+    if (auto st = write_file(out / "cluster_trace_ttft.svg", render_bar_chart(c)); !st) return st;
   }
   // New agentic sessions per worker.
   const auto agentic = phases_of(r, kAgentic);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,14 +25,16 @@ namespace strata::bench {
 inline constexpr const char* kSharedPrefix = "shared-prefix";
 inline constexpr const char* kAgentic = "agentic";
 inline constexpr const char* kFailure = "failure";
+// kTrace ("trace") is in cluster_trace.h.
 
 // One request sent through the router.
 struct RoutedRequest {
-  int64_t session = -1;  // agentic and failure workloads; -1 for shared-prefix
-  int32_t turn = 0;      // within the session
-  int32_t group = -1;    // shared-prefix group; -1 otherwise
-  double start_s = 0;    // sent, since the phase started
-  double end_s = 0;      // answered (or failed)
+  int64_t session = -1;     // agentic and failure; trace: the prefix family; -1 for shared-prefix
+  int32_t turn = 0;         // within the session (trace: 0 for a family's first request, else 1)
+  int64_t trace_line = -1;  // trace: the request's line in the file
+  int32_t group = -1;       // shared-prefix group; -1 otherwise
+  double start_s = 0;       // sent, since the phase started
+  double end_s = 0;         // answered (or failed)
   bool ok = false;
   int status = 0;              // the router's HTTP status; 0 when no answer came
   bool broken_stream = false;  // answered 200, then the stream failed
@@ -41,7 +44,8 @@ struct RoutedRequest {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // usage.prompt_tokens_details.cached_tokens
   int64_t completion_tokens = 0;
-  int64_t reusable_tokens = 0;  // shared-prefix: what a perfect placement finds cached
+  int64_t reusable_tokens = 0;  // shared-prefix: what a perfect placement finds cached;
+                                // trace: what one infinite cache would hit (the ideal)
   std::string error;
 };
 
@@ -56,7 +60,16 @@ struct RouterCounters {
   double retries = 0;                  // strata_router_retries_total
   double rejected = 0;                 // strata_router_rejected_total
   double streams_broken = 0;           // strata_router_streams_broken_total
+  double decision_seconds_sum = 0;     // strata_router_decision_seconds_sum
+  double decision_seconds_count = 0;   // strata_router_decision_seconds_count
+  // strata_router_decision_seconds_bucket: upper bound (le, +inf for the last) -> count
+  // of decisions at most that long (cumulative).
+  std::map<double, double> decision_buckets;
 };
+
+// The upper bound of the histogram bucket holding the q-quantile (q in (0, 1]) of
+// cumulative `buckets`; NaN when they count nothing. The true quantile is at most that.
+double bucket_quantile(const std::map<double, double>& buckets, double q);
 
 // The sum over every sample of each counter above in a Prometheus text exposition
 // (labels ignored; a metric absent reads 0).
@@ -101,7 +114,18 @@ struct PolicyFigures {
   std::vector<int64_t> sessions_per_worker;  // sessions by the worker of their first turn
   double queue_mean_s = 0;                   // router queue, over requests that waited
   int64_t queued = 0;
-  int64_t retries = 0;
+  int64_t retries = 0;   // moved: sent again to another worker before their first byte
+  int64_t rejected = 0;  // answered 429 by the router
+  // Prompt tokens computed (not cached) by worker, successful requests: the prefill load.
+  std::vector<int64_t> computed_tokens_per_worker;
+  // The router's decisions over the phase: count, mean, and the bucket bounds of the
+  // median and the 99th percentile (NaN when none was timed; +inf beyond the histogram's
+  // last finite bound, decision_top_bound_s).
+  int64_t decisions = 0;
+  double decision_mean_s = 0;
+  double decision_p50_s = 0;
+  double decision_p99_s = 0;
+  double decision_top_bound_s = 0;
   // Failure workload:
   int64_t failed_streaming_on_killed = 0;  // in flight on the killed worker when it died
   int64_t failed_other = 0;                // every other failure
@@ -120,11 +144,14 @@ int32_t saturation_level(const std::vector<PhaseRecord>& levels);
 
 // The targets (ratios within one run).
 struct ClusterTargets {
-  double max_ttft_p90_ratio = 1.0 / 3;  // shared-prefix: default / round-robin at saturation
-  double min_hit_of_reusable = 0.9;     // shared-prefix: default's hit / reusable share
-  double min_session_share = 0.5;       // agentic: every worker's new sessions / the mean
-  double max_hit_drop = 0.05;           // agentic: precise's hit - default's hit
-  double max_back_after_s = 10;         // failure: restart -> traffic again
+  double max_ttft_p90_ratio = 1.0 / 3;    // shared-prefix: default / round-robin at saturation
+  double min_hit_of_reusable = 0.9;       // shared-prefix: default's hit / reusable share
+  double min_session_share = 0.5;         // agentic: every worker's new sessions / the mean
+  double max_hit_drop = 0.05;             // agentic: precise's hit - default's hit
+  double max_back_after_s = 10;           // failure: restart -> traffic again
+  double min_hit_of_ideal = 0.9;          // trace: default's hit / the trace's ideal hit
+  double max_trace_ttft_p99_ratio = 0.2;  // trace: default / round-robin TTFT p99
+  double min_trace_session_share = 0.5;   // trace: every worker's prefix families / the mean
 };
 
 // Everything a run measured; the phases of every workload and policy.
@@ -153,6 +180,9 @@ std::vector<Check> validity_checks(const ClusterRecord& r);
 
 // One row per policy.
 Table policies_table(const std::vector<PolicyFigures>& figures, bool failure_columns);
+
+// The trace workload's row per policy (balance as min–max (mean) over the workers).
+Table trace_table(const std::vector<PolicyFigures>& figures);
 
 nlohmann::ordered_json cluster_results_json(const ClusterRecord& r,
                                             const std::vector<Check>& checks);

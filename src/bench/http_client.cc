@@ -151,7 +151,18 @@ std::string AnswerHead::header(std::string_view name) const {
 
 Result<StreamedChat> ServerClient::stream_chat(const nlohmann::ordered_json& body,
                                                AnswerHead* head) const {
-  auto req = make_request("POST", "/v1/chat/completions", body.dump());
+  return stream_generation("/v1/chat/completions", body, head);
+}
+
+Result<StreamedChat> ServerClient::stream_completion(const nlohmann::ordered_json& body,
+                                                     AnswerHead* head) const {
+  return stream_generation("/v1/completions", body, head);
+}
+
+Result<StreamedChat> ServerClient::stream_generation(const std::string& path,
+                                                     const nlohmann::ordered_json& body,
+                                                     AnswerHead* head) const {
+  auto req = make_request("POST", path, body.dump());
   if (!req) return std::unexpected(req.error());
   req->headers.emplace_back("Accept", "text/event-stream");
 
@@ -172,7 +183,7 @@ Result<StreamedChat> ServerClient::stream_chat(const nlohmann::ordered_json& bod
   out.e2e_s = seconds_between(start, SteadyClock::now());
   if (res->status != 200) {
     return make_error(res->status == 404 ? ErrorCode::kNotFound : ErrorCode::kFailedPrecondition,
-                      status_error("POST /v1/chat/completions", res->status, res->body));
+                      status_error("POST " + path, res->status, res->body));
   }
 
   std::string stream_error;
@@ -197,11 +208,14 @@ Result<StreamedChat> ServerClient::stream_chat(const nlohmann::ordered_json& bod
       if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
         out.finish_reason = choice["finish_reason"].get<std::string>();
       }
-      if (!choice.contains("delta") || !choice["delta"].contains("content") ||
-          !choice["delta"]["content"].is_string()) {
-        continue;
+      // A chat chunk's delta.content, a completion chunk's text.
+      std::string piece;
+      if (choice.contains("delta") && choice["delta"].contains("content") &&
+          choice["delta"]["content"].is_string()) {
+        piece = choice["delta"]["content"].get<std::string>();
+      } else if (choice.contains("text") && choice["text"].is_string()) {
+        piece = choice["text"].get<std::string>();
       }
-      const std::string piece = choice["delta"]["content"].get<std::string>();
       if (piece.empty()) continue;
       if (first) {
         out.ttft_s = a.t_s;

@@ -1,6 +1,7 @@
 // The benchmark's HTTP client of a Strata (or any OpenAI-compatible) server: JSON calls
-// for the control endpoints and streaming chat completions over server-sent events, timed
-// the way a user sees them (TTFT from sending the request to the first content chunk).
+// for the control endpoints and streaming chat and plain completions over server-sent
+// events, timed the way a user sees them (TTFT from sending the request to the first content
+// chunk).
 //
 // Threads: a ServerClient is immutable and may be shared; its copies share one
 // http::BlockingClient (one I/O thread and a keep-alive connection pool), so the load
@@ -93,6 +94,9 @@ class ServerClient {
   // `head`, when given, receives the answer's status and headers whenever one came.
   Result<StreamedChat> stream_chat(const nlohmann::ordered_json& body,
                                    AnswerHead* head = nullptr) const;
+  // The same for POST /v1/completions (a prompt of text or token ids): the chunks' text.
+  Result<StreamedChat> stream_completion(const nlohmann::ordered_json& body,
+                                         AnswerHead* head = nullptr) const;
   // The non-streaming form; returns the usage and the reply text.
   Result<std::pair<ChatUsage, std::string>> chat(const nlohmann::ordered_json& body) const;
 
@@ -105,6 +109,10 @@ class ServerClient {
   // A request to base_url_ + path with the API key; an error when base_url_ is malformed.
   Result<http::ClientRequest> make_request(const std::string& method, const std::string& path,
                                            std::string body) const;
+  // POSTs `path` and reads the stream of chat or completion chunks to its end.
+  Result<StreamedChat> stream_generation(const std::string& path,
+                                         const nlohmann::ordered_json& body,
+                                         AnswerHead* head) const;
 
   std::string base_url_;
   std::string api_key_;

@@ -14,6 +14,8 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "bench/http_client.h"
@@ -64,21 +66,31 @@ bool interrupted() {
 }
 
 Result<int> pick_free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return make_error(ErrorCode::kIoError, "socket() failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+  // The kernel picks a random free port; once released it may pick it again, so ports
+  // handed out before (to processes that may not have bound them yet: a fleet's workers
+  // start together) are not handed out twice.
+  static std::mutex mutex;
+  static std::set<int> handed_out;  // GUARDED_BY(mutex)
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return make_error(ErrorCode::kIoError, "socket() failed");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ::close(fd);
+      return make_error(ErrorCode::kIoError, "cannot bind a loopback port");
+    }
+    const int port = ntohs(addr.sin_port);
     ::close(fd);
-    return make_error(ErrorCode::kIoError, "cannot bind a loopback port");
+    std::lock_guard lock(mutex);
+    if (handed_out.size() >= 8192) handed_out.clear();
+    if (handed_out.insert(port).second) return port;
   }
-  const int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
+  return make_error(ErrorCode::kIoError, "no loopback port that was not handed out before");
 }
 
 std::string self_executable() {
@@ -110,6 +122,7 @@ Result<std::unique_ptr<ServerProcess>> ServerProcess::start(const SpawnOptions& 
   if (!port) return std::unexpected(port.error());
   std::unique_ptr<ServerProcess> p(new ServerProcess());
   p->log_path_ = o.log_path;
+  p->command_ = o.command;
   p->url_ = "http://127.0.0.1:" + std::to_string(*port);
   p->argv_ = {o.strata_bin, o.command,   "--model", o.model_dir,
               "--host",     "127.0.0.1", "--port",  std::to_string(*port)};
@@ -163,16 +176,21 @@ Result<std::unique_ptr<ServerProcess>> ServerProcess::start(const SpawnOptions& 
   ::close(log_fd);
   p->pid_ = pid;
   register_child(pid);
-
-  ServerClient client(p->url_);
-  ServerProcess* raw = p.get();
-  if (auto st = client.wait_healthy(o.start_timeout_s, [raw] { return raw->alive(); }); !st) {
-    p->stop(5);
-    return make_error(st.error().code, "`strata " + o.command + "` did not start (" +
-                                           st.error().message + "); log " + o.log_path.string() +
-                                           ":\n" + file_tail(o.log_path, 2000));
+  if (o.wait_ready) {
+    if (auto st = p->wait_ready(o.start_timeout_s); !st) return std::unexpected(st.error());
   }
   return p;
+}
+
+Status ServerProcess::wait_ready(double timeout_s) {
+  ServerClient client(url_);
+  if (auto st = client.wait_healthy(timeout_s, [this] { return alive(); }); !st) {
+    (void)stop(5);
+    return make_error(st.error().code, "`strata " + command_ + "` did not start (" +
+                                           st.error().message + "); log " + log_path_.string() +
+                                           ":\n" + file_tail(log_path_, 2000));
+  }
+  return {};
 }
 
 bool ServerProcess::alive() {

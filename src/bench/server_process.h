@@ -31,11 +31,15 @@ struct SpawnOptions {
   std::string kv_events_endpoint;         // with kv_events: tcp://host:port; "": a free port
   std::string kv_events_replay_endpoint;  // likewise, the replay socket
   double start_timeout_s = 300;           // until /health answers 200
+  bool wait_ready = true;  // false: start() returns once forked; then call wait_ready()
 };
 
 class ServerProcess {
  public:
   static Result<std::unique_ptr<ServerProcess>> start(const SpawnOptions& options);
+  // Waits until /health answers 200 (start() does, unless told not to); on a failure the
+  // process is stopped and the error carries its log's tail.
+  Status wait_ready(double timeout_s);
   ~ServerProcess();  // stop()
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
@@ -57,6 +61,7 @@ class ServerProcess {
   std::string kv_events_endpoint_;
   std::string kv_events_replay_endpoint_;
   std::vector<std::string> argv_;
+  std::string command_;
   std::filesystem::path log_path_;
 };
 

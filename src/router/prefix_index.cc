@@ -1,7 +1,6 @@
 #include "router/prefix_index.h"
 
 #include <algorithm>
-#include <bit>
 #include <mutex>
 #include <string>
 #include <variant>
@@ -23,17 +22,60 @@ uint64_t copy_key(uint64_t router_hash, Tier tier) {
   return (router_hash << 2) | static_cast<uint64_t>(tier);
 }
 
-template <typename F>
-void for_each_bit(uint64_t mask, F&& f) {
-  for (; mask != 0; mask &= mask - 1) f(static_cast<unsigned>(std::countr_zero(mask)));
+// Sorted-set operations on a block's worker list (predictions, pins).
+template <typename Set>
+bool set_insert(Set& set, WorkerId worker) {
+  auto it = std::lower_bound(set.begin(), set.end(), worker);
+  if (it != set.end() && *it == worker) return false;
+  set.insert(it, static_cast<uint16_t>(worker));
+  return true;
+}
+template <typename Set>
+bool set_erase(Set& set, WorkerId worker) {
+  auto it = std::lower_bound(set.begin(), set.end(), worker);
+  if (it == set.end() || *it != worker) return false;
+  set.erase(it);
+  return true;
 }
 
 }  // namespace
 
+uint8_t PrefixIndex::tiers_of(const Holders& holders, WorkerId worker) {
+  for (const Holder& h : holders) {
+    if (h.worker >= worker) return h.worker == worker ? h.tiers : 0;
+  }
+  return 0;
+}
+
+PrefixIndex::Holder& PrefixIndex::holder_locked(Holders& holders, WorkerId worker) {
+  auto it = std::lower_bound(holders.begin(), holders.end(), worker,
+                             [](const Holder& h, WorkerId w) { return h.worker < w; });
+  if (it != holders.end() && it->worker == worker) return *it;
+  // Spilling moves the inline holders to the heap with the new one.
+  if (holders.size() == kInlineHolders) spilled_holders_ += kInlineHolders;
+  if (holders.size() >= kInlineHolders) ++spilled_holders_;
+  return *holders.insert(it, Holder{static_cast<uint16_t>(worker), 0});
+}
+
+void PrefixIndex::erase_holder_locked(Holders& holders, WorkerId worker) {
+  auto it = std::lower_bound(holders.begin(), holders.end(), worker,
+                             [](const Holder& h, WorkerId w) { return h.worker < w; });
+  if (it == holders.end() || it->worker != worker) return;
+  const bool spilled = holders.size() > kInlineHolders;
+  holders.erase(it);
+  if (!spilled) return;
+  --spilled_holders_;
+  if (holders.size() == kInlineHolders) {
+    spilled_holders_ -= kInlineHolders;
+    holders.shrink_to_fit();  // back inline
+  }
+}
+
 Status PrefixIndex::add_worker(WorkerId worker, int block_size) {
   if (worker >= kMaxWorkers) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "worker id " + std::to_string(worker) + " is not below 64");
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        "worker id " + std::to_string(worker) + " is not below " + std::to_string(kMaxWorkers));
   }
   if (block_size < 1) {
     return make_error(ErrorCode::kInvalidArgument, "block size must be at least 1");
@@ -49,7 +91,6 @@ Status PrefixIndex::add_worker(WorkerId worker, int block_size) {
   ws.block_size = block_size;
   ws.stats.worker = worker;
   ws.stats.block_size = block_size;
-  present_mask_ |= uint64_t{1} << worker;
   return {};
 }
 
@@ -60,7 +101,6 @@ void PrefixIndex::remove_worker(WorkerId worker) {
   clear_blocks_locked(worker);
   drop_worker_marks_locked(worker);
   workers_[worker] = WorkerState{};
-  present_mask_ &= ~(uint64_t{1} << worker);
 }
 
 void PrefixIndex::clear_worker(WorkerId worker) {
@@ -149,7 +189,7 @@ std::optional<uint64_t> PrefixIndex::resolve_locked(WorkerId worker, uint64_t wo
   }
   // Not mapped: the worker hash is the router hash if the worker holds that block.
   if (auto it = blocks_.find(worker_hash);
-      it != blocks_.end() && (it->second.any() & (uint64_t{1} << worker)) != 0) {
+      it != blocks_.end() && tiers_of(it->second, worker) != 0) {
     return worker_hash;
   }
   return std::nullopt;
@@ -158,15 +198,15 @@ std::optional<uint64_t> PrefixIndex::resolve_locked(WorkerId worker, uint64_t wo
 void PrefixIndex::store_locked(WorkerId worker, uint64_t worker_hash, uint64_t router_hash,
                                Tier tier) {
   WorkerState& ws = workers_[worker];
-  const uint64_t bit = uint64_t{1} << worker;
+  const uint8_t bit = tier_bit(tier);
   const auto t = static_cast<size_t>(tier);
-  Entry& e = blocks_[router_hash];
-  const bool held = (e.any() & bit) != 0;
-  if ((e.tiers[t] & bit) != 0) {
+  Holder& h = holder_locked(blocks_[router_hash], worker);
+  const bool held = h.tiers != 0;
+  if ((h.tiers & bit) != 0) {
     ++ws.extra_copies[copy_key(router_hash, tier)];
     ++ws.stats.duplicate_copies;
   } else {
-    e.tiers[t] |= bit;
+    h.tiers |= bit;
     ++ws.stats.blocks_per_tier[t];
   }
   if (!held) ++ws.stats.blocks;
@@ -179,11 +219,11 @@ void PrefixIndex::store_locked(WorkerId worker, uint64_t worker_hash, uint64_t r
 
 void PrefixIndex::remove_locked(WorkerId worker, uint64_t worker_hash, Tier tier) {
   WorkerState& ws = workers_[worker];
-  const uint64_t bit = uint64_t{1} << worker;
+  const uint8_t bit = tier_bit(tier);
   const auto t = static_cast<size_t>(tier);
   const std::optional<uint64_t> router_hash = resolve_locked(worker, worker_hash);
   auto it = router_hash ? blocks_.find(*router_hash) : blocks_.end();
-  if (it == blocks_.end() || (it->second.tiers[t] & bit) == 0) {
+  if (it == blocks_.end() || (tiers_of(it->second, worker) & bit) == 0) {
     ++ws.stats.unknown_removals;
     return;
   }
@@ -194,11 +234,12 @@ void PrefixIndex::remove_locked(WorkerId worker, uint64_t worker_hash, Tier tier
       return;
     }
   }
-  Entry& e = it->second;
-  e.tiers[t] &= ~bit;
+  Holder& h = holder_locked(it->second, worker);
+  h.tiers = static_cast<uint8_t>(h.tiers & ~bit);
   --ws.stats.blocks_per_tier[t];
-  if ((e.any() & bit) != 0) return;
+  if (h.tiers != 0) return;
   --ws.stats.blocks;
+  erase_holder_locked(it->second, worker);
   if (worker_hash != *router_hash) {
     ws.to_router.erase(worker_hash);
     if (auto w = ws.to_worker.find(*router_hash);
@@ -206,16 +247,15 @@ void PrefixIndex::remove_locked(WorkerId worker, uint64_t worker_hash, Tier tier
       ws.to_worker.erase(w);
     }
   }
-  if (e.any() == 0) blocks_.erase(it);
+  if (it->second.empty()) blocks_.erase(it);
 }
 
 void PrefixIndex::clear_blocks_locked(WorkerId worker) {
   WorkerState& ws = workers_[worker];
   if (ws.stats.blocks != 0) {
-    const uint64_t keep = ~(uint64_t{1} << worker);
-    absl::erase_if(blocks_, [keep](auto& kv) {
-      for (uint64_t& m : kv.second.tiers) m &= keep;
-      return kv.second.any() == 0;
+    absl::erase_if(blocks_, [this, worker](auto& kv) {
+      erase_holder_locked(kv.second, worker);
+      return kv.second.empty();
     });
   }
   ws.to_router = {};
@@ -231,68 +271,92 @@ void PrefixIndex::drop_prediction_locked(WorkerId worker, uint64_t router_hash) 
   if (it == expiry_ms_.end()) return;
   expiry_ms_.erase(it);  // its heap node is dropped when it comes due
   auto p = predicted_.find(router_hash);
-  p->second &= ~(uint64_t{1} << worker);
-  if (p->second == 0) predicted_.erase(p);
+  set_erase(p->second, worker);
+  if (p->second.empty()) predicted_.erase(p);
   --workers_[worker].stats.predicted_blocks;
 }
 
 void PrefixIndex::drop_worker_marks_locked(WorkerId worker) {
-  const uint64_t keep = ~(uint64_t{1} << worker);
   absl::erase_if(expiry_ms_, [worker](const auto& kv) { return kv.first.second == worker; });
-  absl::erase_if(predicted_, [keep](auto& kv) { return (kv.second &= keep) == 0; });
-  absl::erase_if(pinned_, [keep](auto& kv) { return (kv.second &= keep) == 0; });
+  const auto drop = [worker](auto& kv) {
+    set_erase(kv.second, worker);
+    return kv.second.empty();
+  };
+  absl::erase_if(predicted_, drop);
+  absl::erase_if(pinned_, drop);
   workers_[worker].stats.predicted_blocks = 0;
   workers_[worker].stats.pinned_blocks = 0;
 }
 
 std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_hashes) const {
-  std::array<uint32_t, kMaxWorkers> device{}, host{}, storage{}, predicted{}, pinned{};
+  // The workers whose run still goes on, by increasing id, with their counts so far: the
+  // first block's holders (and predictions), then narrowed block by block; a worker whose
+  // run ends moves to `out` with its counts.
+  std::vector<WorkerMatch> alive, next, out;
+  static const Holders kNoHolders;
+  static const WorkerSet kNoWorkers;
   std::shared_lock lock(mutex_);
   const bool any_predicted = !predicted_.empty();
   const bool any_pinned = !pinned_.empty();
-  uint64_t alive = present_mask_;  // workers whose run is still going
-  uint64_t matched = 0;            // workers with a non-empty run
+  bool first = true;
   for (uint64_t h : router_hashes) {
-    Entry e;
-    if (auto it = blocks_.find(h); it != blocks_.end()) e = it->second;
-    uint64_t pred = 0;
+    const Holders* holders = &kNoHolders;
+    if (auto it = blocks_.find(h); it != blocks_.end()) holders = &it->second;
+    const WorkerSet* pred = &kNoWorkers;
     if (any_predicted) {
-      if (auto it = predicted_.find(h); it != predicted_.end()) pred = it->second;
+      if (auto it = predicted_.find(h); it != predicted_.end()) pred = &it->second;
     }
-    const uint64_t on_device = e.tiers[0];
-    const uint64_t on_host = e.tiers[1] & ~on_device;
-    const uint64_t on_storage = e.tiers[2] & ~(on_device | e.tiers[1]);
-    const uint64_t held = e.any();
-    alive &= held | pred;
-    if (alive == 0) break;
-    matched |= alive;
-    for_each_bit(alive & on_device, [&](unsigned w) { ++device[w]; });
-    for_each_bit(alive & on_host, [&](unsigned w) { ++host[w]; });
-    for_each_bit(alive & on_storage, [&](unsigned w) { ++storage[w]; });
-    for_each_bit(alive & pred & ~held, [&](unsigned w) {
-      ++predicted[w];
-      ++device[w];
-    });
+    const WorkerSet* pins = &kNoWorkers;
     if (any_pinned) {
-      if (auto it = pinned_.find(h); it != pinned_.end()) {
-        for_each_bit(alive & it->second, [&](unsigned w) { ++pinned[w]; });
-      }
+      if (auto it = pinned_.find(h); it != pinned_.end()) pins = &it->second;
     }
+    if (first) {
+      first = false;
+      size_t i = 0, j = 0;  // the union of holders and predictions, in order
+      while (i < holders->size() || j < pred->size()) {
+        const WorkerId a = i < holders->size() ? (*holders)[i].worker : kMaxWorkers;
+        const WorkerId b = j < pred->size() ? (*pred)[j] : kMaxWorkers;
+        alive.push_back(WorkerMatch{.worker = std::min(a, b)});
+        i += a <= b ? 1 : 0;
+        j += b <= a ? 1 : 0;
+      }
+      if (alive.empty()) break;
+    }
+    next.clear();
+    size_t hi = 0, pi = 0, ni = 0;
+    for (WorkerMatch& m : alive) {
+      const WorkerId w = m.worker;
+      while (hi < holders->size() && (*holders)[hi].worker < w) ++hi;
+      while (pi < pred->size() && (*pred)[pi] < w) ++pi;
+      const uint8_t tiers =
+          hi < holders->size() && (*holders)[hi].worker == w ? (*holders)[hi].tiers : 0;
+      const bool predicted = pi < pred->size() && (*pred)[pi] == w;
+      if (tiers == 0 && !predicted) {
+        out.push_back(m);
+        continue;
+      }
+      ++m.matched_blocks;
+      if ((tiers & tier_bit(Tier::kDevice)) != 0) {
+        ++m.device_blocks;
+      } else if ((tiers & tier_bit(Tier::kHost)) != 0) {
+        ++m.host_blocks;
+      } else if ((tiers & tier_bit(Tier::kStorage)) != 0) {
+        ++m.storage_blocks;
+      } else {
+        ++m.predicted_blocks;
+        ++m.device_blocks;
+      }
+      while (ni < pins->size() && (*pins)[ni] < w) ++ni;
+      if (ni < pins->size() && (*pins)[ni] == w) ++m.pinned_blocks;
+      next.push_back(m);
+    }
+    alive.swap(next);
+    if (alive.empty()) break;
   }
-  std::vector<WorkerMatch> out;
-  out.reserve(static_cast<size_t>(std::popcount(matched)));
-  for_each_bit(matched, [&](unsigned w) {
-    WorkerMatch m;
-    m.worker = w;
-    m.device_blocks = device[w];
-    m.host_blocks = host[w];
-    m.storage_blocks = storage[w];
-    m.matched_blocks = device[w] + host[w] + storage[w];
-    m.predicted_blocks = predicted[w];
-    m.pinned_blocks = pinned[w];
-    m.stale = workers_[w].stale;
-    out.push_back(m);
-  });
+  out.insert(out.end(), alive.begin(), alive.end());
+  std::sort(out.begin(), out.end(),
+            [](const WorkerMatch& a, const WorkerMatch& b) { return a.worker < b.worker; });
+  for (WorkerMatch& m : out) m.stale = workers_[m.worker].stale;
   return out;
 }
 
@@ -305,18 +369,19 @@ void PrefixIndex::insert_predicted(WorkerId worker, std::span<const uint64_t> ro
                                    int64_t now_ms, int64_t ttl_ms) {
   if (worker >= kMaxWorkers) return;
   const int64_t at_ms = now_ms + std::max<int64_t>(ttl_ms, 0);
-  const uint64_t bit = uint64_t{1} << worker;
   std::unique_lock lock(mutex_);
   WorkerState& ws = workers_[worker];
   if (!ws.present) return;
   for (uint64_t h : router_hashes) {
-    if (auto it = blocks_.find(h); it != blocks_.end() && (it->second.any() & bit) != 0) continue;
+    if (auto it = blocks_.find(h); it != blocks_.end() && tiers_of(it->second, worker) != 0) {
+      continue;
+    }
     auto [it, inserted] = expiry_ms_.try_emplace(PredictedKey{h, worker}, at_ms);
     if (!inserted) {
       if (it->second >= at_ms) continue;
       it->second = at_ms;
     } else {
-      predicted_[h] |= bit;
+      set_insert(predicted_[h], worker);
       ++ws.stats.predicted_blocks;
     }
     expiry_heap_.push_back(Expiry{at_ms, h, worker});
@@ -343,11 +408,13 @@ size_t PrefixIndex::expire(int64_t now_ms) {
 
 void PrefixIndex::replace_pins(WorkerId worker, std::span<const uint64_t> router_hashes) {
   if (worker >= kMaxWorkers) return;
-  const uint64_t keep = ~(uint64_t{1} << worker);
   {
     std::unique_lock lock(mutex_);
     if (!workers_[worker].present) return;
-    absl::erase_if(pinned_, [keep](auto& kv) { return (kv.second &= keep) == 0; });
+    absl::erase_if(pinned_, [worker](auto& kv) {
+      set_erase(kv.second, worker);
+      return kv.second.empty();
+    });
     workers_[worker].stats.pinned_blocks = 0;
   }
   set_pinned(worker, router_hashes, true);
@@ -364,10 +431,9 @@ std::vector<uint64_t> PrefixIndex::held(WorkerId worker,
                                         std::span<const uint64_t> router_hashes) const {
   std::vector<uint64_t> out;
   if (worker >= kMaxWorkers) return out;
-  const uint64_t bit = uint64_t{1} << worker;
   std::shared_lock lock(mutex_);
   for (uint64_t h : router_hashes) {
-    if (auto it = blocks_.find(h); it != blocks_.end() && (it->second.any() & bit) != 0) {
+    if (auto it = blocks_.find(h); it != blocks_.end() && tiers_of(it->second, worker) != 0) {
       out.push_back(h);
     }
   }
@@ -377,18 +443,15 @@ std::vector<uint64_t> PrefixIndex::held(WorkerId worker,
 void PrefixIndex::set_pinned(WorkerId worker, std::span<const uint64_t> router_hashes,
                              bool pinned) {
   if (worker >= kMaxWorkers) return;
-  const uint64_t bit = uint64_t{1} << worker;
   std::unique_lock lock(mutex_);
   WorkerState& ws = workers_[worker];
   if (!ws.present) return;
   for (uint64_t h : router_hashes) {
     if (pinned) {
-      uint64_t& mask = pinned_[h];
-      if ((mask & bit) == 0) ++ws.stats.pinned_blocks;
-      mask |= bit;
-    } else if (auto it = pinned_.find(h); it != pinned_.end() && (it->second & bit) != 0) {
+      if (set_insert(pinned_[h], worker)) ++ws.stats.pinned_blocks;
+    } else if (auto it = pinned_.find(h); it != pinned_.end() && set_erase(it->second, worker)) {
       --ws.stats.pinned_blocks;
-      if ((it->second &= ~bit) == 0) pinned_.erase(it);
+      if (it->second.empty()) pinned_.erase(it);
     }
   }
 }
@@ -422,14 +485,13 @@ std::vector<uint64_t> PrefixIndex::worker_hashes(WorkerId worker,
                                                  std::span<const uint64_t> router_hashes) const {
   std::vector<uint64_t> out;
   if (worker >= kMaxWorkers) return out;
-  const uint64_t bit = uint64_t{1} << worker;
   std::shared_lock lock(mutex_);
   const WorkerState& ws = workers_[worker];
   if (!ws.present) return out;
   out.reserve(router_hashes.size());
   for (uint64_t h : router_hashes) {
     auto it = blocks_.find(h);
-    if (it == blocks_.end() || (it->second.any() & bit) == 0) continue;
+    if (it == blocks_.end() || tiers_of(it->second, worker) == 0) continue;
     auto w = ws.to_worker.find(h);
     out.push_back(w != ws.to_worker.end() ? w->second : h);
   }
@@ -446,17 +508,18 @@ PrefixIndexStats PrefixIndex::stats() const {
   PrefixIndexStats s;
   s.distinct_blocks = blocks_.size();
   s.predicted_entries = expiry_ms_.size();
-  s.memory_bytes = table_bytes(blocks_) + table_bytes(predicted_) + table_bytes(expiry_ms_) +
-                   table_bytes(pinned_) + expiry_heap_.capacity() * sizeof(Expiry);
-  for_each_bit(present_mask_, [&](unsigned w) {
-    const WorkerState& ws = workers_[w];
+  s.memory_bytes = table_bytes(blocks_) + spilled_holders_ * sizeof(Holder) +
+                   table_bytes(predicted_) + table_bytes(expiry_ms_) + table_bytes(pinned_) +
+                   expiry_heap_.capacity() * sizeof(Expiry);
+  for (const WorkerState& ws : workers_) {
+    if (!ws.present) continue;
     s.memory_bytes +=
         table_bytes(ws.to_router) + table_bytes(ws.to_worker) + table_bytes(ws.extra_copies);
     WorkerIndexStats st = ws.stats;
     st.stale = ws.stale;
     st.mapped_hashes = ws.to_router.size();
     s.workers.push_back(st);
-  });
+  }
   return s;
 }
 

@@ -28,13 +28,16 @@
 // tier that already has it (vLLM can hold two physical copies of one hash) is counted, and
 // the matching removal takes the copy back before the tier bit.
 //
-// Layout and size. One absl::flat_hash_map<router hash, Entry> for all workers, where
-// Entry is one 64-bit worker mask per tier: 32 bytes per distinct block plus the table's
-// slack (1M distinct blocks: about 34 to 68 MB whatever the number of workers). Workers
-// are therefore ids in [0, kMaxWorkers = 64). Workers whose hashes differ add two
+// Layout and size. One absl::flat_hash_map<router hash, Holders> for all workers, where
+// Holders lists the workers that hold the block, by increasing id, each with a mask of its
+// tiers (4 bytes a worker); up to 4 of them sit inline, so a block on at most 4 workers
+// takes 32 bytes plus the table's slack (1M distinct blocks: about 34 to 68 MB whatever
+// the number of workers), and a block on more workers adds 4 bytes per holder on the heap.
+// Workers are ids in [0, kMaxWorkers = 1,024). Workers whose hashes differ add two
 // worker-hash maps of 16 bytes per entry. match() does one probe per request block (plus
-// one in the predicted and pinned maps when they are not empty) and stops when no worker
-// is left in the run.
+// one in the predicted and pinned maps when they are not empty), walks the block's holders
+// beside the workers still in the run (both sorted by id), and stops when no worker is
+// left in the run.
 //
 // Predicted entries ("approximate" and "predict-on-route"). insert_predicted() records
 // that the router sent blocks to a worker, with a TTL: a long one for workers without
@@ -69,6 +72,7 @@
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/inlined_vector.h>
 
 #include "common/result.h"
 #include "router/kv_event_wire.h"
@@ -76,7 +80,7 @@
 namespace strata::router {
 
 using WorkerId = uint32_t;
-inline constexpr WorkerId kMaxWorkers = 64;  // worker ids are bits of a uint64_t mask
+inline constexpr WorkerId kMaxWorkers = 1024;  // ids fit the index's 16-bit holder ids
 
 // A bit per tier: 1 << static_cast<int>(Tier).
 inline constexpr uint8_t tier_bit(Tier tier) {
@@ -192,11 +196,17 @@ class PrefixIndex {
   PrefixIndexStats stats() const;
 
  private:
-  // One bit per worker per tier.
-  struct Entry {
-    std::array<uint64_t, kNumTiers> tiers{};
-    uint64_t any() const { return tiers[0] | tiers[1] | tiers[2]; }
+  // One worker's hold on a block: its id and the tier_bit()s of the tiers that hold it
+  // (never 0 in a stored entry).
+  struct Holder {
+    uint16_t worker;
+    uint8_t tiers;
   };
+  static constexpr size_t kInlineHolders = 4;
+  // A block's holders by increasing worker id; empty entries are erased.
+  using Holders = absl::InlinedVector<Holder, kInlineHolders>;
+  // Workers by increasing id: a block's predictions or pin marks.
+  using WorkerSet = absl::InlinedVector<uint16_t, 8>;
   using PredictedKey = std::pair<uint64_t, WorkerId>;  // (router hash, worker)
   struct Expiry {
     int64_t at_ms;
@@ -215,6 +225,13 @@ class PrefixIndex {
     WorkerIndexStats stats;
   };
 
+  // The block's tiers on `worker`; 0 when it holds none.
+  static uint8_t tiers_of(const Holders& holders, WorkerId worker);
+  // The worker's holder in `holders`, inserted in order (tiers 0) when absent.
+  Holder& holder_locked(Holders& holders, WorkerId worker);
+  // Erases the worker's holder, if any; keeps spilled_holders_ right.
+  void erase_holder_locked(Holders& holders, WorkerId worker);
+
   // All require mutex_ held exclusively (the const ones: at least shared).
   std::optional<uint64_t> resolve_locked(WorkerId worker, uint64_t worker_hash) const;
   void store_locked(WorkerId worker, uint64_t worker_hash, uint64_t router_hash, Tier tier);
@@ -225,13 +242,13 @@ class PrefixIndex {
   void drop_worker_marks_locked(WorkerId worker);
 
   mutable std::shared_mutex mutex_;
-  uint64_t present_mask_ = 0;                             // GUARDED_BY(mutex_)
-  std::array<WorkerState, kMaxWorkers> workers_;          // GUARDED_BY(mutex_)
-  absl::flat_hash_map<uint64_t, Entry> blocks_;           // GUARDED_BY(mutex_)
-  absl::flat_hash_map<uint64_t, uint64_t> predicted_;     // GUARDED_BY(mutex_) mask
+  std::vector<WorkerState> workers_ = std::vector<WorkerState>(kMaxWorkers);  // GUARDED_BY(mutex_)
+  absl::flat_hash_map<uint64_t, Holders> blocks_;                             // GUARDED_BY(mutex_)
+  uint64_t spilled_holders_ = 0;  // GUARDED_BY(mutex_) holders of blocks beyond kInlineHolders
+  absl::flat_hash_map<uint64_t, WorkerSet> predicted_;    // GUARDED_BY(mutex_)
   absl::flat_hash_map<PredictedKey, int64_t> expiry_ms_;  // GUARDED_BY(mutex_)
   std::vector<Expiry> expiry_heap_;                       // GUARDED_BY(mutex_) min-heap
-  absl::flat_hash_map<uint64_t, uint64_t> pinned_;        // GUARDED_BY(mutex_) mask
+  absl::flat_hash_map<uint64_t, WorkerSet> pinned_;       // GUARDED_BY(mutex_)
 };
 
 }  // namespace strata::router

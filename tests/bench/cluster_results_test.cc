@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
+
+#include "bench/cluster_trace.h"
 
 namespace strata::bench {
 namespace {
@@ -243,6 +246,84 @@ TEST(ClusterResultsTest, ResultsJsonHasTheIssuesShape) {
   EXPECT_NE(md.find("Workload 1"), std::string::npos);
   EXPECT_NE(md.find("| round-robin |"), std::string::npos);
   EXPECT_NE(md.find("PASS shared-prefix TTFT p90"), std::string::npos);
+}
+
+// The router's decision-time histogram, read like the counters and taken apart by bucket.
+TEST(ClusterResultsTest, DecisionTimeFromTheRoutersHistogram) {
+  const auto text = [](int a, int b, int c) {
+    return "strata_router_decision_seconds_bucket{le=\"1e-05\"} " + std::to_string(a) + "\n" +
+           "strata_router_decision_seconds_bucket{le=\"2.5e-05\"} " + std::to_string(b) + "\n" +
+           "strata_router_decision_seconds_bucket{le=\"+Inf\"} " + std::to_string(c) + "\n" +
+           "strata_router_decision_seconds_sum 0.002\n" + "strata_router_decision_seconds_count " +
+           std::to_string(c) + "\n";
+  };
+  const RouterCounters before = parse_router_metrics(text(10, 10, 10));
+  const RouterCounters after = parse_router_metrics(text(60, 108, 110));
+  const RouterCounters d = after - before;
+  EXPECT_EQ(d.decision_seconds_count, 100);
+  ASSERT_EQ(d.decision_buckets.size(), 3u);
+  EXPECT_EQ(d.decision_buckets.at(1e-05), 50);
+  EXPECT_EQ(bucket_quantile(d.decision_buckets, 0.5), 1e-05);
+  EXPECT_EQ(bucket_quantile(d.decision_buckets, 0.9), 2.5e-05);
+  EXPECT_TRUE(std::isinf(bucket_quantile(d.decision_buckets, 0.99)));
+  EXPECT_TRUE(std::isnan(bucket_quantile({}, 0.5)));
+  PhaseRecord p = phase(kAgentic, "default", 0, 0.5, 900);
+  p.router = d;
+  const PolicyFigures f = summarize_phase(p);
+  EXPECT_EQ(f.decisions, 100);
+  EXPECT_EQ(f.decision_p50_s, 1e-05);
+  EXPECT_EQ(f.decision_p99_s, std::numeric_limits<double>::infinity());
+}
+
+// The trace workload: its figures against the ideal, its checks, its place in results.json.
+TEST(ClusterResultsTest, TraceFiguresAndChecks) {
+  // Every request's ideal is 960 of 1000 prompt tokens; round-robin hits 300, default 900.
+  auto trace_phase = [](const std::string& policy, double ttft_s, int64_t cached) {
+    PhaseRecord p = phase(kTrace, policy, 0, ttft_s, cached);
+    for (size_t i = 0; i < p.requests.size(); ++i) {
+      p.requests[i].reusable_tokens = 960;
+      p.requests[i].trace_line = static_cast<int64_t>(i) + 1;
+      p.requests[i].session = static_cast<int64_t>(i % 3);  // a family per worker
+      p.requests[i].turn = i < 3 ? 0 : 1;
+    }
+    p.sessions_planned = 3;
+    return p;
+  };
+  ClusterRecord r;
+  r.model = "m";
+  r.machine = {{"cpu_model", "test CPU"}, {"cores", 2}};
+  r.phases.push_back(trace_phase("round-robin", 2.0, 300));
+  r.phases.push_back(trace_phase("default", 0.3, 900));
+  r.cluster["trace"] = {{"file", "t.jsonl"},
+                        {"requests", 6},
+                        {"arrival_span_s", 9.0},
+                        {"time_scale", 0.5},
+                        {"ideal", {{"token_fraction", 0.96}, {"block_fraction", 0.9}}}};
+  const PolicyFigures f = summarize_phase(r.phases[1]);
+  EXPECT_DOUBLE_EQ(f.reusable_fraction, 0.96);
+  EXPECT_EQ(f.sessions_per_worker, (std::vector<int64_t>{1, 1, 1}));
+  EXPECT_EQ(f.computed_tokens_per_worker, (std::vector<int64_t>{200, 200, 200}));
+  const std::vector<Check> checks = cluster_checks(r, ClusterTargets{});
+  ASSERT_EQ(checks.size(), 3u);
+  EXPECT_EQ(checks[0].name, "trace hit fraction of the ideal");
+  EXPECT_TRUE(checks[0].passed) << checks[0].detail;  // 0.90 / 0.96 = 0.94
+  EXPECT_TRUE(checks[1].passed) << checks[1].detail;  // one family per worker
+  EXPECT_TRUE(checks[2].passed) << checks[2].detail;  // 0.3 / 2.0 s = 0.15
+  r.phases[1] = trace_phase("default", 0.5, 800);
+  const std::vector<Check> missed = cluster_checks(r, ClusterTargets{});
+  EXPECT_FALSE(missed[0].passed) << missed[0].detail;  // 0.80 / 0.96 = 0.83
+  EXPECT_FALSE(missed[2].passed) << missed[2].detail;  // 0.25
+  const auto j = cluster_results_json(r, missed);
+  ASSERT_EQ(j["workloads"].size(), 1u);
+  EXPECT_EQ(j["workloads"][0]["name"], "trace");
+  const auto& d = j["workloads"][0]["policies"][1];
+  EXPECT_EQ(d["name"], "default");
+  EXPECT_DOUBLE_EQ(d["ideal_hit_fraction"].get<double>(), 0.96);
+  EXPECT_NEAR(d["hit_of_ideal"].get<double>(), 0.8 / 0.96, 1e-9);
+  EXPECT_EQ(j["phases"][1]["requests"][0]["line"], 1);
+  const std::string md = cluster_summary_markdown(r, missed);
+  EXPECT_NE(md.find("Workload 4: trace replay"), std::string::npos);
+  EXPECT_NE(md.find("| default | 6 | 0 |"), std::string::npos) << md;
 }
 
 }  // namespace

@@ -78,7 +78,10 @@ TEST(PrefixIndexTest, AddWorkerValidates) {
   PrefixIndex index;
   EXPECT_TRUE(index.add_worker(0, kBs));
   EXPECT_FALSE(index.add_worker(0, kBs));
-  EXPECT_FALSE(index.add_worker(64, kBs));
+  EXPECT_EQ(kMaxWorkers, 1024u);
+  EXPECT_TRUE(index.add_worker(64, kBs));
+  EXPECT_TRUE(index.add_worker(kMaxWorkers - 1, kBs));
+  EXPECT_FALSE(index.add_worker(kMaxWorkers, kBs));
   EXPECT_FALSE(index.add_worker(1, 0));
   EXPECT_TRUE(index.has_worker(0));
   EXPECT_FALSE(index.has_worker(1));
@@ -334,12 +337,14 @@ struct RefWorker {
   }
 };
 
+// `ids`: the index's id of each reference worker, increasing.
 std::vector<WorkerMatch> reference_match(const std::vector<RefWorker>& ref,
+                                         const std::vector<WorkerId>& ids,
                                          const std::vector<uint64_t>& q) {
   std::vector<WorkerMatch> out;
   for (size_t w = 0; w < ref.size(); ++w) {
     WorkerMatch m;
-    m.worker = static_cast<WorkerId>(w);
+    m.worker = ids[w];
     for (uint64_t h : q) {
       auto it = ref[w].copies.find(h);
       if (it != ref[w].copies.end()) {
@@ -368,11 +373,14 @@ TEST(PrefixIndexRandomTest, MatchesTheReferenceModelUnderRandomEventStreams) {
     std::mt19937_64 rng(seed);
     const Universe u = make_universe(rng, 40, 10);
     PrefixIndex index;
-    // Workers 0 and 2 hash like Strata; 1, 3 and 4 like someone else.
-    std::vector<RefWorker> ref(5);
+    // Seven workers, so that blocks have more holders than the index keeps inline, with
+    // ids up to the last one. Workers 0, 2 and 1023 hash like Strata; the others like
+    // someone else.
+    const std::vector<WorkerId> ids = {0, 1, 2, 3, 4, 70, kMaxWorkers - 1};
+    std::vector<RefWorker> ref(ids.size());
     for (size_t w = 0; w < ref.size(); ++w) {
       ref[w].kind = (w % 2 == 0 && w != 4) ? 0 : static_cast<int>(w);
-      ASSERT_TRUE(index.add_worker(static_cast<WorkerId>(w), kBs));
+      ASSERT_TRUE(index.add_worker(ids[w], kBs));
     }
     int64_t now_ms = 0;
     const auto tier_of = [&] {
@@ -380,7 +388,7 @@ TEST(PrefixIndexRandomTest, MatchesTheReferenceModelUnderRandomEventStreams) {
       return r < 12 ? Tier::kDevice : (r < 17 ? Tier::kHost : Tier::kStorage);
     };
     for (int step = 0; step < 400; ++step) {
-      const auto w = static_cast<WorkerId>(rng() % ref.size());
+      const auto w = static_cast<size_t>(rng() % ref.size());
       RefWorker& rw = ref[w];
       KvEventBatch batch;
       const int num_events = 1 + static_cast<int>(rng() % 5);
@@ -424,15 +432,15 @@ TEST(PrefixIndexRandomTest, MatchesTheReferenceModelUnderRandomEventStreams) {
           batch.events.push_back(std::move(one.events[0]));
         }
       }
-      index.apply(w, batch);
+      index.apply(ids[w], batch);
 
       // Now and then: predictions, expiry, a rebuild from the reference's snapshot.
       const auto side = rng() % 20;
       if (side < 3) {
-        const auto pw = static_cast<WorkerId>(rng() % ref.size());
+        const auto pw = static_cast<size_t>(rng() % ref.size());
         const auto& q = u.router[rng() % u.router.size()];
         const int64_t ttl_ms = 1 + static_cast<int64_t>(rng() % 50);
-        index.insert_predicted(pw, q, now_ms, ttl_ms);
+        index.insert_predicted(ids[pw], q, now_ms, ttl_ms);
         for (uint64_t h : q) {
           if (ref[pw].holds(h)) continue;
           auto [it, inserted] = ref[pw].predicted.try_emplace(h, now_ms + ttl_ms);
@@ -445,7 +453,7 @@ TEST(PrefixIndexRandomTest, MatchesTheReferenceModelUnderRandomEventStreams) {
           std::erase_if(r.predicted, [&](const auto& kv) { return kv.second <= now_ms; });
         }
       } else if (side == 6) {
-        const auto rwid = static_cast<WorkerId>(rng() % ref.size());
+        const auto rwid = static_cast<size_t>(rng() % ref.size());
         RefWorker& r = ref[rwid];
         std::vector<SnapshotBlock> snap;
         for (auto& [h, c] : r.copies) {
@@ -459,7 +467,7 @@ TEST(PrefixIndexRandomTest, MatchesTheReferenceModelUnderRandomEventStreams) {
           snap.push_back({worker_hash(r.kind, h), h, mask});
           r.predicted.erase(h);
         }
-        index.rebuild_worker(rwid, snap);
+        index.rebuild_worker(ids[rwid], snap);
       }
 
       // Check: matches for queries, per-worker counts, worker hashes.
@@ -467,7 +475,7 @@ TEST(PrefixIndexRandomTest, MatchesTheReferenceModelUnderRandomEventStreams) {
         std::vector<uint64_t> q = u.router[rng() % u.router.size()];
         if (rng() % 3 == 0) q.push_back(rng());  // a tail nobody holds
         const auto got = index.match(q);
-        const auto want = reference_match(ref, q);
+        const auto want = reference_match(ref, ids, q);
         ASSERT_EQ(got.size(), want.size()) << "seed " << seed << " step " << step;
         for (size_t i = 0; i < got.size(); ++i) {
           ASSERT_EQ(got[i].worker, want[i].worker) << "seed " << seed << " step " << step;
@@ -477,12 +485,12 @@ TEST(PrefixIndexRandomTest, MatchesTheReferenceModelUnderRandomEventStreams) {
           EXPECT_EQ(got[i].storage_blocks, want[i].storage_blocks) << seed << "/" << step;
           EXPECT_EQ(got[i].predicted_blocks, want[i].predicted_blocks) << seed << "/" << step;
         }
-        const auto qw = static_cast<WorkerId>(rng() % ref.size());
+        const auto qw = static_cast<size_t>(rng() % ref.size());
         std::vector<uint64_t> want_hashes;
         for (uint64_t h : q) {
           if (ref[qw].holds(h)) want_hashes.push_back(worker_hash(ref[qw].kind, h));
         }
-        ASSERT_EQ(index.worker_hashes(qw, q), want_hashes) << seed << "/" << step;
+        ASSERT_EQ(index.worker_hashes(ids[qw], q), want_hashes) << seed << "/" << step;
       }
       const auto st = index.stats();
       std::set<uint64_t> distinct;
@@ -592,6 +600,61 @@ TEST(PrefixIndexTest, PinMarksAndPredictionsFollowTheWorker) {
   EXPECT_EQ(index.stats().workers[0].predicted_blocks, 0u);
   EXPECT_TRUE(index.match(other).empty());
   EXPECT_EQ(index.expire(20'000), 0u);  // the dropped ones' heap nodes go quietly
+}
+
+// The router's worker cap (issue 33): 1,024 workers indexed at once, ids past 64 scored
+// like the first ones; a block held by hundreds of workers, and its holders leaving.
+TEST(PrefixIndexTest, IndexesAThousandAndTwentyFourWorkers) {
+  PrefixIndex index;
+  for (WorkerId w = 0; w < kMaxWorkers; ++w) ASSERT_TRUE(index.add_worker(w, kBs));
+  EXPECT_FALSE(index.add_worker(kMaxWorkers, kBs));
+  // Every worker holds a shared two-block stem and a third block of its own.
+  const auto stem = seq_tokens(2, 1);
+  std::vector<std::vector<int32_t>> own(kMaxWorkers);
+  for (WorkerId w = 0; w < kMaxWorkers; ++w) {
+    own[w] = stem;
+    for (int i = 0; i < kBs; ++i) own[w].push_back(100'000 + static_cast<int32_t>(w * kBs) + i);
+    index.apply(w, stored(0, own[w], 0, 3, w % 2 == 0 ? Tier::kDevice : Tier::kHost));
+  }
+  EXPECT_EQ(index.stats().distinct_blocks, 2u + kMaxWorkers);
+  EXPECT_EQ(index.stats().workers.size(), kMaxWorkers);
+  const auto q = hash_blocks(own[777], kBs);
+  auto ms = index.match(q);
+  ASSERT_EQ(ms.size(), kMaxWorkers);
+  for (WorkerId w = 0; w < kMaxWorkers; ++w) {
+    ASSERT_EQ(ms[w].worker, w);
+    EXPECT_EQ(ms[w].matched_blocks, w == 777 ? 3u : 2u) << w;
+    EXPECT_EQ(ms[w].device_blocks, w % 2 == 0 ? ms[w].matched_blocks : 0u) << w;
+    EXPECT_EQ(ms[w].host_blocks, w % 2 == 1 ? ms[w].matched_blocks : 0u) << w;
+  }
+  // Predictions and pins of high ids.
+  const auto fresh = hash_blocks(seq_tokens(2, 50'000), kBs);
+  index.insert_predicted(1000, fresh, 0, 10'000);
+  index.insert_predicted(65, std::span<const uint64_t>(fresh).first(1), 0, 10'000);
+  index.set_pinned(1023, std::span<const uint64_t>(q).first(2), true);
+  ms = index.match(fresh);
+  ASSERT_EQ(ms.size(), 2u);
+  EXPECT_EQ(ms[0].worker, 65u);
+  EXPECT_EQ(ms[0].predicted_blocks, 1u);
+  EXPECT_EQ(ms[1].worker, 1000u);
+  EXPECT_EQ(ms[1].predicted_blocks, 2u);
+  ms = index.match(q);
+  EXPECT_EQ(ms[1023].pinned_blocks, 2u);
+  EXPECT_EQ(ms[1022].pinned_blocks, 0u);
+  // Holders leave: all but two workers drop the stem's first block, then all of them.
+  for (WorkerId w = 0; w < kMaxWorkers; ++w) {
+    if (w == 3 || w == 900) continue;
+    index.apply(w, removed(0, {q[0]}, w % 2 == 0 ? Tier::kDevice : Tier::kHost));
+  }
+  ms = index.match(q);
+  ASSERT_EQ(ms.size(), 2u);
+  EXPECT_EQ(ms[0].worker, 3u);
+  EXPECT_EQ(ms[1].worker, 900u);
+  index.remove_worker(3);
+  index.clear_worker(900);
+  EXPECT_TRUE(index.match(q).empty());
+  EXPECT_EQ(index.stats().workers.size(), kMaxWorkers - 1);
+  ASSERT_TRUE(index.add_worker(3, kBs));
 }
 
 }  // namespace
