@@ -43,10 +43,11 @@ export STRATA_REQUIRE_BROWSER=1
 # Line tables only (-g1): file:line in backtraces and sanitizer reports, and about a quarter
 # less compile time than full debug info (-g), which the builds of this script are dominated
 # by (README, Tests: measured per translation unit).
-# Every tree is a unity build (CMake compiles a target's sources eight at a time as one
-# translation unit): Boost.Beast's and GoogleTest's templates are instantiated once per
-# batch instead of once per file, about 38 % less compiler CPU (README, Tests).
-flags=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
+# Every tree is a unity build (CMake compiles all of a target's sources as one translation
+# unit): Boost.Beast's, Asio's coroutines' and GoogleTest's templates are instantiated once
+# per target instead of once per file (README, Tests).
+flags=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=0
+       -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
 
 # Ninja (Debian's ninja-build, from install-deps.sh) schedules every tree's compilations as
 # one graph: a target's objects compile while the libraries it links are still being built,
