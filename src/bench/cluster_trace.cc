@@ -16,7 +16,7 @@ namespace strata::bench {
 
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // as the module's other files (one unity unit)
 
 std::unexpected<Error> line_error(int64_t line, const std::string& message) {
   return bad_argument("line " + std::to_string(line) + ": " + message);
