@@ -289,48 +289,45 @@ void PrefixIndex::drop_worker_marks_locked(WorkerId worker) {
 }
 
 std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_hashes) const {
-  // The workers whose run still goes on, by increasing id, with their counts so far: the
-  // first block's holders (and predictions), then narrowed block by block; a worker whose
-  // run ends moves to `out` with its counts.
-  std::vector<WorkerMatch> alive, next, out;
-  static const Holders kNoHolders;
-  static const WorkerSet kNoWorkers;
+  // `run`: the workers whose run still goes on, by increasing id, with their counts so far:
+  // the first block's holders (and predictions), then narrowed block by block in place; a
+  // worker whose run ends moves to `out` with its counts.
+  std::vector<WorkerMatch> run, out;
   std::shared_lock lock(mutex_);
   const bool any_predicted = !predicted_.empty();
   const bool any_pinned = !pinned_.empty();
   bool first = true;
   for (uint64_t h : router_hashes) {
-    const Holders* holders = &kNoHolders;
-    if (auto it = blocks_.find(h); it != blocks_.end()) holders = &it->second;
-    const WorkerSet* pred = &kNoWorkers;
+    std::span<const Holder> holders;
+    if (auto it = blocks_.find(h); it != blocks_.end()) holders = it->second;
+    std::span<const uint16_t> pred;
     if (any_predicted) {
-      if (auto it = predicted_.find(h); it != predicted_.end()) pred = &it->second;
-    }
-    const WorkerSet* pins = &kNoWorkers;
-    if (any_pinned) {
-      if (auto it = pinned_.find(h); it != pinned_.end()) pins = &it->second;
+      if (auto it = predicted_.find(h); it != predicted_.end()) pred = it->second;
     }
     if (first) {
       first = false;
+      run.reserve(holders.size() + pred.size());
       size_t i = 0, j = 0;  // the union of holders and predictions, in order
-      while (i < holders->size() || j < pred->size()) {
-        const WorkerId a = i < holders->size() ? (*holders)[i].worker : kMaxWorkers;
-        const WorkerId b = j < pred->size() ? (*pred)[j] : kMaxWorkers;
-        alive.push_back(WorkerMatch{.worker = std::min(a, b)});
+      while (i < holders.size() || j < pred.size()) {
+        const WorkerId a = i < holders.size() ? holders[i].worker : kMaxWorkers;
+        const WorkerId b = j < pred.size() ? pred[j] : kMaxWorkers;
+        run.push_back(WorkerMatch{.worker = std::min(a, b)});
         i += a <= b ? 1 : 0;
         j += b <= a ? 1 : 0;
       }
-      if (alive.empty()) break;
     }
-    next.clear();
-    size_t hi = 0, pi = 0, ni = 0;
-    for (WorkerMatch& m : alive) {
+    std::span<const uint16_t> pins;
+    if (any_pinned) {
+      if (auto it = pinned_.find(h); it != pinned_.end()) pins = it->second;
+    }
+    size_t hi = 0, pi = 0, ni = 0, kept = 0;
+    for (size_t k = 0; k < run.size(); ++k) {
+      WorkerMatch m = run[k];
       const WorkerId w = m.worker;
-      while (hi < holders->size() && (*holders)[hi].worker < w) ++hi;
-      while (pi < pred->size() && (*pred)[pi] < w) ++pi;
-      const uint8_t tiers =
-          hi < holders->size() && (*holders)[hi].worker == w ? (*holders)[hi].tiers : 0;
-      const bool predicted = pi < pred->size() && (*pred)[pi] == w;
+      while (hi < holders.size() && holders[hi].worker < w) ++hi;
+      while (pi < pred.size() && pred[pi] < w) ++pi;
+      const uint8_t tiers = hi < holders.size() && holders[hi].worker == w ? holders[hi].tiers : 0;
+      const bool predicted = pi < pred.size() && pred[pi] == w;
       if (tiers == 0 && !predicted) {
         out.push_back(m);
         continue;
@@ -346,16 +343,20 @@ std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_has
         ++m.predicted_blocks;
         ++m.device_blocks;
       }
-      while (ni < pins->size() && (*pins)[ni] < w) ++ni;
-      if (ni < pins->size() && (*pins)[ni] == w) ++m.pinned_blocks;
-      next.push_back(m);
+      while (ni < pins.size() && pins[ni] < w) ++ni;
+      if (ni < pins.size() && pins[ni] == w) ++m.pinned_blocks;
+      run[kept++] = m;  // kept <= k: compaction in place
     }
-    alive.swap(next);
-    if (alive.empty()) break;
+    run.resize(kept);
+    if (run.empty()) break;
   }
-  out.insert(out.end(), alive.begin(), alive.end());
-  std::sort(out.begin(), out.end(),
-            [](const WorkerMatch& a, const WorkerMatch& b) { return a.worker < b.worker; });
+  if (out.empty()) {
+    out.swap(run);  // every run went to the end of the request: already in order
+  } else {
+    out.insert(out.end(), run.begin(), run.end());
+    std::sort(out.begin(), out.end(),
+              [](const WorkerMatch& a, const WorkerMatch& b) { return a.worker < b.worker; });
+  }
   for (WorkerMatch& m : out) m.stale = workers_[m.worker].stale;
   return out;
 }
