@@ -3,11 +3,7 @@
 // next one is refused with 507 naming the cap, and a removed worker's place is taken again.
 // The workers are URLs where nothing answers: registration does not wait for them to join.
 // Every wait is bounded.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +12,7 @@
 
 #include "router/prefix_index.h"
 #include "router/router.h"
+#include "router_test_util.h"
 #include "text/tokenizer/tokenizer.h"
 
 namespace strata::router {
@@ -23,53 +20,13 @@ namespace {
 
 using nlohmann::json;
 
-struct Answer {
-  int status = 0;
-  std::string body;
-};
-
-// One request on a fresh blocking connection (Connection: close), 10 s receive timeout.
-Answer http_call(int port, const std::string& method, const std::string& target,
-                 const std::string& body = "") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{.tv_sec = 10, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  Answer out;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return out;
-  }
-  const std::string req = method + " " + target +
-                          " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
-                          "application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
-  (void)::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string all;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    all.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  const size_t end = all.find("\r\n\r\n");
-  if (all.size() < 12 || end == std::string::npos) return out;
-  out.status = std::stoi(all.substr(9, 3));
-  out.body = all.substr(end + 4);
-  return out;
-}
-
 // A worker URL per index: loopback addresses of 127.0.2.0/24 and 127.0.3.0/24 on port 9,
 // where nothing listens.
 std::string worker_url(uint32_t i) {
   return "http://127.0." + std::to_string(2 + i / 256) + "." + std::to_string(i % 256) + ":9";
 }
 
-Answer add_worker(int port, uint32_t i) {
+HttpAnswer add_worker(int port, uint32_t i) {
   return http_call(port, "POST", "/workers",
                    json{{"url", worker_url(i)}, {"kind", "vllm"}, {"block_size", 16}}.dump());
 }
@@ -93,10 +50,10 @@ TEST(RouterWorkerCapTest, TakesAThousandAndTwentyFourWorkers) {
   const int port = router->port();
 
   for (uint32_t i = 0; i < kMaxWorkers; ++i) {
-    const Answer a = add_worker(port, i);
+    const HttpAnswer a = add_worker(port, i);
     ASSERT_EQ(a.status, 201) << i << ": " << a.body;
   }
-  const Answer over = add_worker(port, kMaxWorkers);
+  const HttpAnswer over = add_worker(port, kMaxWorkers);
   EXPECT_EQ(over.status, 507) << over.body;
   EXPECT_NE(over.body.find("at most 1024 workers"), std::string::npos) << over.body;
 
@@ -108,9 +65,9 @@ TEST(RouterWorkerCapTest, TakesAThousandAndTwentyFourWorkers) {
   EXPECT_EQ(highest, kMaxWorkers - 1);
 
   // A removed worker's id is taken by the next one.
-  const Answer gone = http_call(port, "DELETE", "/workers?drain=false&url=" + worker_url(700));
+  const HttpAnswer gone = http_call(port, "DELETE", "/workers?drain=false&url=" + worker_url(700));
   EXPECT_EQ(gone.status / 100, 2) << gone.body;
-  const Answer again = add_worker(port, kMaxWorkers);
+  const HttpAnswer again = add_worker(port, kMaxWorkers);
   ASSERT_EQ(again.status, 201) << again.body;
   EXPECT_EQ(json::parse(again.body, nullptr, false).value("id", 0u), 700u);
   router->shutdown(1);

@@ -346,7 +346,7 @@ test('stored responses are bounded: --max-stored-responses drops the least recen
     const m = (await small.get('/metrics')).text;
     assert.match(m, /^strata_stored_responses 2$/m);
     assert.match(m, /^strata_stored_responses_dropped_total 2$/m);
-    assert.match(m, /endpoint="\/v1\/responses\/\{id\}",status="404"/);
+    assert.match(m, /endpoint="\/v1\/responses\/\*",status="404"/);
     assert.doesNotMatch(m, /endpoint="\/v1\/responses\/resp_/, 'one label for every id');
   } finally {
     await small.stop();
