@@ -36,11 +36,7 @@ class FakeWorker {
   // `pd_id` "": /server_info has "pd": null.
   FakeWorker(std::string role, std::string pd_id)
       : role_(std::move(role)), pd_id_(std::move(pd_id)) {
-    http::ServerOptions o;
-    o.port = 0;
-    o.io_threads = 1;
-    o.worker_threads = 1;
-    server_ = std::make_unique<http::Server>(o);
+    server_ = fake_http_server();
     server_->route("GET", "/server_info", [this](http::Exchange& ex) -> awaitable<void> {
       json pd = nullptr;
       if (!pd_id_.empty()) {

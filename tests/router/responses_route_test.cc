@@ -40,11 +40,7 @@ json openai_error(const std::string& message, const std::string& code) {
 class FakeResponsesWorker {
  public:
   explicit FakeResponsesWorker(std::string tag) : tag_(std::move(tag)) {
-    http::ServerOptions o;
-    o.port = 0;
-    o.io_threads = 1;
-    o.worker_threads = 1;
-    server_ = std::make_unique<http::Server>(o);
+    server_ = fake_http_server();
     server_->route("GET", "/server_info", [this](http::Exchange& ex) -> awaitable<void> {
       json info{
           {"engine", "strata"}, {"model", "m"},         {"role", "mixed"},          {"pd", nullptr},

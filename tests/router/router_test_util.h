@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "http/server.h"
 #include "text/tokenizer/tokenizer.h"
 
 namespace strata::router {
@@ -81,6 +82,15 @@ inline HttpAnswer http_call(int port, const std::string& method, const std::stri
   for (char& c : out.head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   out.body = all.substr(end + 4);
   return out;
+}
+
+// A fake worker's HTTP server on a free loopback port, one I/O and one worker thread.
+inline std::unique_ptr<http::Server> fake_http_server() {
+  http::ServerOptions o;
+  o.port = 0;
+  o.io_threads = 1;
+  o.worker_threads = 1;
+  return std::make_unique<http::Server>(o);
 }
 
 // A tokenizer of two tokens: the tests' prompts are token ids, which it needs not read.

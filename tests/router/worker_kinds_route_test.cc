@@ -43,11 +43,7 @@ class FakeEngine {
   enum class Shape { kLlamaCpp, kOpenAi };
 
   explicit FakeEngine(Shape shape) : shape_(shape) {
-    http::ServerOptions o;
-    o.port = 0;
-    o.io_threads = 1;
-    o.worker_threads = 1;
-    server_ = std::make_unique<http::Server>(o);
+    server_ = fake_http_server();
     server_->route("GET", "/slots", [this](http::Exchange& ex) -> awaitable<void> {
       http::Response out = unavailable("slots", slots_on.load());
       if (out.status == 200) out.body = slots_json().dump();
