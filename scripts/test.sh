@@ -63,12 +63,17 @@ configure() {
 
 stage "release build"
 configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}"
-cmake --build build -j "$jobs"
+# What the tests run first (target strata_tested: the test programs and the binary); the
+# rest of the tree (the micro-benchmarks) compiles beside the tests, below.
+cmake --build build -j "$jobs" --target strata_tested
 
 sanitizers=1
 [[ "${STRATA_SKIP_SANITIZERS:-0}" == 1 ]] && sanitizers=0
 tsan_tests=(engine_tests memory_tests storage_tests http_tests pd_tests pd_engine_tests router_tests)
-logs=$root/build/sanitizer-build-logs
+logs=$root/build/background-build-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+export jobs sanitizers logs
 if ((sanitizers)); then
   # The sanitizer trees build while the release tests run, at the lowest CPU priority
   # (nice 19: the tests keep the cores whenever they want them, and the compilers take what
@@ -80,20 +85,27 @@ if ((sanitizers)); then
             -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
   configure build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
             -DSTRATA_BUILD_BENCH=OFF "${flags[@]}"
-  rm -rf "$logs"
-  mkdir -p "$logs"
-  # Its own session (setsid), so that an early exit stops its compilers too (trap below).
-  setsid nice -n 19 bash -c '
-    s=$SECONDS; cmake --build build-asan -j "$1" >"$2/asan.log" 2>&1; rc=$?
-    echo "$rc $((SECONDS - s))" >"$2/asan.done"
-    ((rc == 0)) || exit 1
-    s=$SECONDS; cmake --build build-tsan -j "$1" --target "${@:3}" >"$2/tsan.log" 2>&1; rc=$?
-    echo "$rc $((SECONDS - s))" >"$2/tsan.done"' \
-    sanitizer-builds "$jobs" "$logs" "${tsan_tests[@]}" &
-  builds_pid=$!
-  trap 'kill -- -$builds_pid 2>/dev/null || true; report' EXIT
 fi
-# Waits for a background build (asan or tsan); its log's end on a failure.
+# The background builds, one after the other: the rest of the release tree, then (unless
+# skipped) the ASan tree, then the TSan tree's test programs. Each writes "<rc> <seconds>"
+# to <name>.done; a failure stops the ones after it. Its own session (setsid), so that an
+# early exit stops its compilers too (trap below).
+setsid nice -n 19 bash -c '
+  build() {
+    local name=$1 s=$SECONDS rc
+    shift
+    cmake --build "$@" >"$logs/$name.log" 2>&1; rc=$?
+    echo "$rc $((SECONDS - s))" >"$logs/$name.done"
+    ((rc == 0)) || exit 1
+  }
+  build release-rest build -j "$jobs"
+  ((sanitizers)) || exit 0
+  build asan build-asan -j "$jobs"
+  build tsan build-tsan -j "$jobs" --target "$@"' \
+  background-builds "${tsan_tests[@]}" &
+builds_pid=$!
+trap 'kill -- -$builds_pid 2>/dev/null || true; report' EXIT
+# Waits for a background build (release-rest, asan or tsan); its log's end on a failure.
 wait_build() {
   while [[ ! -f "$logs/$1.done" ]]; do
     if ! kill -0 "$builds_pid" 2>/dev/null && [[ ! -f "$logs/$1.done" ]]; then
@@ -111,6 +123,8 @@ wait_build() {
 
 stage "release tests"
 (cd build && ctest --output-on-failure -j "$jobs")
+stage "waiting for the rest of the release tree (micro-benchmarks)"
+wait_build release-rest
 
 if ((sanitizers)); then
   stage "waiting for the ASan + UBSan build"
