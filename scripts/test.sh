@@ -83,8 +83,10 @@ if ((sanitizers)); then
   # is most of its test time; every check stays (README, Tests).
   configure build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON \
             -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
+  # -O1 for the TSan tree too (ThreadSanitizer's documentation: -O1 or -O2): `http`'s unit
+  # compiles in 109 s of CPU instead of 149 s at -O2.
   configure build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
-            -DSTRATA_BUILD_BENCH=OFF "${flags[@]}"
+            -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
 fi
 # The background builds, one after the other: the rest of the release tree, then (unless
 # skipped) the ASan tree, then the TSan tree's test programs. Each writes "<rc> <seconds>"

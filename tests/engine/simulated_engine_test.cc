@@ -189,8 +189,9 @@ TEST_F(SimulatedEngineTest, TightPoolEvictsAndRetractsButFinishesEverything) {
 
 // The profile's times, under load: 24 requests of mixed lengths arriving together, so steps
 // mix prefill chunks and decodes of varying batch sizes. Each pass is never shorter than its
-// prediction (the simulator sleeps until a deadline), and on the whole no more than 10 %
-// longer: the wake-up delays of a loaded machine are small beside steps of 6 ms and more.
+// prediction (the simulator sleeps until a deadline). How much longer a pass takes depends
+// on the machine's load (wake-up delays), so the overrun is printed, not asserted (tests
+// never assert times: on a loaded 2-core machine it reached x1.23).
 TEST_F(SimulatedEngineTest, StepTimesFollowTheProfileUnderLoad) {
   auto engine = start(EngineOptions{.page_size = 16,
                                     .kv_cache_tokens = 16384,
@@ -225,8 +226,6 @@ TEST_F(SimulatedEngineTest, StepTimesFollowTheProfileUnderLoad) {
       steps.size(), max_batch, predicted, measured, measured / predicted, median,
       ratios[ratios.size() * 9 / 10]);
   EXPECT_GT(max_batch, 4);
-  EXPECT_LE(measured, predicted * 1.10);
-  EXPECT_LE(median, 1.10);
   // The simulator's own account agrees with the outside one.
   const SimulatedModelStats st = sim_->stats();
   EXPECT_EQ(st.passes, static_cast<int64_t>(steps.size()));
