@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "common/check.h"
 #include "common/log.h"
 #include "engine/page_math.h"
 #include "engine/scheduler_seq.h"
+#include "engine/step_plan.h"
 #include "engine/storage_worker.h"
 
 namespace strata {
@@ -172,6 +174,7 @@ void Scheduler::land_loads() {
 void Scheduler::unpark(uint64_t seq_id) {
   for (size_t i = 0; i < parked_.size(); ++i) {
     if (parked_[i]->id != seq_id) continue;
+    parked_[i]->move_to(SeqState::kWaiting);
     waiting_.push_front(std::move(parked_[i]));
     parked_.erase(parked_.begin() + static_cast<std::ptrdiff_t>(i));
     return;
@@ -456,7 +459,27 @@ EngineState Scheduler::make_state() {
   return s;
 }
 
+Status Scheduler::audit_states() const {
+  auto check = [](const auto& list, std::initializer_list<SeqState> states,
+                  const char* where) -> Status {
+    for (const auto& seq : list) {
+      if (std::find(states.begin(), states.end(), seq->state) == states.end()) {
+        return make_error(ErrorCode::kInternal, std::string("a request in ") + where +
+                                                    " is in state " + seq_state_name(seq->state));
+      }
+    }
+    return {};
+  };
+  if (auto st = check(waiting_, {SeqState::kWaiting}, "waiting_"); !st) return st;
+  if (auto st = check(parked_, {SeqState::kParked}, "parked_"); !st) return st;
+  if (auto st = check(remote_, {SeqState::kOrdered, SeqState::kReceiving}, "remote_"); !st)
+    return st;
+  if (auto st = check(running_, {SeqState::kRunning}, "running_"); !st) return st;
+  return check(pd_sending_, {SeqState::kSending}, "pd_sending_");
+}
+
 Status Scheduler::audit_pages() const {
+  if (auto st = audit_states(); !st) return st;
   std::vector<PageId> owned;
   tree_->collect_device_pages(owned);
   for (const auto* list : {&running_, &remote_, &pd_sending_}) {
@@ -532,6 +555,7 @@ void Scheduler::run() {
       if (p.park_deadline_ms > 0 && clock_->now_ms() >= p.park_deadline_ms) {
         ++counters_.prefetch_timeouts;
         p.park_deadline_ms = 0;
+        p.move_to(SeqState::kWaiting);
         waiting_.push_front(std::move(parked_[i]));
         parked_.erase(parked_.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
@@ -561,7 +585,10 @@ void Scheduler::run() {
     poll_io(/*force=*/true);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  for (auto& seq : parked_) waiting_.push_back(std::move(seq));
+  for (auto& seq : parked_) {
+    seq->move_to(SeqState::kWaiting);
+    waiting_.push_back(std::move(seq));
+  }
   parked_.clear();
   for (auto& seq : remote_) {
     std::vector<PageId> pages = detach_room_pages(*seq);
@@ -569,7 +596,7 @@ void Scheduler::run() {
     finish(*seq, FinishReason::kCancelled);
   }
   remote_.clear();
-  for (auto& seq : pd_sending_) release_seq_pages(*seq);
+  for (auto& seq : pd_sending_) end_order_request(*seq);
   pd_sending_.clear();
   for (auto& seq : running_) finish(*seq, FinishReason::kCancelled);
   running_.clear();
@@ -689,7 +716,7 @@ void Scheduler::cache_computed_pages(Seq& seq) {
 }
 
 void Scheduler::release_seq_pages(Seq& seq) {
-  if (seq.admitted) cache_computed_pages(seq);
+  if (seq.holds_pages()) cache_computed_pages(seq);
   allocator_->free(std::span<const PageId>(seq.pages).subspan(static_cast<size_t>(seq.tree_pages)));
   seq.pages.clear();
   seq.tree_pages = 0;
@@ -697,7 +724,12 @@ void Scheduler::release_seq_pages(Seq& seq) {
   seq.receipt = LockReceipt{};
   if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
   seq.load_receipt = LockReceipt{};
-  seq.admitted = false;
+}
+
+void Scheduler::end_order_request(Seq& seq) {
+  STRATA_CHECK(seq.remote_room != 0);
+  release_seq_pages(seq);
+  seq.move_to(SeqState::kFinished);
 }
 
 // The one way a request ends, from any state (waiting, parked, running, remote): its pages
@@ -713,8 +745,9 @@ void Scheduler::finish(Seq& seq, FinishReason reason, std::string error, int32_t
       it->second.why = error.empty() ? std::string(finish_reason_name(reason)) : error;
     }
   }
-  const int64_t cached = seq.admitted ? seq.computed : 0;
+  const int64_t cached = seq.holds_pages() ? seq.computed : 0;
   release_seq_pages(seq);
+  seq.move_to(SeqState::kFinished);
   if (!seq.spec.session_id.empty()) {
     sessions_->on_request_finished(
         seq.spec.session_id,
@@ -735,6 +768,7 @@ void Scheduler::finish(Seq& seq, FinishReason reason, std::string error, int32_t
 // computed pages stay cached in the tree) and queue it again at the front.
 void Scheduler::retract(Seq& seq) {
   release_seq_pages(seq);
+  seq.move_to(SeqState::kWaiting);
   seq.computed = 0;
   ++counters_.requests_retracted;
 }
@@ -797,7 +831,6 @@ Scheduler::Admission Scheduler::try_admit(Seq& seq) {
   seq.pages = std::move(m.device_pages);
   seq.tree_pages = m.num_pages;
   seq.computed = static_cast<int64_t>(m.num_pages) * ps;
-  seq.admitted = true;
   count_admission(seq);
   return Admission::kAdmitted;
 }
@@ -1000,11 +1033,13 @@ void Scheduler::admit() {
     }
     const Admission a = try_admit(seq);
     if (a == Admission::kParked) {
+      seq.move_to(SeqState::kParked);
       parked_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
       continue;
     }
     if (a == Admission::kRemote) {
+      seq.move_to(SeqState::kOrdered);
       remote_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
       continue;
@@ -1029,6 +1064,7 @@ void Scheduler::admit() {
       waiting_.pop_front();
       continue;
     }
+    seq.move_to(SeqState::kRunning);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     // An order's pages that this worker's own cache held go out at once.
@@ -1051,54 +1087,104 @@ bool Scheduler::step() {
   if (running_.empty()) return sampled_hits;
   order_queues();  // requests admitted just now may rank better than older ones
 
-  // Plan the batch: every decoding request contributes one token; prefilling requests
-  // share the chunk budget in arrival order.
+  // Plan the step (engine/step_plan.h), then commit it: retract, take the pages. The plan
+  // sees the pool through upper bounds (eviction may have to wait for backups; a retracted
+  // request's prefix may stay locked by others): when the pool gives less than planned, the
+  // step plans again from what the pool holds now. The budget keeps the decoding requests'
+  // inter-token latency steady (step_budget.h); it is fixed for the step.
+  int64_t decoding = 0;
+  for (const auto& seq : running_) decoding += seq->decoding() ? 1 : 0;
+  const int64_t prefill_budget = budget_.prefill_tokens(decoding);
+  counters_.prefill_budget_tokens = prefill_budget;
   struct Planned {
     Seq* seq;
     int64_t start;
     int64_t count;
   };
   std::vector<Planned> plan;
-  // running_ is in rank order (admit): the better requests get the prefill budget first,
-  // and running_.back() is the one to retract first. The budget keeps the decoding
-  // requests' inter-token latency steady (step_budget.h).
-  int64_t decoding = 0;
-  for (const auto& seq : running_) {
-    decoding += static_cast<int64_t>(seq->tokens.size()) - seq->computed == 1 ? 1 : 0;
-  }
-  int64_t prefill_budget = budget_.prefill_tokens(decoding);
-  counters_.prefill_budget_tokens = prefill_budget;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Seq& seq = *running_[i];
-    const int64_t pending = static_cast<int64_t>(seq.tokens.size()) - seq.computed;
-    STRATA_CHECK(pending >= 1);
-    int64_t count = pending;
-    if (pending > 1) {
-      if (prefill_budget <= 0) continue;
-      count = std::min(pending, prefill_budget);
-      prefill_budget -= count;
-    }
-    bool fits = ensure_pages(seq, seq.computed + count);
-    // Backups in flight free device pages when they land: wait for them.
-    if (!fits && tree_->io_pending()) continue;
-    // Not even eviction helps: retract the newest requests, one at a time, until this one
-    // fits (their computed pages stay cached, their locks go). Retracting only one and
-    // giving up on the step let admit() take it back at once: a livelock (the fuzz suite's
-    // tests/fuzz/repro_scheduler_livelock.mjs).
-    bool retracted_self = false;
-    while (!fits) {
-      Seq& victim = *running_.back();
-      retract(victim);
+  std::vector<PlanRequest> viewed;
+  // running_[0, decided) are decided: committed, or skipped for this step.
+  size_t decided = 0;
+  // The request the commit retracts others for (it no longer waits for backups).
+  const Seq* retracting = nullptr;
+  // Pages eviction counted on but could not free now (backups to wait for, pins without
+  // host room), measured at the last allocation that fell short.
+  int64_t shortfall = 0;
+  auto retract_worst = [&](int32_t n) {
+    for (int32_t k = 0; k < n; ++k) {
+      retract(*running_.back());
       waiting_.push_front(std::move(running_.back()));
       running_.pop_back();
-      if (&victim == &seq) {
-        retracted_self = true;
+    }
+  };
+  // An allocation fell short: what the pool really holds from now on.
+  auto fell_short = [&] { shortfall = reclaimable_pages() - allocator_->num_free(); };
+  const int32_t max_rounds = 3 * static_cast<int32_t>(running_.size()) + 3;
+  for (int32_t round = 0;; ++round) {
+    STRATA_CHECK_MSG(round <= max_rounds, "the step's plan does not converge");
+    viewed.clear();
+    for (const auto& seq : running_) {
+      viewed.push_back(PlanRequest{static_cast<int64_t>(seq->tokens.size()), seq->computed,
+                                   static_cast<int64_t>(seq->pages.size()),
+                                   seq.get() == retracting});
+    }
+    const StepPlan step_plan = plan_step(
+        StepView{viewed, options_.page_size, prefill_budget,
+                 std::max<int64_t>(0, reclaimable_pages() - shortfall), tree_->io_pending()});
+    // Before retracting for a request, eviction is tried, as for one that fits: it may free
+    // more than the plan counted on (the request fits: plan again), or start backups (it
+    // waits for them: plan again, and the plan skips it).
+    enum class Tried : uint8_t { kFits, kWaits, kRetract };
+    auto evict_first = [&](Seq& seq, int64_t positions) {
+      if (retracting == &seq) return Tried::kRetract;
+      if (ensure_pages(seq, positions)) return Tried::kFits;
+      fell_short();
+      if (tree_->io_pending()) return Tried::kWaits;
+      retracting = &seq;
+      return Tried::kRetract;
+    };
+    bool again = false;
+    for (const PlannedRun& run : step_plan.runs) {
+      if (run.index < decided) continue;
+      Seq& seq = *running_[run.index];
+      const int64_t positions = run.start + run.count;
+      decided = run.index;
+      if (run.retract_first > 0) {
+        const Tried tried = evict_first(seq, positions);
+        if (tried != Tried::kRetract) {
+          if (tried == Tried::kFits) {
+            plan.push_back(Planned{&seq, run.start, run.count});
+            decided = run.index + 1;
+          }
+          again = true;
+          break;
+        }
+        retract_worst(run.retract_first);
+      }
+      if (!ensure_pages(seq, positions)) {
+        fell_short();
+        again = true;
         break;
       }
-      fits = ensure_pages(seq, seq.computed + count);
+      plan.push_back(Planned{&seq, run.start, run.count});
+      decided = run.index + 1;
     }
-    if (retracted_self) break;
-    plan.push_back(Planned{&seq, seq.computed, count});
+    if (again) continue;
+    if (!step_plan.unfit || step_plan.unfit->index < decided) break;
+    const PlannedRun& unfit = *step_plan.unfit;
+    Seq& seq = *running_[unfit.index];
+    decided = unfit.index;
+    const Tried tried = evict_first(seq, unfit.start + unfit.count);
+    if (tried == Tried::kRetract) {
+      // Not even eviction helps: the worse requests are retracted, then this one (their
+      // computed pages stay cached, their locks go), and the step ends.
+      retract_worst(unfit.retract_first + 1);
+      break;
+    }
+    if (tried == Tried::kFits) {
+      plan.push_back(Planned{&seq, unfit.start, unfit.count});
+      decided = unfit.index + 1;
+    }
   }
   if (plan.empty()) return false;
 
@@ -1180,6 +1266,7 @@ bool Scheduler::step() {
     if (emit_sampled(seq, sample_row(seq, logits))) done.push_back(&seq);
   }
   for (Seq* s : sent) {
+    s->move_to(SeqState::kSending);
     auto it = std::find_if(running_.begin(), running_.end(),
                            [&](const std::unique_ptr<Seq>& r) { return r.get() == s; });
     pd_sending_.push_back(std::move(*it));

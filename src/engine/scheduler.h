@@ -182,9 +182,17 @@ class Scheduler {
   // whose cached prefix ends at `path` (locked on admission; null or the root: none) can
   // take now, beside what the running requests still need (running_reserve).
   int64_t device_room(const RadixNode* path) const;
+  // Gives back a request's pages and locks (its computed full pages join the tree first);
+  // the caller moves it to its next state.
   void release_seq_pages(Seq& seq);
+  // Prefill side: an order's request ends (sent, or the order aborted). It ends without
+  // finish(): nobody reads its stream, and the order's own counters count it.
+  void end_order_request(Seq& seq);
   void flush_events();
+  // Every page of both pools accounted for, and every request in the container of its
+  // state (engine/seq_state.h).
   Status audit_pages() const;
+  Status audit_states() const;
   // Runs the forward pass on the forward thread and, while it runs, the commands that
   // arrive (cache control, tool_end's restore, kv_meta): a command waits for at most the
   // scheduler's bookkeeping between steps, not for a whole step. Commands then see the

@@ -151,7 +151,6 @@ std::optional<Scheduler::Admission> Scheduler::try_remote(Seq& seq, const MatchR
   seq.pages.insert(seq.pages.end(), dst.begin(), dst.end());
   seq.tree_pages = m.num_pages;
   seq.computed = static_cast<int64_t>(m.num_pages) * ps;
-  seq.admitted = true;
   seq.pd_room = room;
   seq.pd_ordered_ms = now;
   count_admission(seq);
@@ -182,9 +181,9 @@ std::unique_ptr<Scheduler::Seq> Scheduler::take_remote(uint64_t room) {
 void Scheduler::pd_fallback(std::unique_ptr<Seq> seq, PdFallback reason) {
   ++counters_.pd_fallbacks[static_cast<size_t>(reason)];
   release_seq_pages(*seq);
+  seq->move_to(SeqState::kWaiting);
   seq->computed = 0;
   seq->pd_room = 0;
-  seq->pd_receiving = false;
   waiting_.push_front(std::move(seq));
 }
 
@@ -218,7 +217,7 @@ void Scheduler::pd_room_event(const pd::RoomEvent& ev) {
         pd_fallback(take_remote(room), PdFallback::kTransfer);
         return;
       }
-      seq->pd_receiving = true;
+      seq->move_to(SeqState::kReceiving);
       return;
     }
     case pd::RoomEvent::Kind::kFailed: {
@@ -254,8 +253,8 @@ void Scheduler::pd_room_event(const pd::RoomEvent& ev) {
 // token goes out, and the request decodes from here.
 void Scheduler::pd_land(Seq& seq) {
   const int64_t now = clock_->now_ms();
+  seq.move_to(SeqState::kRunning);
   seq.computed = seq.prompt_len;
-  seq.pd_receiving = false;
   seq.usage.kv_transferred = true;
   seq.usage.kv_transfer_ms = now - seq.pd_ordered_ms;
   ++counters_.pd_rooms_done;
@@ -394,7 +393,7 @@ void Scheduler::pd_abort(uint64_t room, bool tell_peer, const std::string& why) 
       Seq& seq = **s;
       if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
       seq.load_receipt = LockReceipt{};
-      release_seq_pages(seq);
+      end_order_request(seq);
       list.erase(s);
       return true;
     }
@@ -418,7 +417,7 @@ void Scheduler::pd_settle_orders() {
     }
     for (size_t i = 0; i < pd_sending_.size(); ++i) {
       if (pd_sending_[i]->remote_room != room) continue;
-      release_seq_pages(*pd_sending_[i]);
+      end_order_request(*pd_sending_[i]);
       pd_sending_.erase(pd_sending_.begin() + static_cast<std::ptrdiff_t>(i));
       break;
     }
@@ -448,7 +447,7 @@ void Scheduler::pd_settle_orders() {
       ++i;
       continue;
     }
-    release_seq_pages(*pd_sending_[i]);
+    end_order_request(*pd_sending_[i]);
     pd_sending_.erase(pd_sending_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
@@ -547,7 +546,7 @@ void Scheduler::pd_poll() {
     // A client that went away while its prompt was being computed remotely.
     for (size_t i = 0; i < remote_.size();) {
       Seq& seq = *remote_[i];
-      if (!seq.stream->cancelled() || seq.pd_receiving) {
+      if (!seq.stream->cancelled() || seq.state == SeqState::kReceiving) {
         ++i;
         continue;
       }

@@ -9,14 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "common/check.h"
 #include "engine/scheduler.h"
+#include "engine/seq_state.h"
 
 namespace strata {
 
 // A request inside the scheduler. Page ownership: pages[0, tree_pages) belong to the
 // tree and are protected by `receipt`; pages[tree_pages, end) belong to this request.
+// Its lifecycle is `state` alone (engine/seq_state.h); the flags below are not states: they
+// record what was tried or counted once, whichever state the request is in.
 struct Scheduler::Seq {
   uint64_t id = 0;
+  SeqState state = SeqState::kWaiting;
   RequestSpec spec;
   std::shared_ptr<RequestStream> stream;
   std::vector<int32_t> tokens;  // prompt + generated
@@ -25,12 +30,14 @@ struct Scheduler::Seq {
   std::vector<PageId> pages;
   int32_t tree_pages = 0;
   LockReceipt receipt;
-  bool admitted = false;
-  bool counted = false;  // prompt and cache hits counted (first admission)
+  // Prompt and cache hits counted at the first admission; a retracted request keeps the
+  // figures the client saw, whatever state it goes through after.
+  bool counted = false;
   int32_t generated = 0;
   RequestUsage usage;
   std::optional<Sampler> sampler;
-  // Hierarchical cache: tiers tried for this request, and what they gave.
+  // Hierarchical cache: tiers tried for this request, and what they gave. (A try is made
+  // once per turn in the queue and reset where trying again makes sense: not a state.)
   bool load_tried = false;
   bool prefetch_tried = false;
   LockReceipt load_receipt;      // holds a host path while it loads to the device
@@ -40,15 +47,26 @@ struct Scheduler::Seq {
   // Scheduling (queue_order.h): set when the request reaches the scheduler thread.
   SchedClass cls = SchedClass::kNormal;
   int64_t arrival_ms = 0;
-  // Disaggregation, decode side: a room was tried (once per request), the room this
-  // request's prompt is computed in (0: none), since when, and the pages being received.
+  // Disaggregation, decode side: a room was tried (once per request, like the tiers'
+  // tries), the room this request's prompt is computed in (kOrdered, kReceiving; 0: none),
+  // since when, and the first token the prefill worker sampled.
   bool pd_tried = false;
   uint64_t pd_room = 0;
   int64_t pd_ordered_ms = 0;
-  bool pd_receiving = false;
   int32_t pd_first_token = -1;
   // Prefill side: the room of the order this request computes (0: an ordinary request).
   uint64_t remote_room = 0;
+
+  // The one way to change state: the move must be in seq_transition_allowed's table.
+  void move_to(SeqState to) {
+    STRATA_CHECK_MSG(
+        seq_transition_allowed(state, to),
+        std::string("request moved from ") + seq_state_name(state) + " to " + seq_state_name(to));
+    state = to;
+  }
+  bool holds_pages() const { return seq_holds_pages(state); }
+  // Prefill or decode (kRunning): one token left to compute is a decode step.
+  bool decoding() const { return static_cast<int64_t>(tokens.size()) - computed == 1; }
 };
 
 // A caller of tool_session(): tool_start, or tool_end (`start` false), until its move landed.
