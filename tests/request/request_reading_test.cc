@@ -432,7 +432,8 @@ TEST_F(RequestReadingTest, ASessionsRecordIsContinuedByTheRouterAsByTheWorker) {
       {"role":"user","content":"What is 2 + 2?"}]})");
     b["messages"].push_back(ojson{{"role", "assistant"}, {"content", echoed}});
     b["messages"].push_back(ojson{{"role", "user"}, {"content", "And plus 1?"}});
-    for (auto& [k, v] : ojson::parse(more).items()) b[k] = v;
+    const ojson extra = ojson::parse(more);
+    for (const auto& [k, v] : extra.items()) b[k] = v;
     return b.dump();
   };
   const std::string body = body_with(generated, "{}");
