@@ -247,6 +247,16 @@ test('<think> replies streamed with session_id: the record event reaches no clie
   assert.equal(asked.status, 200, asked.text);
   assert.ok(Array.isArray(asked.json.strata_turn_record?.tokens), asked.text);
   assert.ok(asked.json.strata_turn_record.tokens.length > asked.json.usage.prompt_tokens, asked.text);
+  // A worker adds the field only when asked, and only for a session's turn.
+  const direct = { messages: messages.slice(0, 2), max_tokens: 8, forced_output: 'Six.', session_id: 'direct-record' };
+  const plain = await reference.post('/v1/chat/completions', direct);
+  assert.equal(plain.status, 200, plain.text);
+  assert.ok(!plain.text.includes('strata_turn_record'), plain.text);
+  const withHeader = await reference.post('/v1/chat/completions', direct, { 'x-strata-turn-record': '1' });
+  assert.equal(withHeader.json.strata_turn_record.num_messages, 2, withHeader.text);
+  const noSession = await reference.post('/v1/chat/completions', { ...direct, session_id: undefined },
+    { 'x-strata-turn-record': '1' });
+  assert.ok(!noSession.text.includes('strata_turn_record'), noSession.text);
 });
 
 test('a chain of Responses turns by previous_response_id: the router predicts the worker\'s hit', async () => {
