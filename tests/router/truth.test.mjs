@@ -358,6 +358,12 @@ test('a worker killed and restarted is forgotten at once, its pins included', as
   assert.equal(pin.status, 200, pin.text);
   const held = await indexOf(r2, victim.base);
   assert.ok(held.pinned_blocks > 0, JSON.stringify(held));
+  // A session's turn there: the router keeps the exact tokens the victim recorded for it.
+  const turn = await r2.post('/v1/chat/completions', { ...body, session_id: 'victim-session' });
+  assert.equal(turn.status, 200, turn.text);
+  assert.equal(turn.headers.get('x-strata-worker'), victim.base, 'the cached prefix decides');
+  const records = async () => (await workerList(r2)).find((w) => w.url === victim.base).router.turn_records;
+  assert.equal(await records(), 1);
 
   process.kill(victim.pid, 'SIGKILL');
   await new Promise((res) => victim.proc.on('exit', res));
@@ -371,6 +377,8 @@ test('a worker killed and restarted is forgotten at once, its pins included', as
     return i.blocks === 0 && i.pinned_blocks === 0 ? i : null;
   }, 'the dead process\'s blocks and pins to be forgotten', 3000);
   assert.equal(idx.pinned_blocks, 0);
+  // Its records went with the old process.
+  assert.equal(await records(), 0);
 
   // The prefix is now nowhere: no prediction for the restarted worker.
   const before = await counters(r2);
