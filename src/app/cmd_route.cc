@@ -109,6 +109,15 @@ void add_route_command(CLI::App& app, int& exit_code) {
                   "Responses API: stored responses whose worker the router remembers (the "
                   "least recently used is forgotten first)")
       ->capture_default_str();
+  cmd->add_option("--max-turn-records", r.turn_records.max_records,
+                  "Exact tokens kept of the workers' sessions and stored responses, to predict "
+                  "their next turns (the least recently used is forgotten first)")
+      ->capture_default_str();
+  cmd->add_option_function<int64_t>(
+         "--max-turn-record-mb", [&r](int64_t mb) { r.turn_records.max_bytes = mb << 20; },
+         "Memory those records may hold, in MiB")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->default_str("256");
   cmd->add_option("--queue-size", r.queue.max_entries, "Requests waiting when all are saturated");
   cmd->add_option("--queue-per-tenant", r.queue.max_per_tenant, "Of them, per tenant");
   add_seconds_flag(*cmd, "--queue-timeout-s", r.queue.max_wait_ms,

@@ -87,9 +87,11 @@ CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
   STRATA_CHECK_MSG(w.pinned_blocks + w.predicted_blocks <= run,
                    "worker " + std::to_string(w.id) + ": pinned + predicted exceed the run");
 
+  // A worker that continues the request's exact recorded tokens reads a prompt of its own.
+  const int64_t prompt_tokens = w.prompt_tokens >= 0 ? w.prompt_tokens : request.prompt_tokens;
   CostTerms t;
   if (run > 0) {
-    t.cached_tokens = std::min(request.prompt_tokens, run * w.block_size);
+    t.cached_tokens = std::min(prompt_tokens, run * w.block_size);
     const double n = static_cast<double>(run);
     const double tier = (weights.device * static_cast<double>(w.cached_device_blocks) +
                          weights.host * static_cast<double>(w.cached_host_blocks) +
@@ -103,7 +105,7 @@ CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
         (1.0 - weights.eviction_risk * pressure) * static_cast<double>(confirmed);
     t.credited_tokens = static_cast<double>(t.cached_tokens) * tier * certain / n;
   }
-  t.prefill_tokens = static_cast<double>(request.prompt_tokens) - t.credited_tokens;
+  t.prefill_tokens = static_cast<double>(prompt_tokens) - t.credited_tokens;
   t.prefill = t.prefill_tokens * weights.prefill_token;
   t.load = static_cast<double>(w.inflight_prefill_tokens) * weights.inflight_prefill_token +
            static_cast<double>(w.decode_requests) * weights.decode_request;

@@ -123,6 +123,10 @@ struct WorkerCandidate {
   double load_fraction = 0.0;           // from the worker's reported load, 0..1 (may exceed 1)
   int64_t sessions_assigned = 0;        // live session bindings (SessionTable::sessions_on)
   bool sticky = false;                  // this request's session is bound here
+  // The prompt's length on this worker when it differs from RequestFeatures::prompt_tokens:
+  // the worker continues the exact tokens it recorded for the request's session or previous
+  // response (request/turn_record.h); -1: the request's.
+  int64_t prompt_tokens = -1;
 };
 
 // has_session and new_session are for the log; the cost itself asks only whether a worker

@@ -4,6 +4,7 @@
 #include "request/chat_request.h"
 #include "request/json_fields.h"
 #include "request/responses_request.h"
+#include "request/turn_record.h"
 #include "text/tokenizer/utf8.h"
 
 namespace strata::router {
@@ -43,10 +44,18 @@ Result<std::string> header_session_id(std::string_view header_session) {
   return std::string(header_session);
 }
 
+// The request's cache_salt ("" when none, or not a string: the worker refuses that).
+std::string cache_salt_of(const ojson& body) {
+  auto salt = body.find("cache_salt");
+  return salt != body.end() && salt->is_string() ? salt->get<std::string>() : std::string();
+}
+
 // The prompt of a chat request as tokens (none without a chat template, or when longer
-// than the limit: too_long). read_chat_request normalizes the messages in place.
+// than the limit: too_long). read_chat_request normalizes the messages in place. With a
+// `record` (the session's), also the prompt its worker computes by continuing it.
 Status read_chat_tokens(const PromptReader& reader, ojson& chat_body, size_t max_prompt_tokens,
-                        RoutedRequest& r) {
+                        const TurnEntry* record, RoutedRequest& r) {
+  const std::string salt = cache_salt_of(chat_body);
   auto read = read_chat_request(chat_body, GenerationPrompt::kAlways);
   if (!read) return std::unexpected(read.error());
   if (reader.chat() == nullptr) return {};
@@ -54,6 +63,14 @@ Status read_chat_tokens(const PromptReader& reader, ojson& chat_body, size_t max
   if (!ids) return std::unexpected(ids.error());
   r.too_long = !*ids;
   if (*ids) r.tokens = std::move(**ids);
+  if (record != nullptr) {
+    auto continued = continue_turn(reader, read->messages, read->tools ? &*read->tools : nullptr,
+                                   read->template_kwargs, salt, record->record, max_prompt_tokens);
+    if (continued) {
+      r.exact_worker = record->worker;
+      r.exact_tokens = std::move(*continued);
+    }
+  }
   return {};
 }
 
@@ -61,7 +78,7 @@ Status read_chat_tokens(const PromptReader& reader, ojson& chat_body, size_t max
 
 Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std::string& body,
                                           std::string_view header_session, RoutedApi api,
-                                          size_t max_prompt_tokens) {
+                                          size_t max_prompt_tokens, const TurnLookup& turn_lookup) {
   auto parsed = parse_json_object_as<ojson>(body);
   if (!parsed) return std::unexpected(parsed.error());
   ojson& j = *parsed;
@@ -91,14 +108,27 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
     auto salt = c.find("cache_salt");
     r.pd_local_only =
         salt != c.end() && salt->is_string() && !salt->get_ref<const std::string&>().empty();
+    if (r.store) r.instructions = read->instructions;
     if (read->previous_response_id || !r.item_references.empty()) {
       r.previous_response_id = std::move(read->previous_response_id);
+      // The worker continues the previous response's recorded tokens when this request has
+      // its instructions (they are not carried over) and its cache_salt
+      // (responses_routes.cc: prepare_response).
+      std::shared_ptr<const TurnEntry> record;
+      if (r.previous_response_id && turn_lookup) {
+        record = turn_lookup(TurnKey::kResponse, *r.previous_response_id);
+      }
+      if (record && record->instructions == read->instructions &&
+          record->record.cache_salt == cache_salt_of(c)) {
+        r.exact_worker = record->worker;
+        r.exact_tokens = record->record.tokens;
+      }
       return r;
     }
     // The worker's reading without a previous response (responses_routes.cc:
     // prepare_response): instructions, then the input, as a chat request.
     ojson chat = responses_chat_body(*read, ojson::array());
-    if (auto st = read_chat_tokens(reader, chat, max_prompt_tokens, r); !st) {
+    if (auto st = read_chat_tokens(reader, chat, max_prompt_tokens, nullptr, r); !st) {
       return std::unexpected(st.error());
     }
     return r;
@@ -116,7 +146,7 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
     auto salt = c.find("cache_salt");
     r.pd_local_only =
         salt != c.end() && salt->is_string() && !salt->get_ref<const std::string&>().empty();
-    if (auto st = read_chat_tokens(reader, c, max_prompt_tokens, r); !st) {
+    if (auto st = read_chat_tokens(reader, c, max_prompt_tokens, nullptr, r); !st) {
       return std::unexpected(st.error());
     }
     return r;
@@ -144,7 +174,9 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
   };
   r.pd_local_only = set("cache_salt") || set("logprobs") || set("top_logprobs");
   if (api == RoutedApi::kChatCompletions) {
-    if (auto st = read_chat_tokens(reader, j, max_prompt_tokens, r); !st) {
+    std::shared_ptr<const TurnEntry> record;
+    if (!r.session.empty() && turn_lookup) record = turn_lookup(TurnKey::kSession, r.session);
+    if (auto st = read_chat_tokens(reader, j, max_prompt_tokens, record.get(), r); !st) {
       return std::unexpected(st.error());
     }
     return r;

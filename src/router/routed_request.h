@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,6 +17,7 @@
 
 #include "common/result.h"
 #include "request/prompt_reader.h"
+#include "router/turn_records.h"
 
 namespace strata::router {
 
@@ -41,7 +44,19 @@ struct RoutedRequest {
   std::optional<std::string> previous_response_id;
   std::vector<std::string> item_references;
   bool store = false;  // a Responses request's own answer is stored (`store`, default true)
+  // The worker that continues exact recorded tokens for this request (turn_records.h) and
+  // the prompt it computes there: a session's record continued as the worker continues it
+  // (continue_turn), or a previous response's recorded tokens (the router does not hold
+  // the stored conversation the worker renders the input after, so these are the prompt's
+  // recorded prefix). nullopt: no record, or one the worker will not continue.
+  std::optional<uint32_t> exact_worker;
+  std::vector<int32_t> exact_tokens;
+  // A stored Responses turn's instructions, kept with its record.
+  std::optional<std::string> instructions;
 };
+
+// The router's record of a session or a stored response (TurnRecordTable::find); null: none.
+using TurnLookup = std::function<std::shared_ptr<const TurnEntry>(TurnKey, const std::string&)>;
 
 // Reads `body` (and the x-session-id header's value) as a worker would; kInvalidArgument
 // with the worker's message for what a worker refuses while reading the prompt. With
@@ -50,9 +65,11 @@ struct RoutedRequest {
 // A Messages request's session comes from the x-session-id header only, and its body goes
 // upstream as it is (the Messages API has no session_id field). A Responses request's
 // session is its prompt_cache_key (else the x-session-id header), and its body goes
-// upstream as it is.
+// upstream as it is. `turn_lookup` (may be empty: no records) gives the records that a chat
+// request's session and a Responses request's previous response continue.
 Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std::string& body,
                                           std::string_view header_session, RoutedApi api,
-                                          size_t max_prompt_tokens);
+                                          size_t max_prompt_tokens,
+                                          const TurnLookup& turn_lookup = {});
 
 }  // namespace strata::router

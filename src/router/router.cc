@@ -129,6 +129,7 @@ Status validate(const RouterOptions& o) {
   if (auto st = validate(o.weights); !st) return st;
   if (auto st = validate(o.sessions); !st) return st;
   if (auto st = validate(o.responses); !st) return st;
+  if (auto st = validate(o.turn_records); !st) return st;
   if (auto st = validate(o.breaker); !st) return st;
   if (auto st = validate(o.queue); !st) return st;
   if (auto st = validate(o.pd); !st) return st;
@@ -234,6 +235,7 @@ Router::Impl::Impl(RouterOptions o, const Tokenizer& t, const ChatTemplate* c, s
       http(options.http),
       sessions(options.sessions),
       responses(options.responses),
+      turn_records(options.turn_records),
       queue(options.queue),
       rng(options.seed) {}
 
@@ -290,6 +292,7 @@ void Router::Impl::remove_worker(WorkerId id) {
     workers.erase(it);
     sessions.unbind_worker(id);
     responses.unbind_worker(id);  // its stored responses are no longer reachable
+    turn_records.forget_worker(id);
   }
   if (w->events) w->events->stop();
   index.remove_worker(id);
@@ -348,7 +351,8 @@ json Router::Impl::worker_json(const Worker& w) {
            {"failures", w.failures},
            {"prefill_orders", w.prefill_orders},
            {"sessions", sessions.sessions_on(w.id, now)},
-           {"responses", responses.responses_on(w.id)}}},
+           {"responses", responses.responses_on(w.id)},
+           {"turn_records", turn_records.records_on(w.id)}}},
          {"pd", w.pd_worker_id.empty() ? json(nullptr)
                                        : json{{"worker_id", w.pd_worker_id},
                                               {"endpoint", w.pd_endpoint},
@@ -390,8 +394,10 @@ void Router::Impl::note_instance(Worker& w, const json& report) {
     index.reset_worker(w.id);
     approx_index.reset_worker(w.id);
     index.mark_stale(w.id, true);
-    // Its stored responses went with the old process: they are unknown ids now.
+    // Its stored responses and its conversation records went with the old process: they
+    // are unknown ids now, and its sessions' next turns are rendered afresh there.
     responses.unbind_worker(w.id);
+    turn_records.forget_worker(w.id);
     w.needs_rebuild = true;
     w.info_stale = true;  // it may have a new role or PD id
   }
@@ -405,6 +411,22 @@ void Router::Impl::stored_response(const Worker& w, const std::string& response_
   if (auto st = responses.bind(response_id, w.id); !st) {
     STRATA_LOG_DEBUG("response id from {} not bound: {}", w.url, st.error().message);
   }
+}
+
+void Router::Impl::learned_turn(const Worker& w, TurnKey kind, const std::string& key,
+                                std::optional<ConversationRecord> record,
+                                std::optional<std::string> instructions) {
+  std::lock_guard lock(mutex);
+  auto it = workers.find(w.id);
+  if (it == workers.end() || it->second.get() != &w) return;
+  if (!record) {
+    turn_records.erase(kind, key);
+    return;
+  }
+  turn_records.put(
+      kind, key,
+      TurnEntry{
+          .worker = w.id, .record = std::move(*record), .instructions = std::move(instructions)});
 }
 
 void Router::Impl::refused(const RouteChoice& c) {
@@ -917,17 +939,28 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
   }
   std::map<int, std::vector<uint64_t>> hashes;
   std::map<WorkerId, WorkerMatch> matches;
-  const bool by_cache = policy_uses_cache() && !req.tokens.empty();
-  if (by_cache) {
+  // The exact worker's own blocks (RouteRequest::exact_tokens at its block size).
+  std::vector<uint64_t> exact_hashes;
+  const PrefixIndex& idx = options.policy == Policy::kApproximate ? approx_index : index;
+  if (policy_uses_cache() && !req.tokens.empty()) {
     for (const auto& [id, bs] : sizes) {
       if (!hashes.contains(bs)) hashes[bs] = PrefixIndex::hash_tokens(req.tokens, bs);
     }
-    const PrefixIndex& idx = options.policy == Policy::kApproximate ? approx_index : index;
     for (const auto& [bs, hs] : hashes) {
       for (const WorkerMatch& m : idx.match(hs)) {
         for (const auto& [id, wbs] : sizes) {
           if (id == m.worker && wbs == bs) matches[id] = m;
         }
+      }
+    }
+  }
+  if (policy_uses_cache() && req.exact_worker && !req.exact_tokens.empty()) {
+    matches.erase(*req.exact_worker);
+    for (const auto& [id, bs] : sizes) {
+      if (id != *req.exact_worker) continue;
+      exact_hashes = PrefixIndex::hash_tokens(req.exact_tokens, bs);
+      for (const WorkerMatch& m : idx.match(exact_hashes)) {
+        if (m.worker == id) matches[id] = m;
       }
     }
   }
@@ -965,6 +998,7 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
     if (options.policy != Policy::kDefault) c.load_fraction = 0;  // no backpressure
     c.sessions_assigned = sessions.sessions_on(id, now);
     c.sticky = use_sessions && binding && !binding->migrate && binding->worker == id;
+    if (req.exact_worker == id) c.prompt_tokens = static_cast<int64_t>(req.exact_tokens.size());
     cands.push_back(c);
     ws.push_back(w);
   }
@@ -1004,7 +1038,8 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
   out.reason = req.only_worker                         ? "previous_response"
                : options.policy == Policy::kRoundRobin ? "round_robin"
                                                        : std::string(route_reason_name(d->reason));
-  out.prompt_tokens = static_cast<int64_t>(req.tokens.size());
+  const bool exact = req.exact_worker == d->worker;
+  out.prompt_tokens = static_cast<int64_t>(exact ? req.exact_tokens.size() : req.tokens.size());
   out.predicted_cached_tokens = d->terms.cached_tokens;
   out.all_saturated = d->all_saturated && options.policy == Policy::kDefault;
   metrics.decision_seconds.Observe(
@@ -1027,13 +1062,18 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
   metrics.decisions.Add({{"reason", out.reason}, {"worker", w.url}}).Increment();
   // Predict-on-route: siblings of this request (an agent's fan-out) find these blocks
   // here before the worker's events arrive; a worker without events keeps them longer.
-  if (auto it = hashes.find(w.block_size); it != hashes.end()) {
+  const std::vector<int32_t>& sent = exact ? req.exact_tokens : req.tokens;
+  const auto it = hashes.find(w.block_size);
+  const std::vector<uint64_t>* blocks =
+      exact && !exact_hashes.empty() ? &exact_hashes
+                                     : (!exact && it != hashes.end() ? &it->second : nullptr);
+  if (blocks != nullptr) {
     const int64_t ttl = w.events ? options.predicted_ttl_ms : options.approximate_ttl_ms;
-    if (ttl > 0) index.insert_predicted(w.id, it->second, now, ttl);
-    approx_index.insert_predicted(w.id, it->second, now, options.approximate_ttl_ms);
-    out.predicted_hashes = it->second;
-  } else if (options.policy == Policy::kApproximate && !req.tokens.empty()) {
-    out.predicted_hashes = PrefixIndex::hash_tokens(req.tokens, w.block_size);
+    if (ttl > 0) index.insert_predicted(w.id, *blocks, now, ttl);
+    approx_index.insert_predicted(w.id, *blocks, now, options.approximate_ttl_ms);
+    out.predicted_hashes = *blocks;
+  } else if (options.policy == Policy::kApproximate && !sent.empty()) {
+    out.predicted_hashes = PrefixIndex::hash_tokens(sent, w.block_size);
     approx_index.insert_predicted(w.id, out.predicted_hashes, now, options.approximate_ttl_ms);
   }
   STRATA_LOG_DEBUG(

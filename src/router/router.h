@@ -35,6 +35,7 @@
 #include "router/pd_choice.h"
 #include "router/response_table.h"
 #include "router/session_table.h"
+#include "router/turn_records.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
 
@@ -61,6 +62,9 @@ struct RouterOptions {
   CostWeights weights;
   SessionTableOptions sessions;
   ResponseTableOptions responses;  // which worker stored each response (Responses API)
+  // The exact tokens each worker keeps for the sessions and stored responses routed there
+  // (turn_records.h): --max-turn-records, --max-turn-record-mb.
+  TurnRecordOptions turn_records;
   CircuitBreakerOptions breaker;
   AdmissionQueueOptions queue;
   PdOptions pd;                // --pd: long prompts prefilled by a prefill worker (pd_choice.h)

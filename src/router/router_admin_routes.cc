@@ -370,6 +370,7 @@ http::Response metrics(Router::Impl& r) {
       set("inflight_prefill_tokens", static_cast<double>(w->inflight_prefill_tokens));
       set("sessions", static_cast<double>(r.sessions.sessions_on(w->id, now)));
       set("responses", static_cast<double>(r.responses.responses_on(w->id)));
+      set("turn_records", static_cast<double>(r.turn_records.records_on(w->id)));
     }
   }
   for (const WorkerIndexStats& s : r.index.stats().workers) {

@@ -155,6 +155,11 @@ struct RouteRequest {
   // Only this worker may take the request (a Responses request continuing a response it
   // stored); nullopt: any. choose() returns nullopt when it is not eligible.
   std::optional<WorkerId> only_worker;
+  // The worker that continues exact recorded tokens for this request (its session's, or the
+  // previous response's: turn_records.h), and the prompt it computes from them; it is scored
+  // on these tokens, every other worker on `tokens`. nullopt: none.
+  std::optional<WorkerId> exact_worker;
+  std::vector<int32_t> exact_tokens;
 };
 
 struct Router::Impl {
@@ -178,6 +183,7 @@ struct Router::Impl {
   std::map<WorkerId, std::shared_ptr<Worker>> workers;  // GUARDED_BY(mutex)
   SessionTable sessions;                                // GUARDED_BY(mutex)
   ResponseTable responses;                              // GUARDED_BY(mutex)
+  TurnRecordTable turn_records;                         // GUARDED_BY(mutex)
   AdmissionQueue queue;                                 // GUARDED_BY(mutex)
   // Waiting requests' wake-ups, by ticket.
   std::unordered_map<uint64_t, std::function<void()>> queue_wakers;  // GUARDED_BY(mutex)
@@ -216,6 +222,11 @@ struct Router::Impl {
   // Binds a stored response's id to the worker that answered it, unless that worker has
   // left the registry meanwhile (its id may be another worker's by now).
   void stored_response(const Worker& w, const std::string& response_id);
+  // Keeps the record a worker answered a turn of `key` with (nullopt: it keeps none now, and
+  // neither does the router), unless that worker has left the registry meanwhile.
+  void learned_turn(const Worker& w, TurnKey kind, const std::string& key,
+                    std::optional<ConversationRecord> record,
+                    std::optional<std::string> instructions);
   // Takes a load poll's answers in; true when the worker just stopped being saturated.
   bool apply_load(Worker& w, const LoadAnswers& a);
   boost::asio::awaitable<void> rebuild_index(std::shared_ptr<Worker> w);

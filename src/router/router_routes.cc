@@ -13,7 +13,10 @@
 // is answered as a worker answers an unknown one (docs/openai-responses.md). With --pd, a request
 // whose prompt is prefilled remotely goes to its decode worker with x-strata-prefill-peer (the
 // prefill worker's PD id) and is answered with x-strata-prefill-worker (its URL); a client's own
-// x-strata-prefill-peer never reaches a worker.
+// x-strata-prefill-peer never reaches a worker. A chat turn with a session and a stored
+// Responses turn ask their worker for the turn's exact tokens (x-strata-turn-record,
+// request/turn_record.h), which the router keeps (turn_records.h) to predict the next turn as
+// the worker computes it, and takes out of the answer unless the client asked for them.
 #include <boost/asio/use_awaitable.hpp>
 
 #include <functional>
@@ -21,6 +24,7 @@
 #include "common/log.h"
 #include "request/error_shape.h"
 #include "request/responses_request.h"
+#include "request/turn_record.h"
 #include "router/routed_request.h"
 #include "router/router_impl.h"
 
@@ -249,6 +253,69 @@ void note_responses_answer(Router::Impl& r, const RouteChoice& c, const RoutedRe
   }
 }
 
+// The turn's record a worker answered with (the x-strata-turn-record extension,
+// request/turn_record.h).
+struct AnsweredRecord {
+  bool present = false;                      // the answer carried the field (null or not)
+  std::optional<ConversationRecord> record;  // a record, read
+  std::string response_id;                   // a whole Responses answer's id ("" otherwise)
+};
+
+AnsweredRecord read_answered_record(const json& field) {
+  AnsweredRecord out{.present = true};
+  if (field.is_null()) return out;
+  auto rec = read_turn_record(field);
+  if (rec) {
+    out.record = std::move(*rec);
+  } else {
+    STRATA_LOG_DEBUG("route: a worker's {}: {}", kTurnRecordField, rec.error().message);
+  }
+  return out;
+}
+
+// Takes the record out of a whole JSON answer, unless the client asked for it itself
+// (`keep`). The worker's body is a sorted JSON object dumped as dump_json does, so the
+// body without the field is byte for byte what the worker sends a client that did not ask.
+AnsweredRecord take_answered_record(std::string& body, bool keep) {
+  const std::string field(kTurnRecordField);
+  if (body.find("\"" + field + "\"") == std::string::npos) return {};
+  json j = json::parse(body, nullptr, false);
+  if (!j.is_object()) return {};
+  auto it = j.find(field);
+  if (it == j.end()) return {};
+  AnsweredRecord out = read_answered_record(*it);
+  if (auto id = j.find("id"); id != j.end() && id->is_string()) {
+    out.response_id = id->get<std::string>();
+  }
+  if (!keep) {
+    j.erase(it);
+    body = dump_json(j);
+  }
+  return out;
+}
+
+// A stream's event that carries the record (the worker sends it as one event of its own).
+std::optional<AnsweredRecord> answered_record_event(std::string_view data) {
+  const std::string prefix = "{\"" + std::string(kTurnRecordField) + "\"";
+  if (!data.starts_with(prefix)) return std::nullopt;
+  const json j = json::parse(data, nullptr, false);
+  if (!j.is_object() || !j.contains(std::string(kTurnRecordField))) return std::nullopt;
+  return read_answered_record(j[std::string(kTurnRecordField)]);
+}
+
+// What an answered turn teaches the router about the records its worker keeps: a session's
+// record is what the worker answered with (none: it keeps none now); a stored response's
+// is kept under the response's id.
+void learn_turn(Router::Impl& r, const RouteChoice& c, RoutedApi api, const RoutedRequest& p,
+                const std::string& response_id, AnsweredRecord answered) {
+  if (api == RoutedApi::kChatCompletions && !p.session.empty()) {
+    r.learned_turn(*c.worker, TurnKey::kSession, p.session, std::move(answered.record), {});
+  } else if (api == RoutedApi::kResponses && p.store && !response_id.empty() && answered.record) {
+    r.learned_turn(*c.worker, TurnKey::kResponse, response_id, std::move(answered.record),
+                   p.instructions);
+  }
+}
+
 // Waits in the router queue while every worker is saturated. False: the client was
 // answered (429: the queue is full, or the wait is over) or went away.
 awaitable<bool> wait_in_queue(Router::Impl& r, http::Exchange& ex, RoutedApi api,
@@ -302,8 +369,13 @@ awaitable<bool> wait_in_queue(Router::Impl& r, http::Exchange& ex, RoutedApi api
 awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
   const http::Request& req = ex.request();
   const size_t limit = prompt_limit(r);
+  const TurnLookup records = [&r](TurnKey kind, const std::string& key) {
+    std::lock_guard lock(r.mutex);
+    return r.turn_records.find(kind, key);
+  };
   auto p = co_await ex.offload([&] {
-    auto read = read_routed_request(r.reader, req.body, req.header("x-session-id"), api, limit);
+    auto read =
+        read_routed_request(r.reader, req.body, req.header("x-session-id"), api, limit, records);
     release_memory_after(req.body.size());
     return read;
   });
@@ -313,9 +385,16 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     co_return;
   }
   const std::string& upstream_body = p->rewritten_body ? *p->rewritten_body : req.body;
-  r.metrics.prompt_tokens.Increment(static_cast<double>(p->tokens.size()));
+  // The worker's record of the turn is asked for where a next turn continues it (a chat
+  // session, a stored response), and taken out of the answer unless the client asked too.
+  const bool wants_record = (api == RoutedApi::kChatCompletions && !p->session.empty()) ||
+                            (api == RoutedApi::kResponses && p->store);
+  const bool client_wants_record = req.header(kTurnRecordHeader) == "1";
+  bool counted = false;  // the prompt's tokens, counted once, as the chosen worker reads them
   RouteRequest rr;
   rr.tokens = std::move(p->tokens);
+  rr.exact_worker = p->exact_worker;
+  rr.exact_tokens = std::move(p->exact_tokens);
   rr.session = p->session;
   rr.tenant = tenant_of(req);
   rr.pd_local_only = p->pd_local_only;
@@ -350,8 +429,13 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     }
     if (attempt > 0) r.metrics.retries.Increment();
     ++attempt;
+    if (!counted) {
+      counted = true;
+      r.metrics.prompt_tokens.Increment(static_cast<double>(c->prompt_tokens));
+    }
     http::ClientRequest up =
         r.upstream_request(*c->worker, "POST", req.target, upstream_body, false);
+    if (wants_record) up.headers.emplace_back(std::string(kTurnRecordHeader), "1");
     if (auto a = req.header("authorization"); !a.empty()) {
       up.headers.emplace_back("Authorization", std::string(a));
     }
@@ -384,6 +468,11 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
       r.finished(*c, false);
       if (resp->status >= 400) r.refused(*c);
       if (api == RoutedApi::kResponses) note_responses_answer(r, *c, *p, resp->status, resp->body);
+      if (wants_record && resp->status == 200) {
+        AnsweredRecord answered = take_answered_record(resp->body, client_wants_record);
+        const std::string response_id = answered.response_id;
+        learn_turn(r, *c, api, *p, response_id, std::move(answered));
+      }
       r.metrics.predicted_cached_tokens.Increment(static_cast<double>(c->predicted_cached_tokens));
       count_usage(r, *c, resp->body);
       r.metrics.requests.Add({{"status", std::to_string(resp->status)}}).Increment();
@@ -431,6 +520,8 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     r.outcome(*c, UpstreamOutcome::kOk, rr.session, c->probe);
     r.metrics.predicted_cached_tokens.Increment(static_cast<double>(c->predicted_cached_tokens));
     StreamFramer framer(api);
+    AnsweredRecord answered;  // the worker's record event, once it came
+    bool ended = false;       // the worker ended the stream (not broken, client still there)
     bool started = false;
     bool open = co_await ex.begin_stream(200, "text/event-stream", route_headers(*c, attempt - 1));
     while (open) {
@@ -443,12 +534,21 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
             framer.error("the worker " + worker_url + " failed mid-stream: " + ev.error().message));
         break;
       }
-      if (!ev->has_value()) break;
+      if (!ev->has_value()) {
+        ended = true;
+        break;
+      }
       if (!started) {
         started = true;
         r.first_token(*c);
       }
       const std::string& data = **ev;
+      if (wants_record) {
+        if (auto rec = answered_record_event(data)) {
+          answered = std::move(*rec);
+          if (!client_wants_record) continue;
+        }
+      }
       count_usage(r, *c, data);
       const bool had_id = !framer.response_id().empty();
       std::string framed = framer.event(data);
@@ -461,6 +561,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
       }
     }
     es->close();
+    if (ended) learn_turn(r, *c, api, *p, framer.response_id(), std::move(answered));
     r.finished(*c, started);
     r.metrics.requests.Add({{"status", "200"}}).Increment();
     if (open) co_await ex.end_stream();

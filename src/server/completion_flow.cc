@@ -29,44 +29,13 @@ std::unexpected<Error> prompt_too_long(const RouteContext& ctx) {
 }
 
 // The part of a chat request's rendering that may continue a session's exact tokens
-// (docs/sessions.md): returns them when the conversation extends the recorded one.
+// (docs/sessions.md): returns them when the conversation extends the recorded one. The
+// router reads the same continuation (request/turn_record.h) to predict this prompt.
 std::optional<std::vector<int32_t>> continue_record(RouteContext& ctx, const Prepared& p,
                                                     const ConversationRecord* rec) {
-  if (ctx.chat == nullptr) return std::nullopt;
-  const ojson& messages = p.messages;
-  if (!rec || rec->cache_salt != p.params.cache_salt || messages.size() <= rec->num_messages + 1 ||
-      messages[rec->num_messages].value("role", "") != "assistant") {
-    return std::nullopt;
-  }
-  const ojson& echoed = messages[rec->num_messages];
-  const std::string echoed_text = echoed.contains("content") && echoed["content"].is_string()
-                                      ? echoed["content"].get<std::string>()
-                                      : "";
-  // The client must echo what was generated (the tail of it: clients often drop a
-  // reasoning block); an edited turn is rendered afresh.
-  // A turn with tool calls is echoed as its content without the markup: the generated
-  // text must contain it.
-  const bool with_calls = echoed.contains("tool_calls") && echoed["tool_calls"].is_array() &&
-                          !echoed["tool_calls"].empty();
-  const bool echoes = with_calls ? rec->completion_text.find(echoed_text) != std::string::npos
-                                 : rec->completion_text.size() >= echoed_text.size() &&
-                                       rec->completion_text.compare(
-                                           rec->completion_text.size() - echoed_text.size(),
-                                           echoed_text.size(), echoed_text) == 0;
-  if (!echoes) return std::nullopt;
-  const ojson* tools = p.tools ? &*p.tools : nullptr;
-  auto cont =
-      ctx.chat->render_continuation(messages, rec->num_messages, rec->stop_text,
-                                    ctx.reader().render_options(tools, true, p.template_kwargs));
-  if (!cont) return std::nullopt;
-  // Too long alone means too long in all: prepare() then refuses the rendered prompt.
-  auto more = ctx.tokenizer.encode(
-      cont->continuation,
-      EncodeOptions{.add_special_tokens = false, .max_tokens = prompt_limit(ctx)});
-  if (!more) return std::nullopt;
-  std::vector<int32_t> out = rec->tokens;
-  out.insert(out.end(), more->begin(), more->end());
-  return out;
+  if (rec == nullptr) return std::nullopt;
+  return continue_turn(ctx.reader(), p.messages, p.tools ? &*p.tools : nullptr, p.template_kwargs,
+                       p.params.cache_salt, *rec, prompt_limit(ctx));
 }
 
 // A session_id's continuation: its record's, when it has one.
@@ -289,13 +258,17 @@ void auto_tool_offload(RouteContext& ctx, const Prepared& p, const std::string& 
 // After a chat turn: remember the session's exact tokens, offload a session whose turn
 // ended in a tool call (--auto-tool-offload), and apply a message's cache_control pin.
 // Blocking (engine calls, rendering): runs on the worker pool.
-void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
-                  const std::vector<int32_t>& generated, const std::string& text, bool stop_string,
-                  bool called_tools) {
+std::optional<ConversationRecord> after_finish(RouteContext& ctx, const Prepared& p,
+                                               const StreamItem& fin,
+                                               const std::vector<int32_t>& generated,
+                                               const std::string& text, bool stop_string,
+                                               bool called_tools) {
   const std::string& session_id = p.params.session_id;
+  std::optional<ConversationRecord> recorded;
   if (!session_id.empty()) {
-    if (auto rec = turn_record(ctx, p, fin, generated, text, stop_string)) {
-      ctx.conversations.put(session_id, std::move(*rec));
+    recorded = turn_record(ctx, p, fin, generated, text, stop_string);
+    if (recorded) {
+      ctx.conversations.put(session_id, *recorded);
     } else {
       ctx.conversations.erase(session_id);
     }
@@ -308,7 +281,7 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
     }
     auto tokens =
         ctx.reader().chat_tokens(upto, p.tools ? &*p.tools : nullptr, false, p.template_kwargs);
-    if (!tokens) return;
+    if (!tokens) return recorded;
     const int32_t ps = ctx.engine.options().page_size;
     auto hashes = hash_blocks(*tokens, ps, p.params.cache_salt);
     const int64_t ttl_ms = p.msg_info->pin_ttl_s * 1000;
@@ -322,6 +295,11 @@ void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
       STRATA_LOG_DEBUG("cache_control pin refused: {}", pinned.error().message);
     }
   }
+  return recorded;
+}
+
+bool turn_record_wanted(const http::Request& req) {
+  return req.header(kTurnRecordHeader) == "1";
 }
 
 // Whether a finished turn leaves after_finish anything to do (a session to record or offload,

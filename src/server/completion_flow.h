@@ -98,10 +98,17 @@ std::optional<ConversationRecord> turn_record(const RouteContext& ctx, const Pre
 
 // After a chat turn: remember the session's exact tokens, offload a session whose turn
 // ended in a tool call (--auto-tool-offload), and apply a message's cache_control pin.
-// Blocking (engine calls, rendering): runs on the worker pool.
-void after_finish(RouteContext& ctx, const Prepared& p, const StreamItem& fin,
-                  const std::vector<int32_t>& generated, const std::string& text, bool stop_string,
-                  bool called_tools);
+// Returns the session's record as kept now (nullopt: none, or no session), for a router
+// that asked for it (turns_record_wanted). Blocking (engine calls, rendering): runs on the
+// worker pool.
+std::optional<ConversationRecord> after_finish(RouteContext& ctx, const Prepared& p,
+                                               const StreamItem& fin,
+                                               const std::vector<int32_t>& generated,
+                                               const std::string& text, bool stop_string,
+                                               bool called_tools);
+// Whether the request asks for its turn's record in the answer (the router's extension,
+// request/turn_record.h: the x-strata-turn-record header).
+bool turn_record_wanted(const http::Request& req);
 // --auto-tool-offload: a turn of `session_id` that ended in tool calls (`called_tools`, as
 // the route's parser read them) parks the session's KV on the host until its next request,
 // which restores it by itself. A reply that was not read for calls (no tools in the

@@ -17,16 +17,9 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "request/turn_record.h"  // ConversationRecord
 
 namespace strata {
-
-struct ConversationRecord {
-  size_t num_messages = 0;      // messages that produced `tokens`' prompt
-  std::vector<int32_t> tokens;  // prompt + generated + the stop token
-  std::string stop_text;        // the stop token's text
-  std::string completion_text;  // the generated text (no stop token)
-  std::string cache_salt;
-};
 
 class ConversationRecords {
  public:

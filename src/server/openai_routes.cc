@@ -127,9 +127,11 @@ awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepar
     if (!parsed.calls.empty()) ctx.metrics.tool_call_replies().Increment();
   }
   const bool called_tools = !parsed.calls.empty();
+  std::optional<ConversationRecord> recorded;
   if (has_after_finish(p)) {
-    co_await ex.offload(
-        [&] { after_finish(ctx, p, *fin, generated, out, text.stopped(), called_tools); });
+    co_await ex.offload([&] {
+      recorded = after_finish(ctx, p, *fin, generated, out, text.stopped(), called_tools);
+    });
   }
   if (chat && reason != "length") {
     if (auto st = check_tool_choice(p.tool_choice, parsed.calls); !st) {
@@ -159,13 +161,16 @@ awaitable<void> whole_answer(RouteContext& ctx, http::Exchange& ex, const Prepar
                                              : json(nullptr)},
                   {"finish_reason", reason}};
   }
-  http::Response answer =
-      json_response(200, json{{"id", ids.id},
-                              {"object", chat ? "chat.completion" : "text_completion"},
-                              {"created", ids.created},
-                              {"model", ids.model},
-                              {"choices", json::array({choice})},
-                              {"usage", usage_json(fin->usage)}});
+  json body{{"id", ids.id},
+            {"object", chat ? "chat.completion" : "text_completion"},
+            {"created", ids.created},
+            {"model", ids.model},
+            {"choices", json::array({choice})},
+            {"usage", usage_json(fin->usage)}};
+  if (chat && !p.params.session_id.empty() && turn_record_wanted(ex.request())) {
+    body[std::string(kTurnRecordField)] = recorded ? turn_record_json(*recorded) : json(nullptr);
+  }
+  http::Response answer = json_response(200, body);
   timing.answered();
   answer.headers.emplace_back("Server-Timing", timing.server_timing());
   co_await ex.respond(std::move(answer));
@@ -307,10 +312,17 @@ awaitable<void> streamed_answer(RouteContext& ctx, http::Exchange& ex, const Pre
           out += sse(u);
         }
         timer.finish(fin->usage);
+        std::optional<ConversationRecord> recorded;
         if (has_after_finish(p)) {
           co_await ex.offload([&] {
-            after_finish(ctx, p, *fin, generated, all_text, text.stopped(), called_tools);
+            recorded =
+                after_finish(ctx, p, *fin, generated, all_text, text.stopped(), called_tools);
           });
+        }
+        // The router's extension (request/turn_record.h): an event of its own.
+        if (chat && !p.params.session_id.empty() && turn_record_wanted(ex.request())) {
+          out += sse(json{{std::string(kTurnRecordField),
+                           recorded ? turn_record_json(*recorded) : json(nullptr)}});
         }
       }
       out += "data: [DONE]\n\n";

@@ -315,16 +315,20 @@ void pin_retention(RouteContext& ctx, const PreparedResponse& pr,
 }
 
 // After a turn: its exact record, the response stored (when asked), the retention pin.
-// Blocking: runs on the worker pool.
-void after_response(RouteContext& ctx, const PreparedResponse& pr, const StreamItem& fin,
-                    const std::vector<int32_t>& generated, const std::string& text,
-                    const OutputItems& items, const json& response) {
+// Returns the record stored with the response (nullopt: none, or not stored), for a
+// router that asked for it. Blocking: runs on the worker pool.
+std::optional<ConversationRecord> after_response(RouteContext& ctx, const PreparedResponse& pr,
+                                                 const StreamItem& fin,
+                                                 const std::vector<int32_t>& generated,
+                                                 const std::string& text, const OutputItems& items,
+                                                 const json& response) {
   const Prepared& p = pr.prepared;
   std::optional<ConversationRecord> record =
       turn_record(ctx, p, fin, generated, text, /*stop_string=*/false);
   pin_retention(ctx, pr, record);
   auto_tool_offload(ctx, p, pr.request.prompt_cache_key, text, items.num_calls() > 0);
-  if (!pr.request.store) return;
+  if (!pr.request.store) return std::nullopt;
+  std::optional<ConversationRecord> kept = record;
   auto stored = std::make_shared<StoredResponse>();
   stored->response = response;
   stored->instructions = pr.request.instructions;
@@ -333,6 +337,16 @@ void after_response(RouteContext& ctx, const PreparedResponse& pr, const StreamI
   stored->history.push_back(items.assistant_message());
   stored->record = std::move(record);
   ctx.responses.put(response["id"].get<std::string>(), std::move(stored));
+  return kept;
+}
+
+// The router's extension (request/turn_record.h): whether this stored turn's answer carries
+// its record, and the field's value.
+bool sends_turn_record(const http::Request& req, const PreparedResponse& pr) {
+  return pr.request.store && turn_record_wanted(req);
+}
+json turn_record_field(const std::optional<ConversationRecord>& record) {
+  return record ? turn_record_json(*record) : json(nullptr);
 }
 
 // The incomplete_details and status of a finished reply.
@@ -381,8 +395,15 @@ awaitable<void> whole_response(RouteContext& ctx, http::Exchange& ex, const Prep
   const auto [status, incomplete] = status_of(*fin->finish);
   const json response = response_json(ids, pr.request, status, items.items(),
                                       responses_usage(fin->usage), incomplete);
-  co_await ex.offload([&] { after_response(ctx, pr, *fin, generated, out, items, response); });
+  std::optional<ConversationRecord> recorded;
+  co_await ex.offload(
+      [&] { recorded = after_response(ctx, pr, *fin, generated, out, items, response); });
   http::Response answer = json_response(200, response);
+  if (sends_turn_record(ex.request(), pr)) {
+    json with_record = response;  // the stored response stays as clients see it
+    with_record[std::string(kTurnRecordField)] = turn_record_field(recorded);
+    answer = json_response(200, with_record);
+  }
   timing.answered();
   answer.headers.emplace_back("Server-Timing", timing.server_timing());
   co_await ex.respond(std::move(answer));
@@ -484,6 +505,7 @@ awaitable<void> streamed_response(RouteContext& ctx, http::Exchange& ex, const P
   if (!ex.send(events.take())) co_return;
   std::vector<int32_t> generated;
   std::string all_text;
+  std::string record_event;  // the turn's record, for a router that asked (sent last)
   std::optional<StreamItem> fin;
   while (!fin) {
     for (StreamItem& item : take_results(ctx, p, req)) {
@@ -533,15 +555,24 @@ awaitable<void> streamed_response(RouteContext& ctx, http::Exchange& ex, const P
                                      {"message", complies.error().message},
                                      {"param", "tool_choice"}});
         } else {
-          co_await ex.offload(
-              [&] { after_response(ctx, pr, *fin, generated, all_text, events, response); });
+          std::optional<ConversationRecord> recorded;
+          co_await ex.offload([&] {
+            recorded = after_response(ctx, pr, *fin, generated, all_text, events, response);
+          });
           events.event(status == "completed" ? "response.completed" : "response.incomplete",
                        json{{"response", response}});
+          // The router's extension: an unnamed event of its own, after the last named one.
+          if (sends_turn_record(ex.request(), pr)) {
+            record_event =
+                "data: " +
+                dump_json(json{{std::string(kTurnRecordField), turn_record_field(recorded)}}) +
+                "\n\n";
+          }
         }
       }
       timing.answered();
     }
-    std::string out = events.take();
+    std::string out = events.take() + std::exchange(record_event, std::string());
     if (!out.empty() && !ex.send(std::move(out))) co_return;  // gone, or reading too slowly
     if (fin) break;
     if (!co_await ex.wait(kPollInterval)) co_return;

@@ -18,6 +18,7 @@
 #include "request/json_fields.h"
 #include "request/prompt_reader.h"
 #include "request/responses_request.h"
+#include "request/turn_record.h"
 #include "router/routed_request.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -403,6 +404,152 @@ TEST_F(RequestReadingTest, ResponsesRequestsAreReadAsTheWorkerReadsThem) {
   auto bad_header = router::read_routed_request(reader(), R"({"input":"hi"})", "\xff",
                                                 router::RoutedApi::kResponses, 0);
   EXPECT_FALSE(bad_header.has_value());
+}
+
+// A session's record as a worker keeps it after its first turn: the prompt, the generated
+// tokens (a <think> block included), the stop token (completion_flow.cc: turn_record).
+ConversationRecord think_record(const PromptReader& reader, const Tokenizer& tokenizer,
+                                const std::string& generated) {
+  const ojson first = ojson::parse(
+      R"([{"role":"system","content":"Think first."},{"role":"user","content":"What is 2 + 2?"}])");
+  ConversationRecord rec;
+  rec.num_messages = 2;
+  rec.tokens = reader.chat_tokens(first, nullptr, true, ojson::object()).value();
+  const auto ids = tokenizer.encode(generated, EncodeOptions{.add_special_tokens = false}).value();
+  rec.tokens.insert(rec.tokens.end(), ids.begin(), ids.end());
+  rec.tokens.push_back(tokenizer.token_to_id("<|im_end|>").value());
+  rec.stop_text = "<|im_end|>";
+  rec.completion_text = generated;
+  return rec;
+}
+
+TEST_F(RequestReadingTest, ASessionsRecordIsContinuedByTheRouterAsByTheWorker) {
+  const std::string generated = "<think>\nStep 0: add the numbers.\n</think>\n\nThe answer is 4.";
+  const ConversationRecord rec = think_record(reader(), *tokenizer_, generated);
+  auto body_with = [&](const std::string& echoed, const std::string& more) {
+    ojson b =
+        ojson::parse(R"({"session_id":"s","messages":[{"role":"system","content":"Think first."},
+      {"role":"user","content":"What is 2 + 2?"}]})");
+    b["messages"].push_back(ojson{{"role", "assistant"}, {"content", echoed}});
+    b["messages"].push_back(ojson{{"role", "user"}, {"content", "And plus 1?"}});
+    const ojson extra = ojson::parse(more);
+    for (const auto& [k, v] : extra.items()) b[k] = v;
+    return b.dump();
+  };
+  const std::string body = body_with(generated, "{}");
+  // The worker's continuation (completion_flow.cc: continue_record on its read messages).
+  auto j = ojson::parse(body);
+  auto read = read_chat_request(j, GenerationPrompt::kAlways);
+  ASSERT_TRUE(read.has_value());
+  auto worker = continue_turn(reader(), read->messages, nullptr, read->template_kwargs, "", rec, 0);
+  ASSERT_TRUE(worker.has_value());
+  ASSERT_GT(worker->size(), rec.tokens.size());
+  EXPECT_TRUE(std::equal(rec.tokens.begin(), rec.tokens.end(), worker->begin()));
+  // Rendering afresh drops the earlier turn's <think> block: another, shorter prompt.
+  auto rendered = worker_chat(body);
+  ASSERT_TRUE(rendered.has_value());
+  EXPECT_LT(rendered->size(), worker->size());
+
+  // The router, with the record its worker gave it, reads that worker's prompt exactly, and
+  // the rendered prompt for the others.
+  const auto entry = std::make_shared<const router::TurnEntry>(
+      router::TurnEntry{.worker = 3, .record = rec, .instructions = std::nullopt});
+  const router::TurnLookup lookup = [&](router::TurnKey kind, const std::string& key) {
+    return kind == router::TurnKey::kSession && key == "s" ? entry : nullptr;
+  };
+  auto routed = router::read_routed_request(reader(), body, "", router::RoutedApi::kChatCompletions,
+                                            0, lookup);
+  ASSERT_TRUE(routed.has_value()) << routed.error().message;
+  EXPECT_EQ(routed->exact_worker, 3u);
+  EXPECT_EQ(routed->exact_tokens, *worker);
+  EXPECT_EQ(routed->tokens, *rendered);
+  // The session named by the header reads the same.
+  ojson without_field = ojson::parse(body);
+  without_field.erase("session_id");
+  auto by_header = router::read_routed_request(reader(), without_field.dump(), "s",
+                                               router::RoutedApi::kChatCompletions, 0, lookup);
+  ASSERT_TRUE(by_header.has_value()) << by_header.error().message;
+  EXPECT_EQ(by_header->exact_worker, 3u);
+  EXPECT_EQ(by_header->exact_tokens, *worker);
+
+  // Where the worker renders afresh, so does the router: an edited reply, another
+  // cache_salt, no message after the reply, another session.
+  for (const std::string& other :
+       {body_with("The answer is four.", "{}"), body_with(generated, R"({"cache_salt":"t"})"),
+        body_with(generated, R"({"session_id":"other"})")}) {
+    auto r = router::read_routed_request(reader(), other, "", router::RoutedApi::kChatCompletions,
+                                         0, lookup);
+    ASSERT_TRUE(r.has_value()) << r.error().message;
+    EXPECT_FALSE(r->exact_worker.has_value()) << other;
+    EXPECT_TRUE(r->exact_tokens.empty());
+  }
+  ojson short_body = ojson::parse(body);
+  short_body["messages"].erase(3);
+  auto r = router::read_routed_request(reader(), short_body.dump(), "",
+                                       router::RoutedApi::kChatCompletions, 0, lookup);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_FALSE(r->exact_worker.has_value());
+  // The clients' tail-only echo (the reasoning dropped) still continues the record.
+  auto tail = router::read_routed_request(reader(), body_with("The answer is 4.", "{}"), "",
+                                          router::RoutedApi::kChatCompletions, 0, lookup);
+  ASSERT_TRUE(tail.has_value());
+  EXPECT_EQ(tail->exact_worker, 3u);
+}
+
+TEST_F(RequestReadingTest, APreviousResponsesRecordIsScoredWithItsInstructions) {
+  const ConversationRecord rec = think_record(reader(), *tokenizer_, "The answer is 4.");
+  const auto entry = std::make_shared<const router::TurnEntry>(
+      router::TurnEntry{.worker = 5, .record = rec, .instructions = "Be brief."});
+  const router::TurnLookup lookup = [&](router::TurnKey kind, const std::string& key) {
+    return kind == router::TurnKey::kResponse && key == "resp_0123456789abcdef0000000000000001"
+               ? entry
+               : nullptr;
+  };
+  auto read = [&](const std::string& body) {
+    return router::read_routed_request(reader(), body, "", router::RoutedApi::kResponses, 0,
+                                       lookup);
+  };
+  auto same = read(R"({"previous_response_id":"resp_0123456789abcdef0000000000000001",
+                       "instructions":"Be brief.","input":"And plus 1?"})");
+  ASSERT_TRUE(same.has_value()) << same.error().message;
+  EXPECT_EQ(same->exact_worker, 5u);
+  EXPECT_EQ(same->exact_tokens, rec.tokens);
+  EXPECT_EQ(same->instructions, "Be brief.");
+  // Other instructions (or none): the worker renders the stored conversation afresh.
+  for (
+      const char* body :
+      {R"({"previous_response_id":"resp_0123456789abcdef0000000000000001","instructions":"Other.","input":"x"})",
+       R"({"previous_response_id":"resp_0123456789abcdef0000000000000001","input":"x"})",
+       R"({"previous_response_id":"resp_0123456789abcdef0000000000000002","instructions":"Be brief.","input":"x"})"}) {
+    auto r = read(body);
+    ASSERT_TRUE(r.has_value()) << r.error().message;
+    EXPECT_FALSE(r->exact_worker.has_value()) << body;
+  }
+}
+
+TEST(TurnRecordFieldTest, ARecordTravelsThroughTheExtensionField) {
+  ConversationRecord rec;
+  rec.num_messages = 4;
+  rec.tokens = {1, 2, 151645};
+  rec.stop_text = "<|im_end|>";
+  rec.completion_text = "<think>\nx\n</think>\n\ny";
+  rec.cache_salt = "tenant-a";
+  const nlohmann::json wire = nlohmann::json::parse(turn_record_json(rec).dump());
+  auto back = read_turn_record(wire);
+  ASSERT_TRUE(back.has_value()) << back.error().message;
+  EXPECT_EQ(back->num_messages, 4u);
+  EXPECT_EQ(back->tokens, rec.tokens);
+  EXPECT_EQ(back->stop_text, rec.stop_text);
+  EXPECT_EQ(back->completion_text, rec.completion_text);
+  EXPECT_EQ(back->cache_salt, rec.cache_salt);
+  for (
+      const char* bad :
+      {R"(null)", R"([])", R"({"num_messages":-1})", R"({"num_messages":1,"tokens":"x"})",
+       R"({"num_messages":1,"tokens":[-5],"stop_text":"","completion_text":"","cache_salt":""})",
+       R"({"num_messages":1,"tokens":[4294967296],"stop_text":"","completion_text":"","cache_salt":""})",
+       R"({"num_messages":1,"tokens":[1],"completion_text":"","cache_salt":""})"}) {
+    EXPECT_FALSE(read_turn_record(nlohmann::json::parse(bad)).has_value()) << bad;
+  }
 }
 
 TEST(ErrorShapeTest, OneShapeForWorkersAndRouter) {

@@ -231,6 +231,24 @@ TEST(CostTest, CreditMixesTiersAndIsCappedByThePrompt) {
   EXPECT_GE(t.prefill_tokens, 0.0);
 }
 
+// A worker that continues a session's exact recorded tokens reads a longer prompt than the
+// rendered one (turn_records.h): its own length caps its cached run and sets its prefill.
+TEST(CostTest, AWorkersOwnPromptLengthIsItsReadingOfTheRequest) {
+  const CostWeights weights = default_weights();
+  WorkerCandidate exact = worker(0);
+  exact.load_fraction = 0.0;
+  exact.cached_device_blocks = 15;  // 240 tokens of its 250-token continuation
+  exact.prompt_tokens = 250;
+  const RequestFeatures rendered{230, true, false};
+  CostTerms t = cost_terms(rendered, exact, weights, false, 0.0);
+  EXPECT_EQ(t.cached_tokens, 240);
+  EXPECT_DOUBLE_EQ(t.prefill_tokens, 250 - 240);
+  // Without its own length the run would be capped by the rendered prompt.
+  exact.prompt_tokens = -1;
+  t = cost_terms(rendered, exact, weights, false, 0.0);
+  EXPECT_EQ(t.cached_tokens, 230);
+}
+
 TEST(CostTest, PinnedBlocksAreCertainAndPredictedOnesCountLess) {
   const CostWeights weights = default_weights();
   const RequestFeatures request{4000, false, false};

@@ -116,8 +116,9 @@ const FORMS = [
 // One request through the router and the same one directly to a worker: the router counted
 // the worker's tokens, and predicted exactly the cached prefix the worker reported. With
 // `session` (a session the worker continues with its exact tokens, docs/sessions.md) the
-// router renders the conversation afresh: it may count and predict less than the worker
-// holds, never more.
+// reference worker holds no record of it, so only the router's count and prediction are
+// compared with what its worker reported: the router continues the exact tokens the
+// worker gave it for the session (docs/router.md, "Exact continuations").
 async function throughBoth(body, seen, session = false) {
   const before = await counters(router);
   const viaRouter = await router.post('/v1/chat/completions', body);
@@ -129,9 +130,10 @@ async function throughBoth(body, seen, session = false) {
   const counted = after.prompt - before.prompt;
   assert.equal(reported, usage.prompt_tokens_details.cached_tokens);
   seen.push({ predicted, reported, prompt: usage.prompt_tokens, counted });
+  assert.equal(viaRouter.json.strata_turn_record, undefined, 'the router\'s extension field reaches no client');
   if (session) {
-    assert.ok(counted <= usage.prompt_tokens, `counted ${counted} of the worker's ${usage.prompt_tokens}`);
-    assert.ok(predicted <= reported, `predicted ${predicted} cached tokens, the worker reported ${reported}`);
+    assert.equal(counted, usage.prompt_tokens, 'the router counted the worker\'s prompt tokens');
+    assert.equal(predicted, reported, `predicted ${predicted} cached tokens, the worker reported ${reported}`);
     return viaRouter;
   }
   const direct = await reference.post('/v1/chat/completions', body);
@@ -201,7 +203,110 @@ test('<think> replies, with and without session_id: the router predicts the work
     }
     console.log(`<think> turns${session ? ' with session_id' : ''}, predicted/reported (counted/prompt tokens): ` +
       seen.map((s) => `${s.predicted}/${s.reported} (${s.counted}/${s.prompt})`).join(', '));
+    for (const [turn, s] of seen.entries()) {
+      assert.equal(s.predicted, s.reported, `turn ${turn}: predicted ${s.predicted}, the worker reported ${s.reported}`);
+      assert.equal(s.counted, s.prompt, `turn ${turn}: counted ${s.counted} of the worker's ${s.prompt} tokens`);
+    }
+    assert.ok(seen.slice(1).every((s) => s.reported > 0), 'later turns are cache hits');
+    if (session) {
+      // The worker continued its exact tokens (the <think> blocks stay in its prompt).
+      assert.ok(seen[2].prompt > seen[2].reported && seen[2].reported >= seen[1].prompt - 16,
+        `the third turn hits the whole second turn: ${JSON.stringify(seen)}`);
+    }
   }
+});
+
+test('<think> replies streamed with session_id: the record event reaches no client, the prediction holds', async () => {
+  const messages = [{ role: 'system', content: 'Stream and think. ' + words(200, 97) },
+    { role: 'user', content: 'What is 3 + 3?' }];
+  for (let turn = 0; turn < 3; turn++) {
+    const before = await counters(router);
+    const r = await fetch(router.base + '/v1/chat/completions', {
+      method: 'POST', headers: { 'content-type': 'application/json', 'x-session-id': 'think-stream' },
+      body: JSON.stringify({ messages, max_tokens: 60, stream: true, stream_options: { include_usage: true },
+        forced_output: `<think>\nStep ${turn}.\n</think>\n\nIt is ${6 + turn}.` }),
+    });
+    assert.equal(r.status, 200);
+    const text = await r.text();
+    assert.ok(!text.includes('strata_turn_record'), text);
+    assert.match(text, /data: \[DONE\]\n\n$/);
+    const chunks = text.split('\n\n').filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)));
+    const usage = chunks.find((c) => c.usage)?.usage;
+    const content = chunks.map((c) => c.choices?.[0]?.delta?.content ?? '').join('');
+    const after = await counters(router);
+    assert.equal(after.predicted - before.predicted, usage.prompt_tokens_details.cached_tokens, `turn ${turn}`);
+    assert.equal(after.prompt - before.prompt, usage.prompt_tokens, `turn ${turn}`);
+    if (turn > 0) assert.ok(usage.prompt_tokens_details.cached_tokens > 0);
+    messages.push({ role: 'assistant', content });
+    messages.push({ role: 'user', content: `And plus ${turn + 1}?` });
+    await settled(router, workers);
+  }
+  // A client that asks for the extension itself gets it.
+  const asked = await router.post('/v1/chat/completions', { messages: messages.slice(0, 2), max_tokens: 8,
+    forced_output: 'Six.', session_id: 'asked-for-record' }, { 'x-strata-turn-record': '1' });
+  assert.equal(asked.status, 200, asked.text);
+  assert.ok(Array.isArray(asked.json.strata_turn_record?.tokens), asked.text);
+  assert.ok(asked.json.strata_turn_record.tokens.length > asked.json.usage.prompt_tokens, asked.text);
+  // A worker adds the field only when asked, and only for a session's turn.
+  const direct = { messages: messages.slice(0, 2), max_tokens: 8, forced_output: 'Six.', session_id: 'direct-record' };
+  const plain = await reference.post('/v1/chat/completions', direct);
+  assert.equal(plain.status, 200, plain.text);
+  assert.ok(!plain.text.includes('strata_turn_record'), plain.text);
+  const withHeader = await reference.post('/v1/chat/completions', direct, { 'x-strata-turn-record': '1' });
+  assert.equal(withHeader.json.strata_turn_record.num_messages, 2, withHeader.text);
+  const noSession = await reference.post('/v1/chat/completions', { ...direct, session_id: undefined },
+    { 'x-strata-turn-record': '1' });
+  assert.ok(!noSession.text.includes('strata_turn_record'), noSession.text);
+});
+
+test('a chain of Responses turns by previous_response_id: the router predicts the worker\'s hit', async () => {
+  const instructions = 'Answer after thinking. ' + words(200, 96);
+  let previous = null;
+  const seen = [];
+  for (let turn = 0; turn < 5; turn++) {
+    const body = { model: 'tiny', instructions, input: `What is ${turn} + 2?`, max_output_tokens: 60,
+      forced_output: `<think>\nStep ${turn}: add.\n</think>\n\nIt is ${turn + 2}.` };
+    if (previous) body.previous_response_id = previous;
+    const stream = turn === 3;  // one turn streamed: its record comes as an event
+    if (stream) body.stream = true;
+    const before = await counters(router);
+    let usage;
+    if (stream) {
+      const r = await fetch(router.base + '/v1/responses', {
+        method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      assert.equal(r.status, 200);
+      const text = await r.text();
+      assert.ok(!text.includes('strata_turn_record'), text);
+      assert.match(text, /event: response\.completed\ndata: \{.*\}\n\n$/);
+      const done = text.split('\n\n').find((e) => e.startsWith('event: response.completed'));
+      const response = JSON.parse(done.split('\n')[1].slice('data: '.length)).response;
+      usage = response.usage;
+      previous = response.id;
+    } else {
+      const r = await router.post('/v1/responses', body);
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.json.strata_turn_record, undefined, 'the router\'s extension field reaches no client');
+      if (turn > 0) assert.equal(r.headers.get('x-strata-route'), 'previous_response');
+      usage = r.json.usage;
+      previous = r.json.id;
+    }
+    const after = await counters(router);
+    const predicted = after.predicted - before.predicted;
+    const reported = after.reported - before.reported;
+    assert.equal(reported, usage.input_tokens_details.cached_tokens);
+    seen.push({ predicted, reported, prompt: usage.input_tokens });
+    await settled(router, workers);
+  }
+  console.log('Responses chain, predicted/reported (prompt tokens): ' +
+    seen.map((s) => `${s.predicted}/${s.reported} (${s.prompt})`).join(', '));
+  for (const [turn, s] of seen.entries()) {
+    assert.equal(s.predicted, s.reported, `turn ${turn}: predicted ${s.predicted}, the worker reported ${s.reported}`);
+  }
+  assert.ok(seen.slice(1).every((s) => s.reported > 0), 'a chain hits its previous turns');
+  // The stored response the client reads has no extension field either.
+  const got = await router.get('/v1/responses/' + previous);
+  assert.equal(got.status, 200, got.text);
+  assert.equal(got.json.strata_turn_record, undefined);
 });
 
 test('pins the workers did not confirm are never marked', async () => {
@@ -253,6 +358,12 @@ test('a worker killed and restarted is forgotten at once, its pins included', as
   assert.equal(pin.status, 200, pin.text);
   const held = await indexOf(r2, victim.base);
   assert.ok(held.pinned_blocks > 0, JSON.stringify(held));
+  // A session's turn there: the router keeps the exact tokens the victim recorded for it.
+  const turn = await r2.post('/v1/chat/completions', { ...body, session_id: 'victim-session' });
+  assert.equal(turn.status, 200, turn.text);
+  assert.equal(turn.headers.get('x-strata-worker'), victim.base, 'the cached prefix decides');
+  const records = async () => (await workerList(r2)).find((w) => w.url === victim.base).router.turn_records;
+  assert.equal(await records(), 1);
 
   process.kill(victim.pid, 'SIGKILL');
   await new Promise((res) => victim.proc.on('exit', res));
@@ -266,6 +377,8 @@ test('a worker killed and restarted is forgotten at once, its pins included', as
     return i.blocks === 0 && i.pinned_blocks === 0 ? i : null;
   }, 'the dead process\'s blocks and pins to be forgotten', 3000);
   assert.equal(idx.pinned_blocks, 0);
+  // Its records went with the old process.
+  assert.equal(await records(), 0);
 
   // The prefix is now nowhere: no prediction for the restarted worker.
   const before = await counters(r2);

@@ -1,0 +1,92 @@
+#include "request/turn_record.h"
+
+#include <limits>
+
+namespace strata {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+std::optional<std::vector<int32_t>> continue_turn(const PromptReader& reader, const ojson& messages,
+                                                  const ojson* tools, const ojson& template_kwargs,
+                                                  std::string_view cache_salt,
+                                                  const ConversationRecord& record,
+                                                  size_t max_tokens) {
+  if (reader.chat() == nullptr) return std::nullopt;
+  if (record.cache_salt != cache_salt || !messages.is_array() ||
+      messages.size() <= record.num_messages + 1 || !messages[record.num_messages].is_object() ||
+      messages[record.num_messages].value("role", "") != "assistant") {
+    return std::nullopt;
+  }
+  const ojson& echoed = messages[record.num_messages];
+  const std::string echoed_text = echoed.contains("content") && echoed["content"].is_string()
+                                      ? echoed["content"].get<std::string>()
+                                      : "";
+  // The client must echo what was generated (the tail of it: clients often drop a
+  // reasoning block); an edited turn is rendered afresh.
+  // A turn with tool calls is echoed as its content without the markup: the generated
+  // text must contain it.
+  const bool with_calls = echoed.contains("tool_calls") && echoed["tool_calls"].is_array() &&
+                          !echoed["tool_calls"].empty();
+  const std::string& generated = record.completion_text;
+  const bool echoes = with_calls ? generated.find(echoed_text) != std::string::npos
+                                 : generated.size() >= echoed_text.size() &&
+                                       generated.compare(generated.size() - echoed_text.size(),
+                                                         echoed_text.size(), echoed_text) == 0;
+  if (!echoes) return std::nullopt;
+  auto cont =
+      reader.chat()->render_continuation(messages, record.num_messages, record.stop_text,
+                                         reader.render_options(tools, true, template_kwargs));
+  if (!cont) return std::nullopt;
+  // Too long alone means too long in all: the caller then reads (and refuses) the whole
+  // rendering.
+  auto more = reader.tokenizer().encode(
+      cont->continuation, EncodeOptions{.add_special_tokens = false, .max_tokens = max_tokens});
+  if (!more) return std::nullopt;
+  std::vector<int32_t> out = record.tokens;
+  out.insert(out.end(), more->begin(), more->end());
+  return out;
+}
+
+json turn_record_json(const ConversationRecord& record) {
+  return json{{"num_messages", record.num_messages},
+              {"tokens", record.tokens},
+              {"stop_text", record.stop_text},
+              {"completion_text", record.completion_text},
+              {"cache_salt", record.cache_salt}};
+}
+
+Result<ConversationRecord> read_turn_record(const json& field) {
+  auto bad = [](const std::string& what) {
+    return make_error(ErrorCode::kInvalidArgument, std::string(kTurnRecordField) + ": " + what);
+  };
+  if (!field.is_object()) return bad("must be an object");
+  ConversationRecord r;
+  auto n = field.find("num_messages");
+  if (n == field.end() || !n->is_number_unsigned()) {
+    return bad("'num_messages' must be an integer >= 0");
+  }
+  r.num_messages = n->get<size_t>();
+  auto tokens = field.find("tokens");
+  if (tokens == field.end() || !tokens->is_array()) return bad("'tokens' must be an array");
+  r.tokens.reserve(tokens->size());
+  for (const json& t : *tokens) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return bad("'tokens' must hold token ids");
+    }
+    r.tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  for (auto [key, out] : {std::pair<const char*, std::string*>{"stop_text", &r.stop_text},
+                          {"completion_text", &r.completion_text},
+                          {"cache_salt", &r.cache_salt}}) {
+    auto it = field.find(key);
+    if (it == field.end() || !it->is_string()) {
+      return bad(std::string("'") + key + "' must be a string");
+    }
+    *out = it->get<std::string>();
+  }
+  return r;
+}
+
+}  // namespace strata
