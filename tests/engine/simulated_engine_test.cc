@@ -212,7 +212,7 @@ TEST_F(SimulatedEngineTest, FinishedPromptsAreReclaimableInTheLoadGaugesNotOnlyT
       }).get();
   ASSERT_EQ(free_pages + cached_pages, engine->num_pages());
   // The case this is about: the shared prefix is cached but not a leaf.
-  ASSERT_LT(leaf_pages, cached_pages - 40);
+  ASSERT_LE(leaf_pages, cached_pages - 40);
   // The gauges are published after each step of the scheduler's loop: the last one after
   // the last request finished.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
