@@ -147,9 +147,13 @@ void Scheduler::submit_transfers(uint64_t load_for_seq) {
 }
 
 void Scheduler::publish_load_gauges() {
-  const TreeStats t = tree_->stats();
   counters_.free_pages = allocator_->num_free();
-  counters_.evictable_pages = t.evictable_pages;
+  // What admission counts on (reclaimable_pages()), not the evictable leaves alone: a
+  // finished request's prompt is an inner node (its output or a sibling sharing the prefix
+  // hangs below it), freed by eviction leaf first. Counting only leaves showed a worker whose
+  // cache filled with long prompts as saturated with a few requests running (issue 33: a
+  // router answered 429 to a third of a trace of 10,000-token prompts).
+  counters_.evictable_pages = reclaimable_pages() - counters_.free_pages;
   int64_t prefill = 0;
   for (const auto& seq : waiting_) {
     prefill += static_cast<int64_t>(seq->tokens.size()) - seq->computed;

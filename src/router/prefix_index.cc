@@ -1,6 +1,7 @@
 #include "router/prefix_index.h"
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <variant>
@@ -40,6 +41,20 @@ bool set_erase(Set& set, WorkerId worker) {
 
 }  // namespace
 
+void PrefixIndex::count_block(WorkerMatch& m, uint8_t tiers, uint32_t blocks) {
+  m.matched_blocks += blocks;
+  if ((tiers & tier_bit(Tier::kDevice)) != 0) {
+    m.device_blocks += blocks;
+  } else if ((tiers & tier_bit(Tier::kHost)) != 0) {
+    m.host_blocks += blocks;
+  } else if ((tiers & tier_bit(Tier::kStorage)) != 0) {
+    m.storage_blocks += blocks;
+  } else {
+    m.predicted_blocks += blocks;
+    m.device_blocks += blocks;
+  }
+}
+
 uint8_t PrefixIndex::tiers_of(const Holders& holders, WorkerId worker) {
   for (const Holder& h : holders) {
     if (h.worker >= worker) return h.worker == worker ? h.tiers : 0;
@@ -54,7 +69,7 @@ PrefixIndex::Holder& PrefixIndex::holder_locked(Holders& holders, WorkerId worke
   // Spilling moves the inline holders to the heap with the new one.
   if (holders.size() == kInlineHolders) spilled_holders_ += kInlineHolders;
   if (holders.size() >= kInlineHolders) ++spilled_holders_;
-  return *holders.insert(it, Holder{static_cast<uint16_t>(worker), 0});
+  return *holders.insert(it, Holder{static_cast<uint16_t>(worker), 0, 0});
 }
 
 void PrefixIndex::erase_holder_locked(Holders& holders, WorkerId worker) {
@@ -296,14 +311,45 @@ std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_has
   std::shared_lock lock(mutex_);
   const bool any_predicted = !predicted_.empty();
   const bool any_pinned = !pinned_.empty();
+  // At millions of blocks every probe of blocks_ misses the caches (bench_router_index_scale:
+  // most of match()); the request's hashes are all known, so the probes kPrefetchAhead
+  // blocks ahead are started now and their misses overlap. A run that ends early wastes at
+  // most kPrefetchAhead prefetches.
+  const size_t n = router_hashes.size();
+  for (size_t k = 0; k < std::min(n, kPrefetchAhead); ++k) blocks_.prefetch(router_hashes[k]);
+  // `same`: the holders of the last block walked in full, when the run is exactly they
+  // (that block had no predictions or pins). A next block with equal holders and no
+  // predictions or pins advances every run by one block in the same tiers: it is only
+  // counted in `repeats`, and added to the runs in one pass when the streak ends. So a
+  // shared stem held by hundreds of workers costs a comparison of two holder lists per
+  // block, not a merge of the run with them.
+  std::span<const Holder> same;
+  uint32_t repeats = 0;
+  const auto add_repeats = [&] {
+    if (repeats == 0) return;
+    for (size_t k = 0; k < run.size(); ++k) count_block(run[k], same[k].tiers, repeats);
+    repeats = 0;
+  };
   bool first = true;
-  for (uint64_t h : router_hashes) {
+  for (size_t b = 0; b < n; ++b) {
+    const uint64_t h = router_hashes[b];
+    if (b + kPrefetchAhead < n) blocks_.prefetch(router_hashes[b + kPrefetchAhead]);
     std::span<const Holder> holders;
     if (auto it = blocks_.find(h); it != blocks_.end()) holders = it->second;
     std::span<const uint16_t> pred;
     if (any_predicted) {
       if (auto it = predicted_.find(h); it != predicted_.end()) pred = it->second;
     }
+    std::span<const uint16_t> pins;
+    if (any_pinned) {
+      if (auto it = pinned_.find(h); it != pinned_.end()) pins = it->second;
+    }
+    if (!same.empty() && pred.empty() && pins.empty() && same.size() == holders.size() &&
+        std::memcmp(same.data(), holders.data(), same.size_bytes()) == 0) {
+      ++repeats;
+      continue;
+    }
+    add_repeats();
     if (first) {
       first = false;
       run.reserve(holders.size() + pred.size());
@@ -315,10 +361,6 @@ std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_has
         i += a <= b ? 1 : 0;
         j += b <= a ? 1 : 0;
       }
-    }
-    std::span<const uint16_t> pins;
-    if (any_pinned) {
-      if (auto it = pinned_.find(h); it != pinned_.end()) pins = it->second;
     }
     size_t hi = 0, pi = 0, ni = 0, kept = 0;
     for (size_t k = 0; k < run.size(); ++k) {
@@ -332,24 +374,19 @@ std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_has
         out.push_back(m);
         continue;
       }
-      ++m.matched_blocks;
-      if ((tiers & tier_bit(Tier::kDevice)) != 0) {
-        ++m.device_blocks;
-      } else if ((tiers & tier_bit(Tier::kHost)) != 0) {
-        ++m.host_blocks;
-      } else if ((tiers & tier_bit(Tier::kStorage)) != 0) {
-        ++m.storage_blocks;
-      } else {
-        ++m.predicted_blocks;
-        ++m.device_blocks;
-      }
+      count_block(m, tiers, 1);
       while (ni < pins.size() && pins[ni] < w) ++ni;
       if (ni < pins.size() && pins[ni] == w) ++m.pinned_blocks;
       run[kept++] = m;  // kept <= k: compaction in place
     }
     run.resize(kept);
+    // After this block the run is exactly its holders when none left and none was only
+    // predicted (run is a subset of holders then, in the same order).
+    same = pred.empty() && pins.empty() && run.size() == holders.size() ? holders
+                                                                        : std::span<const Holder>();
     if (run.empty()) break;
   }
+  add_repeats();
   if (out.empty()) {
     out.swap(run);  // every run went to the end of the request: already in order
   } else {

@@ -39,6 +39,13 @@
 // beside the workers still in the run (both sorted by id), and stops when no worker is
 // left in the run.
 //
+// At scale (bench_router_index_scale, 10M blocks: docs/benchmarks.md). The block table is
+// then hundreds of MB and every probe misses the caches: match() prefetches the probes
+// kPrefetchAhead blocks ahead, and the table is mapped on transparent huge pages where the
+// kernel allows (huge_page_allocator.h), so a probe is not also a TLB miss. A block whose
+// holders equal the previous block's, when the run is exactly those holders (a shared
+// stem on hundreds of workers), costs one memcmp of the two lists instead of a merge.
+//
 // Predicted entries ("approximate" and "predict-on-route"). insert_predicted() records
 // that the router sent blocks to a worker, with a TTL: a long one for workers without
 // events, a short one for workers with events, so that an agent's fan-out lands together
@@ -65,9 +72,11 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <shared_mutex>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -75,6 +84,7 @@
 #include <absl/container/inlined_vector.h>
 
 #include "common/result.h"
+#include "router/huge_page_allocator.h"
 #include "router/kv_event_wire.h"
 
 namespace strata::router {
@@ -201,8 +211,13 @@ class PrefixIndex {
   struct Holder {
     uint16_t worker;
     uint8_t tiers;
+    uint8_t zero = 0;  // no padding: match() compares holder lists with memcmp
   };
+  static_assert(std::has_unique_object_representations_v<Holder>);
   static constexpr size_t kInlineHolders = 4;
+  // How many blocks ahead match() prefetches its probes of blocks_ (enough misses in flight
+  // to cover a DRAM latency, few enough to waste little when a run ends early).
+  static constexpr size_t kPrefetchAhead = 8;
   // A block's holders by increasing worker id; empty entries are erased.
   using Holders = absl::InlinedVector<Holder, kInlineHolders>;
   // Workers by increasing id: a block's predictions or pin marks.
@@ -225,6 +240,8 @@ class PrefixIndex {
     WorkerIndexStats stats;
   };
 
+  // Adds `blocks` blocks of the run, all in the best of `tiers` (none: predicted), to `m`.
+  static void count_block(WorkerMatch& m, uint8_t tiers, uint32_t blocks);
   // The block's tiers on `worker`; 0 when it holds none.
   static uint8_t tiers_of(const Holders& holders, WorkerId worker);
   // The worker's holder in `holders`, inserted in order (tiers 0) when absent.
@@ -241,9 +258,14 @@ class PrefixIndex {
   void drop_prediction_locked(WorkerId worker, uint64_t router_hash);
   void drop_worker_marks_locked(WorkerId worker);
 
+  // The block table, on huge pages once it is large (huge_page_allocator.h).
+  using BlockTable =
+      absl::flat_hash_map<uint64_t, Holders, absl::Hash<uint64_t>, std::equal_to<uint64_t>,
+                          HugePageAllocator<std::pair<const uint64_t, Holders>>>;
+
   mutable std::shared_mutex mutex_;
   std::vector<WorkerState> workers_ = std::vector<WorkerState>(kMaxWorkers);  // GUARDED_BY(mutex_)
-  absl::flat_hash_map<uint64_t, Holders> blocks_;                             // GUARDED_BY(mutex_)
+  BlockTable blocks_;                                                         // GUARDED_BY(mutex_)
   uint64_t spilled_holders_ = 0;  // GUARDED_BY(mutex_) holders of blocks beyond kInlineHolders
   absl::flat_hash_map<uint64_t, WorkerSet> predicted_;    // GUARDED_BY(mutex_)
   absl::flat_hash_map<PredictedKey, int64_t> expiry_ms_;  // GUARDED_BY(mutex_)

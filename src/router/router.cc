@@ -328,6 +328,8 @@ json Router::Impl::worker_json(const Worker& w) {
          {"joined", w.joined},
          {"draining", w.draining},
          {"reachable", w.reachable},
+         {"poll_failures", w.poll_failures},
+         {"unreadable_load_reports", w.unreadable_load_reports},
          {"breaker", breaker_state_name(w.breaker.state(now))},
          {"eligible", eligible(w, now)},
          {"max_prompt_tokens", w.max_prompt_tokens},
@@ -356,7 +358,7 @@ json Router::Impl::worker_json(const Worker& w) {
          {"pd", w.pd_worker_id.empty() ? json(nullptr)
                                        : json{{"worker_id", w.pd_worker_id},
                                               {"endpoint", w.pd_endpoint},
-                                              {"transport", w.pd_transport},
+                                              {"transport", pd_transport_name(w.pd_transport)},
                                               {"prefill_usable", prefill_usable(w, now)}}},
          {"kv_events", w.kv_events.empty() ? json(nullptr) : json(w.kv_events)},
          {"instance_id", w.instance_id.empty() ? json(nullptr) : json(w.instance_id)},
@@ -383,11 +385,8 @@ bool Router::Impl::prefill_usable(const Worker& w, int64_t now) const {
          w.breaker.state(now) == BreakerState::kClosed;
 }
 
-void Router::Impl::note_instance(Worker& w, const json& report) {
-  const auto it = report.find("instance_id");
-  if (it == report.end() || !it->is_string()) return;
-  const std::string id = it->get<std::string>();
-  if (id == w.instance_id) return;
+void Router::Impl::note_instance(Worker& w, const std::string& id) {
+  if (id.empty() || id == w.instance_id) return;
   if (!w.instance_id.empty()) {
     STRATA_LOG_WARN("worker {} ({}) restarted (instance {} -> {}): its index is forgotten", w.id,
                     w.url, w.instance_id, id);
@@ -436,7 +435,9 @@ void Router::Impl::refused(const RouteChoice& c) {
 }
 
 void Router::Impl::apply_server_info(Worker& w, const json& info) {
-  note_instance(w, info);
+  if (auto id = info.find("instance_id"); id != info.end() && id->is_string()) {
+    note_instance(w, id->get<std::string>());
+  }
   if (auto m = info.find("max_prompt_tokens"); m != info.end() && m->is_number_integer()) {
     w.max_prompt_tokens = m->get<int64_t>();
   }
@@ -450,16 +451,24 @@ void Router::Impl::apply_server_info(Worker& w, const json& info) {
   }
   w.pd_worker_id.clear();
   w.pd_endpoint.clear();
-  w.pd_transport.clear();
+  w.pd_transport = PdTransport::kNone;
   auto it = info.find("pd");
   if (it == info.end() || !it->is_object()) return;
   auto str = [&](const char* key) {
     auto f = it->find(key);
     return f != it->end() && f->is_string() ? f->get<std::string>() : std::string();
   };
+  // A channel whose transport the router does not know is not used: the router cannot say
+  // how the pages would travel, so the worker's prefills stay local.
+  auto transport = parse_pd_transport(str("transport"));
+  if (!transport) {
+    STRATA_LOG_WARN("worker {} ({}): PD channel not used: {}", w.id, w.url,
+                    transport.error().message);
+    return;
+  }
   w.pd_worker_id = str("worker_id");
   w.pd_endpoint = str("endpoint");
-  w.pd_transport = str("transport");
+  w.pd_transport = *transport;
 }
 
 awaitable<void> Router::Impl::refresh_info(std::shared_ptr<Worker> w) {
@@ -705,6 +714,10 @@ bool Router::Impl::apply_load(Worker& worker, const LoadAnswers& a) {
   // answered one of its pages, or refused both as not served (it is up, without either):
   // 503 is llama-server loading its model.
   std::string error;
+  // A Strata worker's report, read before the lock: a body that is not JSON, or a field of
+  // the wrong type, is a failed poll that names the field.
+  std::optional<StrataLoad> strata_load;
+  bool unreadable = false;  // the worker answered 200 with a report the router cannot read
   switch (w->kind) {
     case WorkerKind::kOpenAi:
       if (!a.page || a.page->status >= 500) error = poll_error("/v1/models", a.page);
@@ -719,10 +732,18 @@ bool Router::Impl::apply_load(Worker& worker, const LoadAnswers& a) {
       }
       break;
     }
-    default:
+    case WorkerKind::kStrata:
       if (!answered_200(a.page)) {
-        error = poll_error(w->kind == WorkerKind::kStrata ? "/load" : "/metrics", a.page);
+        error = poll_error("/load", a.page);
+      } else if (auto load = read_strata_load(a.page->body); load) {
+        strata_load = std::move(*load);
+      } else {
+        error = "load poll: GET /load: unreadable report: " + load.error().message;
+        unreadable = true;
       }
+      break;
+    default:
+      if (!answered_200(a.page)) error = poll_error("/metrics", a.page);
   }
   std::lock_guard lock(mutex);
   w->polling = false;
@@ -730,6 +751,7 @@ bool Router::Impl::apply_load(Worker& worker, const LoadAnswers& a) {
   if (!error.empty()) {
     w->reachable = false;
     ++w->poll_failures;
+    if (unreadable) ++w->unreadable_load_reports;
     w->last_error = std::move(error);
     return false;
   }
@@ -738,23 +760,21 @@ bool Router::Impl::apply_load(Worker& worker, const LoadAnswers& a) {
   if (w->poll_failures > 0) w->info_stale = true;
   w->reachable = true;
   w->poll_failures = 0;
-  if (w->kind == WorkerKind::kStrata) {
-    json j = json::parse(a.page->body, nullptr, false);
-    if (!j.is_object()) return false;
-    note_instance(*w, j);
+  if (strata_load) {
+    const StrataLoad& l = *strata_load;
+    note_instance(*w, l.instance_id);
     w->load_source = LoadSource::kStrataLoad;
-    w->load_fraction = j.value("load_fraction", 0.0);
-    w->reported_running = j.value("running", int64_t{0});
-    w->reported_waiting = j.value("waiting", int64_t{0});
-    w->reported_queued_prefill = j.value("queued_prefill_tokens", int64_t{0});
-    w->max_running_requests = j.value("max_running_requests", int64_t{0});
-    if (j.contains("device") && j["device"].is_object()) {
-      w->free_pages = j["device"].value("free_pages", int64_t{0});
-      w->evictable_pages = j["device"].value("evictable_pages", int64_t{0});
-      w->total_pages = j["device"].value("total_pages", int64_t{0});
+    w->load_fraction = l.load_fraction;
+    w->reported_running = l.running;
+    w->reported_waiting = l.waiting;
+    w->reported_queued_prefill = l.queued_prefill_tokens;
+    w->max_running_requests = l.max_running_requests;
+    if (l.has_device) {
+      w->free_pages = l.free_pages;
+      w->evictable_pages = l.evictable_pages;
+      w->total_pages = l.total_pages;
     }
-    const int64_t pause = j.value("recommended_pause_ms", int64_t{0});
-    w->recommended_pause_until_ms = pause > 0 ? now + pause : 0;
+    w->recommended_pause_until_ms = l.recommended_pause_ms > 0 ? now + l.recommended_pause_ms : 0;
     return was_saturated && w->load_fraction <= options.weights.busy_threshold;
   }
   std::optional<LoadReport> report;
@@ -946,11 +966,13 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
     for (const auto& [id, bs] : sizes) {
       if (!hashes.contains(bs)) hashes[bs] = PrefixIndex::hash_tokens(req.tokens, bs);
     }
+    // Each joined worker's block size by id, so that a match is kept in one lookup (not a
+    // scan of every worker per match: quadratic at 1,024 workers).
+    std::vector<int> block_size_of(kMaxWorkers, 0);
+    for (const auto& [id, bs] : sizes) block_size_of[id] = bs;
     for (const auto& [bs, hs] : hashes) {
       for (const WorkerMatch& m : idx.match(hs)) {
-        for (const auto& [id, wbs] : sizes) {
-          if (id == m.worker && wbs == bs) matches[id] = m;
-        }
+        if (block_size_of[m.worker] == bs) matches[m.worker] = m;
       }
     }
   }

@@ -52,10 +52,13 @@ struct Worker {
   nlohmann::json file_spec;                 // its entry there, as last read
 
   // Guarded by Impl::mutex.
-  bool joined = false;                    // /server_info read (or given by the file) and indexed
-  bool draining = false;                  // DELETE /workers?drain: no new requests
-  bool reachable = false;                 // the last load poll answered
-  int32_t poll_failures = 0;              // load polls failed in a row
+  bool joined = false;        // /server_info read (or given by the file) and indexed
+  bool draining = false;      // DELETE /workers?drain: no new requests
+  bool reachable = false;     // the last load poll answered
+  int32_t poll_failures = 0;  // load polls failed in a row
+  // Load reports answered 200 that the router could not read (a Strata /load that is not
+  // JSON or has a field of the wrong type): each is also a failed poll.
+  uint64_t unreadable_load_reports = 0;
   bool joining = false, polling = false;  // a join or a poll is in flight
   int64_t join_tried_ms = -1'000'000;
   std::string last_error;
@@ -84,7 +87,7 @@ struct Worker {
   // after failed polls, or its event stream restarted: a restarted worker may have a new id).
   std::string pd_worker_id;  // "": no PD channel (`pd` null, or not a Strata worker)
   std::string pd_endpoint;   // a prefill worker's control-plane endpoint ("" for decode)
-  std::string pd_transport;  // "ucx" or "storage"
+  PdTransport pd_transport = PdTransport::kNone;  // kNone without a usable channel
   // The worker process's identity (/server_info and /load `instance_id`): a new one means
   // the worker restarted, and its index (blocks, predictions, pins) is forgotten at once.
   std::string instance_id;     // "" until known (and for other engines)
@@ -215,8 +218,9 @@ struct Router::Impl {
   // Reads the worker's load the way its kind reports it (worker_kind.h).
   boost::asio::awaitable<void> poll_load(std::shared_ptr<Worker> w);
   // A worker whose instance id changed is another process: forgets its index (blocks,
-  // predictions, pins) and marks it to be rebuilt from its tree. Caller holds mutex.
-  void note_instance(Worker& w, const nlohmann::json& report);
+  // predictions, pins) and marks it to be rebuilt from its tree. `id` "": the report has
+  // none (nothing changes). Caller holds mutex.
+  void note_instance(Worker& w, const std::string& id);
   // The worker refused a request (4xx): the blocks choose() predicted there are not coming.
   void refused(const RouteChoice& c);
   // Binds a stored response's id to the worker that answered it, unless that worker has

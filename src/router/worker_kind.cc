@@ -7,8 +7,12 @@
 #include <array>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
+
+#include "request/json_fields.h"
 
 namespace strata::router {
 
@@ -26,6 +30,11 @@ constexpr std::array<std::pair<std::string_view, WorkerRole>, 3> kRoles{{
     {"mixed", WorkerRole::kMixed},
     {"prefill", WorkerRole::kPrefill},
     {"decode", WorkerRole::kDecode},
+}};
+
+constexpr std::array<std::pair<std::string_view, PdTransport>, 2> kTransports{{
+    {"ucx", PdTransport::kUcx},
+    {"storage", PdTransport::kStorage},
 }};
 
 // The names of a table, "a, b or c".
@@ -90,6 +99,58 @@ std::string_view worker_role_name(WorkerRole role) {
     if (r == role) return n;
   }
   return "mixed";
+}
+
+Result<PdTransport> parse_pd_transport(std::string_view name) {
+  for (const auto& [n, transport] : kTransports) {
+    if (n == name) return transport;
+  }
+  return bad_argument("unknown PD transport '" + std::string(name) + "' (it must be " +
+                      names_of(kTransports) + ")");
+}
+
+std::string_view pd_transport_name(PdTransport transport) {
+  for (const auto& [n, t] : kTransports) {
+    if (t == transport) return n;
+  }
+  return "none";
+}
+
+Result<StrataLoad> read_strata_load(std::string_view body) {
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  if (!j.is_object()) return bad_argument("GET /load: not a JSON object");
+  // Each field: absent or null reads 0; any other type, or a negative count, is an error
+  // that names it (json_fields.h).
+  const auto count = [](const nlohmann::json& obj, const char* key, int64_t& out) -> Status {
+    auto v = get_int(obj, key, 0, INT64_MAX);
+    if (!v) return std::unexpected(std::move(v).error());
+    out = v->value_or(0);
+    return {};
+  };
+  StrataLoad load;
+  auto id = get_string(j, "instance_id");
+  if (!id) return std::unexpected(std::move(id).error());
+  load.instance_id = id->value_or("");
+  auto fraction = get_number(j, "load_fraction", 0.0, std::numeric_limits<double>::max());
+  if (!fraction) return std::unexpected(std::move(fraction).error());
+  load.load_fraction = fraction->value_or(0.0);
+  for (const auto& [key, out] :
+       {std::pair{"running", &load.running}, std::pair{"waiting", &load.waiting},
+        std::pair{"queued_prefill_tokens", &load.queued_prefill_tokens},
+        std::pair{"max_running_requests", &load.max_running_requests},
+        std::pair{"recommended_pause_ms", &load.recommended_pause_ms}}) {
+    if (Status st = count(j, key, *out); !st) return std::unexpected(std::move(st).error());
+  }
+  if (auto d = j.find("device"); d != j.end() && !d->is_null()) {
+    if (!d->is_object()) return bad_argument("'device' must be an object");
+    load.has_device = true;
+    for (const auto& [key, out] : {std::pair{"free_pages", &load.free_pages},
+                                   std::pair{"evictable_pages", &load.evictable_pages},
+                                   std::pair{"total_pages", &load.total_pages}}) {
+      if (Status st = count(*d, key, *out); !st) return std::unexpected(std::move(st).error());
+    }
+  }
+  return load;
 }
 
 std::string_view load_source_name(LoadSource source) {

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "common/result.h"
@@ -56,6 +57,18 @@ enum class WorkerRole : uint8_t {
 Result<WorkerRole> parse_worker_role(std::string_view name);
 std::string_view worker_role_name(WorkerRole role);
 
+// How a Strata worker's prefilled pages travel to the decode worker (its /server_info
+// `pd.transport`, docs/pd-disaggregation.md): UCX one-sided puts or the shared storage tier.
+enum class PdTransport : uint8_t {
+  kNone,     // no PD channel (`pd` null, or not a Strata worker)
+  kUcx,      // "ucx"
+  kStorage,  // "storage"
+};
+// "ucx", "storage"; kInvalidArgument naming the transports otherwise ("none" is not a wire
+// value: a worker without a channel says `pd: null`).
+Result<PdTransport> parse_pd_transport(std::string_view name);
+std::string_view pd_transport_name(PdTransport transport);  // "none", "ucx", "storage"
+
 // What the router's last load poll of a worker read (GET /workers shows it as load.source).
 enum class LoadSource : uint8_t {
   kRouter,          // nothing: the load is the router's own accounting alone
@@ -65,6 +78,24 @@ enum class LoadSource : uint8_t {
   kSlotsAndMetrics  // llama.cpp's GET /slots and GET /metrics
 };
 std::string_view load_source_name(LoadSource source);
+
+// A Strata worker's GET /load (server/worker_info_routes.cc), the fields the router reads.
+// Absent fields read as 0 (an older worker reports fewer).
+struct StrataLoad {
+  std::string instance_id;  // "" when absent
+  double load_fraction = 0.0;
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t queued_prefill_tokens = 0;
+  int64_t max_running_requests = 0;
+  bool has_device = false;  // `device` was there
+  int64_t free_pages = 0, evictable_pages = 0, total_pages = 0;
+  int64_t recommended_pause_ms = 0;
+};
+// kInvalidArgument, naming the field, when the body is not a JSON object or a field has
+// the wrong type or a negative value: the router then counts a failed poll, never reads a
+// half-typed report (and never throws on its I/O thread).
+Result<StrataLoad> read_strata_load(std::string_view body);
 
 // A load report of a worker that is not Strata, in the router's terms.
 struct LoadReport {

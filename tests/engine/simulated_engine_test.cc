@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "engine/engine.h"
@@ -185,6 +187,44 @@ TEST_F(SimulatedEngineTest, TightPoolEvictsAndRetractsButFinishesEverything) {
                                           static_cast<int64_t>(s.tree.stats().cached_pages);
                                  }).get();
   EXPECT_EQ(free_or_cached, engine->num_pages());  // every page free or cached, none leaked
+}
+
+// The load gauges a router reads (GET /load): once requests finished, every cached page is
+// reclaimable, including the prompts that are inner nodes of the tree (a shared prefix
+// with tails below it, a prompt with its output below it). Only the leaves counted before
+// (issue 33): a worker whose cache filled with long prompts reported load_fraction near 1
+// with a few requests running, and the router held its traffic back.
+TEST_F(SimulatedEngineTest, FinishedPromptsAreReclaimableInTheLoadGaugesNotOnlyTheLeaves) {
+  auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 1024});
+  const std::vector<int32_t> prefix = test_prompt(160, 7);  // 40 pages, shared
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> p = prefix;
+    const auto tail = test_prompt(40, 100 + i);
+    p.insert(p.end(), tail.begin(), tail.end());
+    EXPECT_EQ(run_greedy(*engine, p, 8).reason, FinishReason::kLength);
+  }
+  expect_engine_consistent(*engine);
+  const auto [free_pages, cached_pages, leaf_pages] =
+      engine_call(*engine, [](EngineState& s) {
+        const TreeStats t = s.tree.stats();
+        return std::tuple{static_cast<int64_t>(s.device_pages.num_free()), t.cached_pages,
+                          t.evictable_pages};
+      }).get();
+  ASSERT_EQ(free_pages + cached_pages, engine->num_pages());
+  // The case this is about: the shared prefix is cached but not a leaf.
+  ASSERT_LE(leaf_pages, cached_pages - 40);
+  // The gauges are published after each step of the scheduler's loop: the last one after
+  // the last request finished.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  EngineCounters c = engine->counters();
+  while (c.free_pages + c.evictable_pages != engine->num_pages() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    c = engine->counters();
+  }
+  EXPECT_EQ(c.running, 0);
+  EXPECT_EQ(c.free_pages, free_pages);
+  EXPECT_EQ(c.evictable_pages, cached_pages);
 }
 
 // The profile's times, under load: 24 requests of mixed lengths arriving together, so steps

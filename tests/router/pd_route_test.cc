@@ -6,6 +6,9 @@
 // workers without a PD channel stay local; prefill workers never get a request; a client's
 // own x-strata-prefill-peer is not passed on; a decode worker's 503 is retried elsewhere
 // with the prefill decision taken again; the metrics and GET /workers say what happened.
+// A PD channel with a transport the router does not know is not used. The same fake
+// worker answering a wrongly typed /load is a counted poll error, never an exception on
+// the router's I/O thread.
 // Every wait is bounded. Handlers build their Response in a named variable before
 // co_await (g++ 12 may destroy a temporary inside a co_await expression twice).
 #include <gtest/gtest.h>
@@ -34,15 +37,15 @@ using nlohmann::json;
 class FakeWorker {
  public:
   // `pd_id` "": /server_info has "pd": null.
-  FakeWorker(std::string role, std::string pd_id)
-      : role_(std::move(role)), pd_id_(std::move(pd_id)) {
+  FakeWorker(std::string role, std::string pd_id, std::string transport = "ucx")
+      : role_(std::move(role)), pd_id_(std::move(pd_id)), transport_(std::move(transport)) {
     server_ = fake_http_server();
     server_->route("GET", "/server_info", [this](http::Exchange& ex) -> awaitable<void> {
       json pd = nullptr;
       if (!pd_id_.empty()) {
         pd = {{"worker_id", pd_id_},
               {"endpoint", role_ == "prefill" ? "tcp://127.0.0.1:7100" : ""},
-              {"transport", "ucx"}};
+              {"transport", transport_}};
       }
       json info{{"engine", "strata"}, {"model", "m"},    {"role", role_},
                 {"pd", pd},           {"page_size", 16}, {"kv_events", nullptr}};
@@ -52,11 +55,16 @@ class FakeWorker {
     server_->route("GET", "/load", [this](http::Exchange& ex) -> awaitable<void> {
       json load{{"running", 0},
                 {"waiting", 0},
+                {"device", {{"total_pages", 100}, {"free_pages", 100}, {"evictable_pages", 0}}},
                 {"max_running_requests", 32},
                 {"queued_prefill_tokens", queued_prefill.load()},
                 {"load_fraction", 0.0},
                 {"saturated", false},
                 {"recommended_pause_ms", 0}};
+      // A report the router cannot read: a count as a string, a nested one as a bool.
+      if (bad_load.load() == 1) load["running"] = "3";
+      if (bad_load.load() == 2) load["device"]["free_pages"] = true;
+      if (bad_load.load() == 3) load = json::array({1, 2});
       http::Response out{.body = load.dump()};
       co_await ex.respond(std::move(out));
     });
@@ -107,10 +115,12 @@ class FakeWorker {
 
   std::atomic<int64_t> queued_prefill{0};
   std::atomic<int> refuse_503{0};  // answer this many generation requests with 503
+  std::atomic<int> bad_load{0};    // 0: a good /load; 1, 2, 3: wrongly typed ones
 
  private:
   const std::string role_;
   const std::string pd_id_;
+  const std::string transport_;
   std::unique_ptr<http::Server> server_;
   std::mutex mutex_;
   std::vector<std::string> peers_;
@@ -283,7 +293,7 @@ TEST_F(PdRouteTest, PrefillWorkersGetNoRequestsWithoutPdEither) {
   }
   EXPECT_TRUE(prefill.peers().empty());
   for (const std::string& p : decode.peers()) EXPECT_EQ(p, "");
-  EXPECT_EQ(metric(R"(strata_router_pd_decisions_total{decision="remote"})"), -1);
+  EXPECT_LE(metric(R"(strata_router_pd_decisions_total{decision="remote"})"), 0);
 }
 
 TEST_F(PdRouteTest, OnlyPrefillWorkersMeansNoWorkerForTheRequest) {
@@ -311,6 +321,60 @@ TEST_F(PdRouteTest, ADecodeWorkers503IsRetriedOnAnotherWithThePrefillDecidedAgai
   EXPECT_EQ(metric(R"(strata_router_pd_decisions_total{decision="remote"})"), 2);
   EXPECT_EQ(worker_entry(prefill.url())["router"]["inflight_prefill_tokens"], 0);
   EXPECT_TRUE(prefill.peers().empty());
+}
+
+TEST_F(PdRouteTest, AChannelWithAnUnknownTransportIsNotUsed) {
+  FakeWorker decode("decode", "d1");
+  FakeWorker prefill("prefill", "p1", "carrier-pigeon");
+  FakeWorker storage_decode("decode", "d2", "storage");
+  start_router({&decode, &prefill, &storage_decode}, true);
+  EXPECT_EQ(worker_entry(prefill.url())["pd"], nullptr);
+  EXPECT_EQ(worker_entry(decode.url())["pd"]["transport"], "ucx");
+  EXPECT_EQ(worker_entry(storage_decode.url())["pd"]["transport"], "storage");
+  // Long prompts would go remote with a usable prefill worker: they stay local.
+  for (int i = 0; i < 4; ++i) {
+    const HttpAnswer a = complete(prompt_body(200, 1'000 * (i + 1)));
+    ASSERT_EQ(a.status, 200) << a.body;
+    EXPECT_EQ(a.header("x-strata-prefill-worker"), "");
+  }
+  EXPECT_TRUE(prefill.peers().empty());
+  EXPECT_LE(metric(R"(strata_router_pd_decisions_total{decision="remote"})"), 0);
+}
+
+TEST_F(PdRouteTest, AWronglyTypedLoadReportIsACountedPollErrorNamingTheField) {
+  FakeWorker good("mixed", "");
+  FakeWorker bad("mixed", "");
+  start_router({&good, &bad}, false);
+  ASSERT_TRUE(eventually([&] { return worker_entry(bad.url())["load"]["total_pages"] == 100; }));
+  const std::pair<int, std::string> cases[] = {
+      {1, "'running' must be an integer"},
+      {2, "'free_pages' must be an integer"},
+      {3, "not a JSON object"},
+  };
+  for (const auto& [shape, field] : cases) {
+    bad.bad_load = shape;
+    ASSERT_TRUE(eventually([&, field = field] {
+      const json w = worker_entry(bad.url());
+      return w["reachable"] == false && w["poll_failures"].get<int>() >= 3 &&
+             w["last_error"].get<std::string>().find(field) != std::string::npos;
+    })) << worker_entry(bad.url()).dump();
+    const json w = worker_entry(bad.url());
+    EXPECT_EQ(
+        w["last_error"].get<std::string>().rfind("load poll: GET /load: unreadable report: ", 0),
+        0u)
+        << w["last_error"];
+    EXPECT_GE(w["unreadable_load_reports"].get<int>(), 3);
+    EXPECT_EQ(w["eligible"], false);
+    // The router goes on serving, on the other worker.
+    const HttpAnswer a = complete(prompt_body(20, 100 * shape));
+    ASSERT_EQ(a.status, 200) << a.body;
+    EXPECT_EQ(a.header("x-strata-worker"), good.url());
+    EXPECT_EQ(worker_entry(good.url())["unreadable_load_reports"], 0);
+    // A readable report again: reachable, its count kept.
+    bad.bad_load = 0;
+    ASSERT_TRUE(eventually([&] { return worker_entry(bad.url())["reachable"] == true; }));
+    EXPECT_GE(worker_entry(bad.url())["unreadable_load_reports"].get<int>(), 3);
+  }
 }
 
 }  // namespace

@@ -604,6 +604,48 @@ TEST(PrefixIndexTest, PinMarksAndPredictionsFollowTheWorker) {
 
 // The router's worker cap (issue 33): 1,024 workers indexed at once, ids past 64 scored
 // like the first ones; a block held by hundreds of workers, and its holders leaving.
+// match() counts a streak of blocks whose holders equal the previous block's in one pass
+// (prefix_index.h, "At scale"): the streak breaks where a holder's tiers change, a run
+// ends, a pin or a prediction sits, and each part is counted right.
+TEST(PrefixIndexTest, StreaksOfBlocksWithTheSameHoldersCountLikeBlockByBlock) {
+  PrefixIndex index;
+  for (WorkerId w = 0; w < 7; ++w) ASSERT_TRUE(index.add_worker(w, kBs));
+  const auto stem = seq_tokens(8, 1);
+  for (WorkerId w = 0; w < 4; ++w) index.apply(w, stored(0, stem, 0, 8, Tier::kDevice));
+  index.apply(3, stored(0, stem, 0, 8, Tier::kHost));  // device and host: device counts
+  // Worker 4: all eight on host, the first four also on device.
+  index.apply(4, stored(0, stem, 0, 8, Tier::kHost));
+  index.apply(4, stored(0, stem, 0, 4, Tier::kDevice));
+  index.apply(5, stored(0, stem, 0, 6, Tier::kDevice));  // its run ends at block 6
+  const auto q = hash_blocks(seq_tokens(10, 1), kBs);    // the stem and two blocks more
+  index.set_pinned(1, std::span<const uint64_t>(q).subspan(2, 1), true);
+
+  auto ms = index.match(q);
+  ASSERT_EQ(ms.size(), 6u);
+  for (WorkerId w = 0; w < 6; ++w) {
+    SCOPED_TRACE(w);
+    EXPECT_EQ(ms[w].worker, w);
+    EXPECT_EQ(ms[w].matched_blocks, w == 5 ? 6u : 8u);
+    EXPECT_EQ(ms[w].device_blocks, w == 5 ? 6u : w == 4 ? 4u : 8u);
+    EXPECT_EQ(ms[w].host_blocks, w == 4 ? 4u : 0u);
+    EXPECT_EQ(ms[w].storage_blocks, 0u);
+    EXPECT_EQ(ms[w].predicted_blocks, 0u);
+    EXPECT_EQ(ms[w].pinned_blocks, w == 1 ? 1u : 0u);
+  }
+
+  // A prediction on a seventh worker in every block: no streak, the same counts.
+  index.insert_predicted(6, std::span<const uint64_t>(q).first(8), 0, 10'000);
+  ms = index.match(q);
+  ASSERT_EQ(ms.size(), 7u);
+  EXPECT_EQ(ms[6].matched_blocks, 8u);
+  EXPECT_EQ(ms[6].predicted_blocks, 8u);
+  EXPECT_EQ(ms[4].device_blocks, 4u);
+  EXPECT_EQ(ms[4].host_blocks, 4u);
+  EXPECT_EQ(ms[5].matched_blocks, 6u);
+  EXPECT_EQ(ms[1].pinned_blocks, 1u);
+  EXPECT_EQ(ms[0].matched_blocks, 8u);
+}
+
 TEST(PrefixIndexTest, IndexesAThousandAndTwentyFourWorkers) {
   PrefixIndex index;
   for (WorkerId w = 0; w < kMaxWorkers; ++w) ASSERT_TRUE(index.add_worker(w, kBs));

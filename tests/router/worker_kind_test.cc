@@ -7,6 +7,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace strata::router {
 namespace {
@@ -53,6 +54,75 @@ TEST(WorkerRole, NamesRoundTrip) {
             "unknown worker role 'both' (it must be mixed, prefill or decode)");
   EXPECT_EQ(load_source_name(LoadSource::kSlotsAndMetrics), "slots+metrics");
   EXPECT_EQ(load_source_name(LoadSource::kRouter), "router");
+}
+
+TEST(PdTransport, NamesRoundTripAndAnUnknownOneNamesTheTransports) {
+  for (PdTransport t : {PdTransport::kUcx, PdTransport::kStorage}) {
+    auto parsed = parse_pd_transport(pd_transport_name(t));
+    ASSERT_TRUE(parsed.has_value()) << pd_transport_name(t);
+    EXPECT_EQ(*parsed, t);
+  }
+  EXPECT_EQ(pd_transport_name(PdTransport::kNone), "none");
+  for (std::string_view bad : {"", "none", "UCX", "rdma"}) {
+    auto r = parse_pd_transport(bad);
+    ASSERT_FALSE(r.has_value()) << bad;
+    EXPECT_EQ(r.error().message,
+              "unknown PD transport '" + std::string(bad) + "' (it must be ucx or storage)");
+  }
+}
+
+TEST(StrataLoad, ReadsEveryFieldAndAbsentOnesAsZero) {
+  auto l =
+      read_strata_load(R"({"instance_id":"i1","running":3,"waiting":2,"max_running_requests":32,)"
+                       R"("queued_prefill_tokens":4096,"load_fraction":0.75,"saturated":false,)"
+                       R"("recommended_pause_ms":50,"page_size":16,)"
+                       R"("device":{"total_pages":100,"free_pages":40,"evictable_pages":10}})");
+  ASSERT_TRUE(l.has_value()) << l.error().message;
+  EXPECT_EQ(l->instance_id, "i1");
+  EXPECT_EQ(l->running, 3);
+  EXPECT_EQ(l->waiting, 2);
+  EXPECT_EQ(l->max_running_requests, 32);
+  EXPECT_EQ(l->queued_prefill_tokens, 4096);
+  EXPECT_DOUBLE_EQ(l->load_fraction, 0.75);
+  EXPECT_EQ(l->recommended_pause_ms, 50);
+  EXPECT_TRUE(l->has_device);
+  EXPECT_EQ(l->total_pages, 100);
+  EXPECT_EQ(l->free_pages, 40);
+  EXPECT_EQ(l->evictable_pages, 10);
+
+  auto empty = read_strata_load(R"({"device":null,"running":null})");
+  ASSERT_TRUE(empty.has_value());
+  EXPECT_EQ(empty->instance_id, "");
+  EXPECT_EQ(empty->running, 0);
+  EXPECT_FALSE(empty->has_device);
+  // An integral float is an integer (json_fields.h).
+  auto as_float = read_strata_load(R"({"running":3.0})");
+  ASSERT_TRUE(as_float.has_value());
+  EXPECT_EQ(as_float->running, 3);
+}
+
+TEST(StrataLoad, AWronglyTypedOrNegativeFieldIsAnErrorNamingIt) {
+  const std::pair<std::string_view, std::string_view> cases[] = {
+      {R"({"running":"3"})", "'running' must be an integer"},
+      {R"({"waiting":1.5})", "'waiting' must be an integer"},
+      {R"({"max_running_requests":[32]})", "'max_running_requests' must be an integer"},
+      {R"({"queued_prefill_tokens":-1})", "'queued_prefill_tokens' must be in [0, "},
+      {R"({"recommended_pause_ms":true})", "'recommended_pause_ms' must be an integer"},
+      {R"({"load_fraction":"0.5"})", "'load_fraction' must be a number"},
+      {R"({"load_fraction":-0.5})", "'load_fraction' must be in [0"},
+      {R"({"instance_id":7})", "'instance_id' must be a string"},
+      {R"({"device":[]})", "'device' must be an object"},
+      {R"({"device":{"free_pages":{}}})", "'free_pages' must be an integer"},
+      {R"({"device":{"total_pages":18446744073709551615}})", "'total_pages' is out of range"},
+      {R"([1,2])", "GET /load: not a JSON object"},
+      {R"(not json)", "GET /load: not a JSON object"},
+  };
+  for (const auto& [body, message] : cases) {
+    auto l = read_strata_load(body);
+    ASSERT_FALSE(l.has_value()) << body;
+    EXPECT_EQ(l.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(l.error().message.rfind(message, 0), 0u) << body << ": " << l.error().message;
+  }
 }
 
 TEST(PrometheusValue, SumsEverySampleOfTheNameAndNothingElse) {
