@@ -596,5 +596,20 @@ TEST_F(ResponsesRouteTest, BadInputReachesNoWorker) {
   EXPECT_EQ(a.posts.load(), 0);
 }
 
+TEST(ResponsesRouteOptions, TheLookupAndTheHolderWaitAreZeroOrMore) {
+  RouterOptions o;
+  EXPECT_TRUE(validate(o).has_value());
+  o.response_lookup_timeout_ms = 0;  // no lookups
+  o.response_holder_wait_ms = 0;     // no wait
+  EXPECT_TRUE(validate(o).has_value());
+  o.response_lookup_timeout_ms = -1;
+  EXPECT_FALSE(validate(o).has_value());
+  o.response_lookup_timeout_ms = 1'000;
+  o.response_holder_wait_ms = -1;
+  const Status refused = validate(o);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.error().message.find("--response-holder-wait-ms"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace strata::router
