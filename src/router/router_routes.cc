@@ -386,12 +386,15 @@ awaitable<std::shared_ptr<Worker>> find_response_holder(Router::Impl& r, http::E
 // The worker that holds response `id` (bound to `holder`) did not answer, or may not be sent
 // to now: whether to try it again, after a pause (true), or to answer the id as unknown.
 // It is tried again while the binding stands (a worker that is removed, or seen to have
-// restarted, loses its bindings: its stored responses went with it), until `deadline`.
+// restarted, loses its bindings: its stored responses went with it), until `deadline`. A
+// draining worker takes no request (choose()): that is no brief absence, so no wait.
 awaitable<bool> wait_for_holder(Router::Impl& r, http::Exchange& ex, const std::string& id,
                                 WorkerId holder, int64_t deadline, int64_t& backoff) {
   {
     std::lock_guard lock(r.mutex);
-    if (r.responses.peek(id) != holder || !r.workers.contains(holder)) co_return false;
+    if (r.responses.peek(id) != holder) co_return false;
+    const auto it = r.workers.find(holder);
+    if (it == r.workers.end() || it->second->draining) co_return false;
   }
   const int64_t left = deadline - r.now_ms();
   if (left <= 0) co_return false;
