@@ -118,6 +118,14 @@ void add_route_command(CLI::App& app, int& exit_code) {
          "Memory those records may hold, in MiB")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->default_str("256");
+  cmd->add_option("--response-lookup-timeout-ms", r.response_lookup_timeout_ms,
+                  "Responses API: a response id the router has no binding for is asked of every "
+                  "live Strata worker, each given this long to answer (0: answered as unknown)")
+      ->capture_default_str();
+  cmd->add_option("--response-holder-wait-ms", r.response_holder_wait_ms,
+                  "Responses API: a continuation (or GET/DELETE) whose worker does not answer is "
+                  "tried again for this long before it is answered as unknown (0: at once)")
+      ->capture_default_str();
   cmd->add_option("--queue-size", r.queue.max_entries, "Requests waiting when all are saturated");
   cmd->add_option("--queue-per-tenant", r.queue.max_per_tenant, "Of them, per tenant");
   add_seconds_flag(*cmd, "--queue-timeout-s", r.queue.max_wait_ms,

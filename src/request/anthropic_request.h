@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/result.h"
@@ -57,15 +58,29 @@ struct AnthropicRequest {
   // (top-level cache_control) last. At most kMaxCacheBreakpoints.
   std::vector<CacheBreakpoint> breakpoints;
   bool stream = false;
+  // metadata.user_id, Anthropic's per-user field ("" when absent or empty): the request's
+  // session when no x-session-id header names one (anthropic_session).
+  std::string user_id;
 };
 
 // Reads and checks a Messages body (kInvalidArgument with a message naming the field):
 // unknown content block types (image, document, thinking, ...), server tools, a fifth
 // breakpoint, a bad ttl, a 1h breakpoint after a 5m one, a missing max_tokens and wrong
-// types are refused. Fields Strata has no use for (metadata, service_tier, ...) are
-// accepted and ignored.
+// types are refused. metadata.user_id is kept (a string of at most 256 characters, as
+// Anthropic checks it); fields Strata has no use for (service_tier, ...) are accepted and
+// ignored.
 Result<AnthropicRequest> read_anthropic_request(const nlohmann::ordered_json& body,
                                                 AnthropicEndpoint endpoint);
+
+// The session of a Messages request, the key of its engine session (conversation records and
+// the --auto-tool-offload of a tool_use turn, docs/tool-sessions.md) and of the router's
+// stickiness: the x-session-id header's value when given (checked: 1 to 256 bytes of UTF-8;
+// kInvalidArgument), else metadata.user_id, else "" (none). The Messages API has no session
+// field; metadata.user_id is the per-user id Anthropic documents (Claude Code sends one per
+// session), and the header is the chat route's (through the router) for any client that sets
+// headers.
+Result<std::string> anthropic_session(const AnthropicRequest& request,
+                                      std::string_view header_session);
 
 // How many leading tokens of `prompt` (the whole request's tokens) a breakpoint determines:
 // the cut request rendered without a generation prompt (with the request's `tools` as the

@@ -14,7 +14,9 @@
 // its responses. There is no TTL: a worker keeps a stored response until its own bounds
 // drop it, and then answers for it as for an unknown id (the router erase()s the binding
 // when it sees that answer, or a DELETE). unbind_worker() drops every binding of a worker
-// that is removed or restarted: its stored responses went with its process.
+// that is removed or restarted: its stored responses went with its process. A binding is
+// only the router's memory: an id without one (a restarted router, a dropped binding) is
+// asked of the workers and bound again (router_routes.cc: find_response_holder).
 #pragma once
 
 #include <cstdint>

@@ -137,11 +137,10 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
     auto read = read_anthropic_request(j, AnthropicEndpoint::kMessages);
     if (!read) return std::unexpected(read.error());
     r.stream = read->stream;
-    if (!header_session.empty()) {
-      auto session = header_session_id(header_session);
-      if (!session) return std::unexpected(session.error());
-      r.session = std::move(*session);
-    }
+    // The worker's key for the request's engine session (the header goes upstream with it).
+    auto session = anthropic_session(*read, header_session);
+    if (!session) return std::unexpected(session.error());
+    r.session = std::move(*session);
     ojson& c = read->chat_body;
     auto salt = c.find("cache_salt");
     r.pd_local_only =

@@ -62,8 +62,9 @@ using TurnLookup = std::function<std::shared_ptr<const TurnEntry>(TurnKey, const
 // with the worker's message for what a worker refuses while reading the prompt. With
 // `max_prompt_tokens` > 0 the encoding stops once the prompt is known to be longer: such
 // a request is routed unscored (too_long, no tokens) and the worker refuses it.
-// A Messages request's session comes from the x-session-id header only, and its body goes
-// upstream as it is (the Messages API has no session_id field). A Responses request's
+// A Messages request's session is the x-session-id header's, else its metadata.user_id
+// (request/anthropic_request.h: anthropic_session), and its body goes upstream as it is, with
+// the header (the Messages API has no session_id field). A Responses request's
 // session is its prompt_cache_key (else the x-session-id header), and its body goes
 // upstream as it is. `turn_lookup` (may be empty: no records) gives the records that a chat
 // request's session and a Responses request's previous response continue.

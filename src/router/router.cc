@@ -141,6 +141,8 @@ Status validate(const RouterOptions& o) {
   if (o.connect_timeout_ms < 1) return bad("--connect-timeout-ms must be >= 1");
   if (o.first_byte_timeout_ms < 1) return bad("--upstream-timeout-s must be > 0");
   if (o.replay_timeout_ms < 1) return bad("--replay-timeout-ms must be >= 1");
+  if (o.response_lookup_timeout_ms < 0) return bad("--response-lookup-timeout-ms must be >= 0");
+  if (o.response_holder_wait_ms < 0) return bad("--response-holder-wait-ms must be >= 0");
   if (o.io_threads < 1 || o.io_threads > 64) return bad("--router-threads must be in [1, 64]");
   return {};
 }
@@ -225,7 +227,18 @@ RouterMetrics::RouterMetrics()
               .Help("Requests sent for a remote prefill whose usage reported no kv_transfer "
                     "(the decode worker prefilled locally)")
               .Register(*registry)
-              .Add({})) {}
+              .Add({})),
+      response_lookups(prometheus::BuildCounter()
+                           .Name("strata_router_response_lookups_total")
+                           .Help("Responses API: ids without a binding asked of the workers, by "
+                                 "result (found: bound to the worker that has it; not_found)")
+                           .Register(*registry)),
+      holder_waits(prometheus::BuildCounter()
+                       .Name("strata_router_response_holder_waits_total")
+                       .Help("Responses API: pauses before trying again a worker that holds the "
+                             "response and did not answer")
+                       .Register(*registry)
+                       .Add({})) {}
 
 Router::Impl::Impl(RouterOptions o, const Tokenizer& t, const ChatTemplate* c, std::string model)
     : options(std::move(o)),

@@ -75,6 +75,14 @@ struct RouterOptions {
   int64_t connect_timeout_ms = 2'000;       // upstream connect
   int64_t first_byte_timeout_ms = 600'000;  // upstream answer (non-streaming) or header
   int64_t replay_timeout_ms = 1'000;        // a KV event replay
+  // Responses API, an id the router has no binding for (restarted, or another replica
+  // bound it): each live Strata worker is asked for it (GET /v1/responses/{id}) and given
+  // this long to answer; 0: never asked (answered as unknown at once).
+  int64_t response_lookup_timeout_ms = 1'000;  // --response-lookup-timeout-ms
+  // Responses API, the worker holding a continued or read response does not answer
+  // (connect error, timeout): tried again until this long after the request came, unless
+  // its binding goes first (the worker removed or seen restarted); then unknown. 0: at once.
+  int64_t response_holder_wait_ms = 5'000;  // --response-holder-wait-ms
   int64_t files_poll_ms = 1'000;            // the workers file's modification time
   int32_t io_threads = 2;                   // the router's own I/O threads (upstream, loops)
   uint64_t seed = 0;                        // temperature sampling

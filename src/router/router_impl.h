@@ -127,6 +127,8 @@ struct RouterMetrics {
   prometheus::Family<prometheus::Counter>& pd_decisions;  // {decision} (pd_decision_name)
   prometheus::Counter& pd_kv_transfer_tokens;             // usage.kv_transfer.tokens reported
   prometheus::Counter& pd_remote_without_transfer;        // remote, but usage had no kv_transfer
+  prometheus::Family<prometheus::Counter>& response_lookups;  // {result}: found, not_found
+  prometheus::Counter& holder_waits;  // pauses before trying a response's worker again
   RouterMetrics();
 };
 

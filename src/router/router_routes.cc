@@ -9,17 +9,27 @@
 // A Responses answer keeps its stream's named events too; the router binds each stored
 // response's id to the worker that answered it (response_table.h), so that a request with
 // that previous_response_id or an item_reference to one of its output items, and GET / DELETE
-// /v1/responses/{id}, reach the worker that holds the response; an id the router cannot reach there
-// is answered as a worker answers an unknown one (docs/openai-responses.md). With --pd, a request
+// /v1/responses/{id}, reach the worker that holds the response. An id without a binding (the
+// router restarted, another replica bound it) is asked of the workers and bound to the one
+// that has it; a holder that does not answer is waited for within --response-holder-wait-ms;
+// an id no worker has, or whose worker stays unreachable, is answered as a worker answers an
+// unknown one (docs/openai-responses.md). With --pd, a request
 // whose prompt is prefilled remotely goes to its decode worker with x-strata-prefill-peer (the
 // prefill worker's PD id) and is answered with x-strata-prefill-worker (its URL); a client's own
 // x-strata-prefill-peer never reaches a worker. A chat turn with a session and a stored
 // Responses turn ask their worker for the turn's exact tokens (x-strata-turn-record,
 // request/turn_record.h), which the router keeps (turn_records.h) to predict the next turn as
 // the worker computes it, and takes out of the answer unless the client asked for them.
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <functional>
+#include <mutex>
 
 #include "common/log.h"
 #include "request/error_shape.h"
@@ -236,6 +246,168 @@ std::optional<StoredBase> stored_base(const RoutedRequest& p) {
                     }};
 }
 
+// ---- finding the worker that holds a stored response ----
+// A binding is the router's memory, not the response's: a restarted router, or another
+// replica in front of the same workers, has none for a response a worker still stores. Such
+// an id is asked of the live Strata workers, and the worker holding a bound response that
+// does not answer is given a short while to come back (docs/openai-responses.md).
+
+// An id a Strata worker may hold, asked for in a URL path: "resp_" then letters, digits,
+// '_' or '-', within the table's bound. Any other id is unknown without asking.
+bool askable_response_id(const Router::Impl& r, std::string_view id) {
+  if (!id.starts_with("resp_") || id.size() == 5 ||
+      id.size() > static_cast<size_t>(r.options.responses.max_id_bytes)) {
+    return false;
+  }
+  return std::all_of(id.begin() + 5, id.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) != 0 || ch == '_' || ch == '-';
+  });
+}
+
+// One search of the workers for a response id: what came back so far. Shared by the request
+// that waits and the asks, which may outlive it (their answers then wake nobody).
+struct HolderSearch {
+  std::mutex mutex;
+  std::shared_ptr<Worker> found;  // the first worker that answered 200 for the id
+  size_t pending = 0;             // asks not finished
+  bool over = false;              // the request stopped waiting: asks stop retrying
+  std::function<void()> wake;     // the request's waker
+};
+
+// Sleeps on the router's I/O context.
+awaitable<void> pause(Router::Impl& r, int64_t ms) {
+  boost::asio::steady_timer t(r.io, std::chrono::milliseconds(ms));
+  boost::system::error_code ignored;
+  co_await t.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ignored));
+}
+
+// A worker the router takes for gone: its load polls failed three times in a row.
+bool taken_for_gone(Router::Impl& r, const Worker& w) {
+  std::lock_guard lock(r.mutex);
+  return !w.joined || (!w.reachable && w.poll_failures >= 3);
+}
+
+// Asks worker `w` for response `id` (GET /v1/responses/{id}, with the client's
+// authorization): an answer (any status) ends the ask; a worker that does not answer is
+// asked again after a pause, until `deadline` or until the router takes it for gone (an
+// unknown id must not wait for a dead worker).
+awaitable<void> ask_for_response(Router::Impl& r, std::shared_ptr<HolderSearch> search,
+                                 std::shared_ptr<Worker> w, std::string id,
+                                 std::string authorization, int64_t deadline) {
+  bool has = false;
+  for (int64_t backoff = 100;; backoff = std::min<int64_t>(backoff * 2, 1'000)) {
+    http::ClientRequest up = r.upstream_request(*w, "GET", "/v1/responses/" + id, "", false);
+    if (!authorization.empty()) up.headers.emplace_back("Authorization", authorization);
+    up.read_timeout_ms = r.options.response_lookup_timeout_ms;
+    auto resp = co_await r.client.request(std::move(up));
+    if (resp) {
+      if (resp->status == 200) {
+        const json j = json::parse(resp->body, nullptr, false);
+        has = j.is_object() && j.value("id", "") == id;
+      }
+      break;
+    }
+    {
+      std::lock_guard lock(search->mutex);
+      if (search->over || search->found) break;
+    }
+    if (r.now_ms() + backoff >= deadline || r.stopping.load()) break;
+    co_await pause(r, backoff);
+    if (taken_for_gone(r, *w)) break;
+  }
+  std::function<void()> wake;
+  {
+    std::lock_guard lock(search->mutex);
+    if (has && !search->found) search->found = w;
+    --search->pending;
+    wake = search->wake;
+  }
+  wake();
+}
+
+// The worker that holds stored response `id`: its binding's; else, for an id a worker may
+// hold (askable_response_id), the live Strata worker that answers for it, then bound. Every
+// joined Strata worker the router does not take for gone (at most the registry's 64) is
+// asked at once, each given --response-lookup-timeout-ms to answer; one that does not answer
+// is asked again until `holder_deadline` (ask_for_response). Null: no worker has it, or the
+// client went away (ex.abandoned()).
+awaitable<std::shared_ptr<Worker>> find_response_holder(Router::Impl& r, http::Exchange& ex,
+                                                        const std::string& id,
+                                                        int64_t holder_deadline) {
+  std::vector<std::shared_ptr<Worker>> asked;
+  {
+    std::lock_guard lock(r.mutex);
+    if (auto holder = r.responses.lookup(id)) {
+      if (auto it = r.workers.find(*holder); it != r.workers.end()) co_return it->second;
+    }
+    if (r.options.response_lookup_timeout_ms == 0 || !askable_response_id(r, id)) {
+      co_return nullptr;
+    }
+    for (const auto& [wid, w] : r.workers) {
+      if (w->kind == WorkerKind::kStrata && w->joined && (w->reachable || w->poll_failures < 3)) {
+        asked.push_back(w);
+      }
+    }
+  }
+  if (asked.empty()) co_return nullptr;
+  const int64_t now = r.now_ms();
+  const int64_t deadline = std::max(
+      now + r.options.response_lookup_timeout_ms + r.options.connect_timeout_ms, holder_deadline);
+  auto search = std::make_shared<HolderSearch>();
+  search->pending = asked.size();
+  search->wake = ex.waker();
+  const std::string authorization(ex.request().header("authorization"));
+  for (const auto& w : asked) {
+    boost::asio::co_spawn(r.io, ask_for_response(r, search, w, id, authorization, holder_deadline),
+                          boost::asio::detached);
+  }
+  std::shared_ptr<Worker> found;
+  for (;;) {
+    {
+      std::lock_guard lock(search->mutex);
+      if (search->found || search->pending == 0) {
+        found = search->found;
+        search->over = true;
+        break;
+      }
+    }
+    const int64_t left = deadline - r.now_ms();
+    if (left <= 0 || !co_await ex.wait(std::chrono::milliseconds(left))) {
+      std::lock_guard lock(search->mutex);
+      found = search->found;
+      search->over = true;
+      break;
+    }
+  }
+  r.metrics.response_lookups.Add({{"result", found ? "found" : "not_found"}}).Increment();
+  if (found) {
+    STRATA_LOG_DEBUG("route: response {} found on {} (no binding here): bound", id, found->url);
+    r.stored_response(*found, id);
+  }
+  co_return found;
+}
+
+// The worker that holds response `id` (bound to `holder`) did not answer, or may not be sent
+// to now: whether to try it again, after a pause (true), or to answer the id as unknown.
+// It is tried again while the binding stands (a worker that is removed, or seen to have
+// restarted, loses its bindings: its stored responses went with it), until `deadline`. A
+// draining worker takes no request (choose()): that is no brief absence, so no wait.
+awaitable<bool> wait_for_holder(Router::Impl& r, http::Exchange& ex, const std::string& id,
+                                WorkerId holder, int64_t deadline, int64_t& backoff) {
+  {
+    std::lock_guard lock(r.mutex);
+    if (r.responses.peek(id) != holder) co_return false;
+    const auto it = r.workers.find(holder);
+    if (it == r.workers.end() || it->second->draining) co_return false;
+  }
+  const int64_t left = deadline - r.now_ms();
+  if (left <= 0) co_return false;
+  r.metrics.holder_waits.Increment();
+  co_await ex.sleep(std::chrono::milliseconds(std::min(backoff, left)));
+  backoff = std::min<int64_t>(backoff * 2, 1'000);
+  co_return !ex.abandoned();
+}
+
 // What a worker's whole answer to a Responses request tells the response table: the id of
 // a response it stored, or that it no longer holds the previous response (its store's own
 // bound dropped it), which is then unknown here too.
@@ -398,27 +570,39 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
   rr.session = p->session;
   rr.tenant = tenant_of(req);
   rr.pd_local_only = p->pd_local_only;
-  // A Responses request that builds on a stored response goes to the worker that stored it,
-  // or nowhere.
+  // A Responses request that builds on a stored response goes to the worker that stored it
+  // (bound, or found by asking the workers), or nowhere.
   const std::optional<StoredBase> base = stored_base(*p);
+  const int64_t holder_deadline = r.now_ms() + r.options.response_holder_wait_ms;
+  int64_t holder_backoff = 100;
   if (base) {
-    {
-      std::lock_guard lock(r.mutex);
-      rr.only_worker = r.responses.lookup(base->response_id);
-    }
-    if (!rr.only_worker) {
+    auto holder = co_await find_response_holder(r, ex, base->response_id, holder_deadline);
+    if (ex.abandoned()) co_return;
+    if (!holder) {
       r.metrics.requests.Add({{"status", "400"}}).Increment();
       http::Response out = base->unknown("");
       co_await ex.respond(std::move(out));
       co_return;
     }
+    rr.only_worker = holder->id;
   }
   int64_t queued_since = -1;
   std::optional<http::ClientResponse> last_refusal;  // a worker's 429/503, if all refuse
   std::string last_error;
-  for (int attempt = 0; attempt < r.options.max_attempts;) {
+  // A continuation's tries are bounded by its holder's wait, not by --max-attempts: it has
+  // one worker to try, which may be back in a moment (wait_for_holder).
+  for (int attempt = 0; attempt < r.options.max_attempts || base;) {
     auto c = r.choose(rr);
-    if (!c) break;
+    if (!c) {
+      if (base && !last_refusal &&
+          co_await wait_for_holder(r, ex, base->response_id, *rr.only_worker, holder_deadline,
+                                   holder_backoff)) {
+        rr.exclude.clear();
+        continue;
+      }
+      if (ex.abandoned()) co_return;
+      break;
+    }
     if (c->all_saturated) {
       if (!co_await wait_in_queue(r, ex, api, *p, rr.tenant, queued_since)) co_return;
       continue;
@@ -439,7 +623,8 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     if (auto a = req.header("authorization"); !a.empty()) {
       up.headers.emplace_back("Authorization", std::string(a));
     }
-    for (const char* h : {"x-api-key", "anthropic-version"}) {
+    // x-session-id: a Messages request's session, read by the worker from the header.
+    for (const char* h : {"x-api-key", "anthropic-version", "x-session-id"}) {
       if (auto v = req.header(h); !v.empty()) up.headers.emplace_back(h, std::string(v));
     }
     if (!c->prefill_peer.empty()) up.headers.emplace_back("x-strata-prefill-peer", c->prefill_peer);
@@ -637,58 +822,62 @@ awaitable<void> forward_any(Router::Impl& r, http::Exchange& ex) {
 
 namespace {
 
-// GET and DELETE /v1/responses/{id}: to the worker that stored the response. An id the router
-// never bound (or dropped), and one whose worker is gone or does not answer, get the worker's
-// 404 for an unknown id, at once: no other worker has it. A worker's 404, and a deletion,
-// drop the binding.
+// GET and DELETE /v1/responses/{id}: to the worker that stored the response (bound, or found
+// by asking the workers: find_response_holder). An id no worker has gets the worker's 404 for
+// an unknown id; so does one whose worker does not answer within --response-holder-wait-ms
+// (tried again meanwhile: wait_for_holder). A worker's 404, and a deletion, drop the binding.
 awaitable<void> stored_response_route(Router::Impl& r, http::Exchange& ex) {
   const http::Request& req = ex.request();
   constexpr std::string_view kPrefix = "/v1/responses/";
   const std::string id = req.path.substr(kPrefix.size());
-  std::shared_ptr<Worker> w;
-  bool reachable = false;
-  {
-    std::lock_guard lock(r.mutex);
-    if (auto holder = r.responses.lookup(id)) {
-      if (auto it = r.workers.find(*holder); it != r.workers.end()) {
-        w = it->second;
-        // A draining worker still answers for what it stored; one whose load polls keep
-        // failing is taken for gone.
-        reachable = w->joined && (w->reachable || w->poll_failures < 3);
-      }
+  const int64_t holder_deadline = r.now_ms() + r.options.response_holder_wait_ms;
+  std::shared_ptr<Worker> w = co_await find_response_holder(r, ex, id, holder_deadline);
+  if (ex.abandoned()) co_return;
+  if (!w) {
+    co_await ex.respond(unknown_response(id, ""));
+    co_return;
+  }
+  int64_t backoff = 100;
+  std::string failure;
+  for (;;) {
+    bool usable = false;
+    {
+      std::lock_guard lock(r.mutex);
+      // A draining worker still answers for what it stored; one whose load polls keep
+      // failing is not sent to until they answer again (or the wait is over).
+      usable = w->joined && (w->reachable || w->poll_failures < 3);
     }
+    if (usable) {
+      http::ClientRequest up = r.upstream_request(*w, req.method, req.target, "", false);
+      if (auto a = req.header("authorization"); !a.empty()) {
+        up.headers.emplace_back("Authorization", std::string(a));
+      }
+      // A stored response is answered from the worker's memory: a worker that takes longer
+      // than this is not answering.
+      up.read_timeout_ms = std::min<int64_t>(r.options.first_byte_timeout_ms, 10'000);
+      auto resp = co_await r.client.request(std::move(up));
+      if (resp) {
+        if (resp->status == 404 || (req.method == "DELETE" && resp->status == 200)) {
+          std::lock_guard lock(r.mutex);
+          r.responses.erase(id);
+        }
+        http::Response out{.status = resp->status,
+                           .content_type = std::string(resp->header("content-type")),
+                           .body = std::move(resp->body),
+                           .headers = {{"x-strata-worker", w->url}}};
+        if (out.content_type.empty()) out.content_type = "application/json";
+        co_await ex.respond(std::move(out));
+        co_return;
+      }
+      failure = ": " + resp.error().message;
+    } else {
+      failure = " (its load polls fail)";
+    }
+    if (!co_await wait_for_holder(r, ex, id, w->id, holder_deadline, backoff)) break;
   }
-  if (!w || !reachable) {
-    http::Response out = unknown_response(
-        id, w ? " (the worker that stored it, " + w->url + ", is unavailable)" : "");
-    co_await ex.respond(std::move(out));
-    co_return;
-  }
-  http::ClientRequest up = r.upstream_request(*w, req.method, req.target, "", false);
-  if (auto a = req.header("authorization"); !a.empty()) {
-    up.headers.emplace_back("Authorization", std::string(a));
-  }
-  // A stored response is answered from the worker's memory: a worker that takes longer
-  // than this is not answering (the client is told at once, not after a generation's
-  // timeout).
-  up.read_timeout_ms = std::min<int64_t>(r.options.first_byte_timeout_ms, 10'000);
-  auto resp = co_await r.client.request(std::move(up));
-  if (!resp) {
-    http::Response out =
-        unknown_response(id, " (the worker that stored it, " + w->url +
-                                 ", did not answer: " + resp.error().message + ")");
-    co_await ex.respond(std::move(out));
-    co_return;
-  }
-  if (resp->status == 404 || (req.method == "DELETE" && resp->status == 200)) {
-    std::lock_guard lock(r.mutex);
-    r.responses.erase(id);
-  }
-  http::Response out{.status = resp->status,
-                     .content_type = std::string(resp->header("content-type")),
-                     .body = std::move(resp->body),
-                     .headers = {{"x-strata-worker", w->url}}};
-  if (out.content_type.empty()) out.content_type = "application/json";
+  if (ex.abandoned()) co_return;
+  http::Response out = unknown_response(
+      id, " (the worker that stored it, " + w->url + ", did not answer" + failure + ")");
   co_await ex.respond(std::move(out));
 }
 

@@ -9,6 +9,9 @@
 // chat message's cache_control pin is), with the request's authority: the admin's with the
 // admin key (Authorization or x-api-key), else a client's, capped and budgeted
 // (docs/authority.md). A refused request changes nothing: it is refused before the engine.
+// The request's session (the x-session-id header, else metadata.user_id) is its engine
+// session, as a chat request's session_id: with --auto-tool-offload a tool_use reply parks
+// the conversation's KV on the host and the turn with the tool_result restores it.
 #include <algorithm>
 #include <optional>
 
@@ -46,6 +49,12 @@ Result<PreparedMessages> prepare_messages(RouteContext& ctx, const http::Request
   if (!body) return std::unexpected(body.error());
   auto read = read_anthropic_request(*body, AnthropicEndpoint::kMessages);
   if (!read) return std::unexpected(read.error());
+  // The conversation's engine session (x-session-id, else metadata.user_id): its turns
+  // continue its record's exact tokens, and a tool_use turn parks its KV under
+  // --auto-tool-offload until the tool_result comes (after_finish), as on chat completions.
+  auto session = anthropic_session(*read, req.header("x-session-id"));
+  if (!session) return std::unexpected(session.error());
+  if (!session->empty()) read->chat_body["session_id"] = *session;
   const std::string chat_body =
       read->chat_body.dump(-1, ' ', false, ojson::error_handler_t::replace);
   auto p = prepare(ctx, req, chat_body, /*chat=*/true, timing);

@@ -119,12 +119,35 @@ TEST(AnthropicRequest, RefusesBadInputNamingTheField) {
   EXPECT_NE(refusal(R"({"max_tokens": 8, "stop_sequences": "x", )" + msgs + "}"), "");
   EXPECT_NE(refusal(R"({"max_tokens": 8, "system": 3, )" + msgs + "}"), "");
   EXPECT_NE(refusal(R"({"max_tokens": 8, "metadata": [], )" + msgs + "}"), "");
+  EXPECT_NE(refusal(R"({"max_tokens": 8, "metadata": {"user_id": 5}, )" + msgs + "}"), "");
+  EXPECT_NE(refusal(R"({"max_tokens": 8, "metadata": {"user_id": ")" + std::string(257, 'u') +
+                    R"("}, )" + msgs + "}")
+                .find("metadata.user_id"),
+            std::string::npos);
   EXPECT_NE(refusal(R"({"max_tokens": 8, "tools": [{"type": "bash_20250124", "name": "bash"}], )" +
                     msgs + "}"),
             "");
   EXPECT_NE(refusal(R"({"max_tokens": 8, "tools": [{"name": "f"}], )" + msgs + "}"), "");
   // count_tokens does not need max_tokens.
   EXPECT_TRUE(read("{" + msgs + "}", AnthropicEndpoint::kCountTokens).has_value());
+}
+
+// The session of a Messages request: the x-session-id header, else metadata.user_id, else
+// none; a bad header is refused.
+TEST(AnthropicRequest, TheSessionIsTheHeaderElseMetadataUserId) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  auto with_user = read(R"({"max_tokens": 8, "metadata": {"user_id": "u-1"}, )" + msgs + "}",
+                        AnthropicEndpoint::kMessages);
+  ASSERT_TRUE(with_user.has_value()) << with_user.error().message;
+  EXPECT_EQ(with_user->user_id, "u-1");
+  EXPECT_EQ(anthropic_session(*with_user, "").value_or("?"), "u-1");
+  EXPECT_EQ(anthropic_session(*with_user, "conv-9").value_or("?"), "conv-9");
+  EXPECT_FALSE(anthropic_session(*with_user, std::string(257, 'h')).has_value());
+  EXPECT_FALSE(anthropic_session(*with_user, "\xff").has_value());
+  auto without = read(R"({"max_tokens": 8, "metadata": {"user_id": null}, )" + msgs + "}",
+                      AnthropicEndpoint::kMessages);
+  ASSERT_TRUE(without.has_value()) << without.error().message;
+  EXPECT_EQ(anthropic_session(*without, "").value_or("?"), "");
 }
 
 TEST(AnthropicRequest, ReadsBreakpointsInOrderAndRefusesAFifthOrABadTtl) {

@@ -319,6 +319,24 @@ TEST_F(RequestReadingTest, MessagesRequestsAreReadAsTheWorkerReadsThem) {
   auto bad_header =
       router::read_routed_request(reader(), body, "\xff", router::RoutedApi::kAnthropicMessages, 0);
   ASSERT_FALSE(bad_header.has_value());
+  // Without the header, metadata.user_id is the session, as the worker takes it
+  // (anthropic_session); the header wins over it; neither: no session.
+  const std::string with_user =
+      R"({"max_tokens":8,"metadata":{"user_id":"user-7"},"messages":[{"role":"user","content":"x"}]})";
+  auto by_user = router::read_routed_request(reader(), with_user, "",
+                                             router::RoutedApi::kAnthropicMessages, 0);
+  ASSERT_TRUE(by_user.has_value()) << by_user.error().message;
+  EXPECT_EQ(by_user->session, "user-7");
+  EXPECT_FALSE(by_user->rewritten_body.has_value());
+  auto by_header = router::read_routed_request(reader(), with_user, "conv-1",
+                                               router::RoutedApi::kAnthropicMessages, 0);
+  ASSERT_TRUE(by_header.has_value());
+  EXPECT_EQ(by_header->session, "conv-1");
+  auto none = router::read_routed_request(
+      reader(), R"({"max_tokens":8,"metadata":{},"messages":[{"role":"user","content":"x"}]})", "",
+      router::RoutedApi::kAnthropicMessages, 0);
+  ASSERT_TRUE(none.has_value());
+  EXPECT_EQ(none->session, "");
 }
 
 // A Responses request through the router: the tokens the worker renders for it

@@ -5,8 +5,9 @@
 // full page of each previous turn), prompt_cache_key stickiness, a function call whose
 // reply parks its key's KV on the host (--auto-tool-offload) and whose tool output brings
 // it back on the same worker, GET and DELETE through the router, unknown ids, bad input
-// refused at the router, and a killed worker whose responses are answered as unknown at
-// once. The tiny model's replies are
+// refused at the router, a router restarted mid-chain (and a second replica) that finds the
+// worker holding each response it has no binding for, and a killed worker whose responses
+// are answered as unknown once the holder's wait is over. The tiny model's replies are
 // chosen with the test-only `forced_output` field.
 // Run by CTest: node --test tests/router/responses.test.mjs
 import { test, before, after } from 'node:test';
@@ -37,11 +38,24 @@ before(async () => {
       '--kv-events-endpoint', 'tcp://127.0.0.1:*', '--kv-events-replay-endpoint', 'tcp://127.0.0.1:*',
       '--enable-hierarchical-cache', '--hicache-ratio', '2', '--auto-tool-offload']));
   }
-  router = await startRouter(['--admin-api-key', KEY, '--load-poll-ms', '50',
-    ...workers.flatMap((w) => ['--worker', w.base])]);
-  await allJoined(router, 3);
+  router = await startNewRouter();
   client = new OpenAI({ baseURL: router.base + '/v1', apiKey: 'not-the-key', maxRetries: 0 });
 });
+
+// A router in front of the three workers, all joined. A killed worker's continuation waits
+// --response-holder-wait-ms for it (1 s here, 5 s by default) before the unknown-id answer.
+async function startNewRouter() {
+  const r = await startRouter(['--admin-api-key', KEY, '--load-poll-ms', '50', '--response-holder-wait-ms', '1000',
+    ...workers.flatMap((w) => ['--worker', w.base])]);
+  await allJoined(r, 3);
+  return r;
+}
+
+async function routerMetric(r, sample) {
+  const m = (await r.get('/metrics')).text;
+  const line = m.split('\n').find((l) => l.startsWith(sample + ' '));
+  return line ? Number(line.split(' ')[1]) : 0;
+}
 
 after(async () => {
   if (router) await router.stop();
@@ -231,7 +245,62 @@ test('bad input: the Responses error shape at the router, nothing run or bound',
     (e) => e instanceof OpenAI.BadRequestError && e.error?.type === 'invalid_request_error');
 });
 
-test('a killed worker: its responses are unknown at once, the others go on', async () => {
+test('a restarted router, and a second replica, find the worker of each response they never bound', async () => {
+  // A chain of three turns through the router.
+  const instructions = 'Chain agent. ' + words(200, 31);
+  const ids = [];
+  let home = null;
+  let previous;
+  for (let turn = 0; turn < 3; turn++) {
+    const { r, worker } = await create({ instructions, input: `turn ${turn}: ` + words(20, 700 + turn),
+      forced_output: `Answer ${turn}.`, ...(previous ? { previous_response_id: previous } : {}) });
+    if (home) assert.equal(worker, home);
+    home = worker;
+    ids.push(r.id);
+    previous = r.id;
+  }
+  // The router restarts: it has no bindings now.
+  await router.stop();
+  router = await startNewRouter();
+  client = new OpenAI({ baseURL: router.base + '/v1', apiKey: 'not-the-key', maxRetries: 0 });
+  assert.equal(await routerMetric(router, 'strata_router_response_lookups_total{result="found"}'), 0);
+  const { r: next, worker, route } = await create({ instructions, previous_response_id: previous,
+    input: 'turn 3: ' + words(20, 703), forced_output: 'Answer 3.' });
+  assert.equal(worker, home);
+  assert.equal(route, 'previous_response');
+  assert.equal(next.output_text, 'Answer 3.');
+  // The chain's exact tokens are continued on its worker: the previous prompt and output hit.
+  assert.ok(next.usage.input_tokens_details.cached_tokens >= 200, JSON.stringify(next.usage));
+  assert.equal(await routerMetric(router, 'strata_router_response_lookups_total{result="found"}'), 1);
+  // An older response of the chain, read back through the new router.
+  const old = await router.get('/v1/responses/' + ids[0]);
+  assert.equal(old.status, 200, old.text);
+  assert.equal(old.headers.get('x-strata-worker'), home);
+  assert.equal(old.json.output[0].content[0].text, 'Answer 0.');
+  // A second replica beside it: each continues what the other answered.
+  const replica = await startNewRouter();
+  try {
+    const other = new OpenAI({ baseURL: replica.base + '/v1', apiKey: 'not-the-key', maxRetries: 0 });
+    const { data: onReplica, response } = await other.responses.create({ model: 'tiny', instructions,
+      previous_response_id: next.id, input: 'turn 4', forced_output: 'Answer 4.' }).withResponse();
+    assert.equal(response.headers.get('x-strata-worker'), home);
+    const back = await create({ instructions, previous_response_id: onReplica.id, input: 'turn 5',
+      forced_output: 'Answer 5.' });
+    assert.equal(back.worker, home);
+    assert.equal(back.r.output_text, 'Answer 5.');
+    assert.equal(await routerMetric(replica, 'strata_router_response_lookups_total{result="found"}'), 1);
+    // The continuation after the restart, the GET of the chain's first response, and this one.
+    assert.equal(await routerMetric(router, 'strata_router_response_lookups_total{result="found"}'), 3);
+  } finally {
+    await replica.stop();
+  }
+  // An id no worker has is still the unknown-id answer, after asking them.
+  await assert.rejects(client.responses.create({ model: 'tiny', input: 'x', previous_response_id: 'resp_' + '0'.repeat(32) }),
+    (e) => e.status === 400 && e.error?.code === 'previous_response_not_found');
+  assert.equal(await routerMetric(router, 'strata_router_response_lookups_total{result="not_found"}'), 1);
+});
+
+test('a killed worker: its responses are unknown once the holder wait is over, the others go on', async () => {
   // One response on each worker (new keys spread).
   const byWorker = new Map();
   for (let i = 0; i < 12 && byWorker.size < 3; i++) {

@@ -14,10 +14,14 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "http/server.h"
@@ -40,7 +44,35 @@ json openai_error(const std::string& message, const std::string& code) {
 class FakeResponsesWorker {
  public:
   explicit FakeResponsesWorker(std::string tag) : tag_(std::move(tag)) {
-    server_ = fake_http_server();
+    serve(0);
+    url_ = "http://127.0.0.1:" + std::to_string(port_);
+  }
+  ~FakeResponsesWorker() { stop(); }
+
+  const std::string& url() const { return url_; }
+  // The worker's process ends: its port refuses connections from now on.
+  void stop() {
+    std::lock_guard lock(server_mutex_);
+    if (!stopped_.exchange(true)) server_->shutdown(1);
+  }
+  // The worker stops answering on its port (a network outage: its process and its store
+  // live on) ...
+  void outage() { stop(); }
+  // ... and answers there again.
+  void back() {
+    std::lock_guard lock(server_mutex_);
+    serve(port_);
+    stopped_.store(false);
+  }
+
+ private:
+  // Serves the worker's routes on `port` (0: a free one).
+  void serve(int port) {
+    http::ServerOptions o;
+    o.port = port;
+    o.io_threads = 1;
+    o.worker_threads = 1;
+    server_ = std::make_unique<http::Server>(o);
     server_->route("GET", "/server_info", [this](http::Exchange& ex) -> awaitable<void> {
       json info{
           {"engine", "strata"}, {"model", "m"},         {"role", "mixed"},          {"pd", nullptr},
@@ -126,26 +158,21 @@ class FakeResponsesWorker {
       });
     }
     EXPECT_TRUE(server_->bind().has_value());
-    url_ = "http://127.0.0.1:" + std::to_string(server_->port());
+    port_ = server_->port();
     server_->start();
   }
-  ~FakeResponsesWorker() { stop(); }
 
-  const std::string& url() const { return url_; }
-  // The worker's process ends: its port refuses connections from now on.
-  void stop() {
-    if (!stopped_.exchange(true)) server_->shutdown(1);
-  }
+ public:
   // Its store drops a response by its own bound.
   void forget(const std::string& id) {
     std::lock_guard lock(mutex_);
     stored_.erase(id);
   }
-  // A restart as a load poll shows it: another instance id (the store is kept here, so
-  // only the router's reaction is seen).
+  // A restart as a load poll shows it: another instance id, and an empty store.
   void restart() {
     std::lock_guard lock(mutex_);
     instance_ += "'";
+    stored_.clear();
   }
   std::vector<std::string> continued() {
     std::lock_guard lock(mutex_);
@@ -162,7 +189,9 @@ class FakeResponsesWorker {
   }
 
   const std::string tag_;
+  std::mutex server_mutex_;  // stop() and back() from the test's threads
   std::unique_ptr<http::Server> server_;
+  int port_ = 0;
   std::string url_;
   std::atomic<bool> stopped_{false};
   std::mutex mutex_;
@@ -174,8 +203,8 @@ class FakeResponsesWorker {
 
 class ResponsesRouteTest : public ::testing::Test {
  protected:
-  void start_router(const std::vector<FakeResponsesWorker*>& workers,
-                    int64_t max_responses = 1000) {
+  void start_router(const std::vector<FakeResponsesWorker*>& workers, int64_t max_responses = 1000,
+                    const std::function<void(RouterOptions&)>& tweak = {}) {
     tokenizer_ = tiny_tokenizer();
     ASSERT_NE(tokenizer_, nullptr);
     RouterOptions o;
@@ -186,6 +215,7 @@ class ResponsesRouteTest : public ::testing::Test {
     o.load_poll_ms = 10;
     o.responses.max_responses = max_responses;
     for (FakeResponsesWorker* w : workers) o.workers.push_back(w->url());
+    if (tweak) tweak(o);
     auto r = Router::create(o, *tokenizer_, nullptr, "m");
     ASSERT_TRUE(r.has_value()) << r.error().message;
     router_ = std::move(*r);
@@ -267,7 +297,7 @@ TEST_F(ResponsesRouteTest, AResponseIsContinuedReadAndDeletedOnItsWorker) {
   const HttpAnswer gone = http_call(port_, "GET", "/v1/responses/" + made[1].first);
   EXPECT_EQ(gone.status, 404);
   EXPECT_EQ(json::parse(gone.body)["error"]["code"], "not_found");
-  EXPECT_EQ(a.reads.load() + b.reads.load(), reads);  // answered by the router
+  EXPECT_EQ(a.reads.load() + b.reads.load(), reads + 2);  // each worker asked once
   // GET /workers counts each worker's bound responses.
   const json list = json::parse(http_call(port_, "GET", "/workers").body);
   int64_t bound = 0;
@@ -323,11 +353,18 @@ TEST_F(ResponsesRouteTest, UnknownIdsAreAnsweredAsAWorkerAnswersThem) {
   EXPECT_EQ(c["error"]["code"], "previous_response_not_found");
   EXPECT_EQ(c["error"]["message"], "Previous response with id 'resp_never' not found.");
   EXPECT_EQ(a.posts.load(), 0);
-  EXPECT_EQ(a.reads.load(), 0);
+  // Each unbound id was asked of the worker (a GET), which does not have it.
+  EXPECT_EQ(a.reads.load(), 3);
+  EXPECT_EQ(metric("strata_router_response_lookups_total{result=\"not_found\"}"), 3);
+  // An id no Strata worker could hold is not even asked about.
+  for (const char* odd : {"nope", "resp_", "resp_a%2Fb", "chatcmpl-1"}) {
+    EXPECT_EQ(http_call(port_, "GET", std::string("/v1/responses/") + odd).status, 404) << odd;
+  }
+  EXPECT_EQ(a.reads.load(), 3);
   // store: false binds nothing: the worker keeps nothing either.
   const auto [id, worker] = created({{"store", false}});
   EXPECT_EQ(http_call(port_, "GET", "/v1/responses/" + id).status, 404);
-  EXPECT_EQ(a.reads.load(), 0);
+  EXPECT_EQ(a.reads.load(), 4);
 }
 
 TEST_F(ResponsesRouteTest, StreamsKeepTheirEventsAndBindTheirResponse) {
@@ -355,7 +392,7 @@ TEST_F(ResponsesRouteTest, StreamsKeepTheirEventsAndBindTheirResponse) {
 
 TEST_F(ResponsesRouteTest, AGoneWorkerLeavesItsResponsesUnknown) {
   FakeResponsesWorker a("a"), b("b");
-  start_router({&a, &b});
+  start_router({&a, &b}, 1000, [](RouterOptions& o) { o.response_holder_wait_ms = 300; });
   std::string on_a, on_b;
   for (int i = 0; i < 8 && (on_a.empty() || on_b.empty()); ++i) {
     const auto [id, worker] = created({{"prompt_cache_key", "gone-" + std::to_string(i)}});
@@ -364,7 +401,8 @@ TEST_F(ResponsesRouteTest, AGoneWorkerLeavesItsResponsesUnknown) {
   ASSERT_FALSE(on_a.empty());
   ASSERT_FALSE(on_b.empty());
   a.stop();
-  // At once, whether or not the load polls noticed yet: no other worker has them.
+  // After the holder's wait (300 ms here), whether or not the load polls noticed yet: no
+  // other worker has them.
   const HttpAnswer get = http_call(port_, "GET", "/v1/responses/" + on_a);
   EXPECT_EQ(get.status, 404) << get.body;
   EXPECT_EQ(json::parse(get.body)["error"]["code"], "not_found");
@@ -389,28 +427,154 @@ TEST_F(ResponsesRouteTest, AResponseTheWorkerDroppedIsForgotten) {
   const HttpAnswer cont = create({{"previous_response_id", id}});
   EXPECT_EQ(cont.status, 400) << cont.body;
   EXPECT_EQ(a.continued().size(), 1u);  // the worker said so
+  // The binding is gone: a GET asks the worker (one read), which still does not have it.
   const int reads = a.reads.load();
   EXPECT_EQ(http_call(port_, "GET", "/v1/responses/" + id).status, 404);
-  EXPECT_EQ(a.reads.load(), reads);  // the router knew
-  // A worker's 404 to a GET drops the binding too.
+  EXPECT_EQ(a.reads.load(), reads + 1);
+  // A worker's 404 to a GET drops the binding too: the next GET is a lookup, not a read of
+  // a bound response (the lookup metric counts it).
   const auto [id2, worker2] = created();
   a.forget(id2);
+  const double lookups = metric("strata_router_response_lookups_total{result=\"not_found\"}");
   EXPECT_EQ(http_call(port_, "GET", "/v1/responses/" + id2).status, 404);
-  EXPECT_EQ(a.reads.load(), reads + 1);
+  EXPECT_EQ(a.reads.load(), reads + 2);
+  EXPECT_EQ(metric("strata_router_response_lookups_total{result=\"not_found\"}"), lookups);
   EXPECT_EQ(http_call(port_, "GET", "/v1/responses/" + id2).status, 404);
-  EXPECT_EQ(a.reads.load(), reads + 1);
+  EXPECT_EQ(a.reads.load(), reads + 3);
+  EXPECT_EQ(metric("strata_router_response_lookups_total{result=\"not_found\"}"), lookups + 1);
 }
 
 TEST_F(ResponsesRouteTest, TheBoundForgetsTheLeastRecentlyUsed) {
   FakeResponsesWorker a("a");
-  start_router({&a}, /*max_responses=*/2);
+  // Lookups off: a forgotten binding is an unknown id.
+  start_router({&a}, /*max_responses=*/2,
+               [](RouterOptions& o) { o.response_lookup_timeout_ms = 0; });
   const std::string r1 = created().first;
   const std::string r2 = created().first;
   ASSERT_EQ(http_call(port_, "GET", "/v1/responses/" + r1).status, 200);  // r1 used: r2 oldest
   const std::string r3 = created().first;
+  const int reads = a.reads.load();
   EXPECT_EQ(http_call(port_, "GET", "/v1/responses/" + r2).status, 404);
+  EXPECT_EQ(a.reads.load(), reads);
   EXPECT_EQ(http_call(port_, "GET", "/v1/responses/" + r1).status, 200);
   EXPECT_EQ(http_call(port_, "GET", "/v1/responses/" + r3).status, 200);
+}
+
+// With lookups on (the default), a binding the bound forgot is found again on the worker
+// that still stores the response, and bound again.
+TEST_F(ResponsesRouteTest, AForgottenBindingIsFoundAgain) {
+  FakeResponsesWorker a("a");
+  start_router({&a}, /*max_responses=*/1);
+  const std::string r1 = created().first;
+  const std::string r2 = created().first;  // r1's binding dropped
+  const HttpAnswer got = http_call(port_, "GET", "/v1/responses/" + r1);
+  EXPECT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(got.header("x-strata-worker"), a.url());
+  EXPECT_EQ(metric("strata_router_response_lookups_total{result=\"found\"}"), 1);
+  const HttpAnswer next = create({{"previous_response_id", r2}});  // r2 dropped in turn
+  EXPECT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(metric("strata_router_response_lookups_total{result=\"found\"}"), 2);
+}
+
+// A router that restarts (or another replica in front of the same workers) has no bindings:
+// each id it does not know is asked of the workers, found on the one that stores it, and
+// bound, so a chain continues where it was, GET, DELETE and item_reference included; the
+// other workers are asked once per id, not on every request.
+TEST_F(ResponsesRouteTest, ARestartedRouterFindsTheWorkerThatStoredAResponse) {
+  FakeResponsesWorker a("a"), b("b");
+  start_router({&a, &b});
+  std::map<std::string, std::string> made;  // id -> worker
+  for (int i = 0; i < 8; ++i) {
+    auto [id, worker] = created({{"prompt_cache_key", "restart-" + std::to_string(i)}});
+    made[id] = worker;
+  }
+  std::set<std::string> used;
+  for (const auto& [id, worker] : made) used.insert(worker);
+  ASSERT_EQ(used.size(), 2u);
+  router_->shutdown(1);
+  router_.reset();
+  start_router({&a, &b});
+  for (const auto& [id, worker] : made) {
+    const HttpAnswer next = create({{"previous_response_id", id}});
+    ASSERT_EQ(next.status, 200) << next.body;
+    EXPECT_EQ(next.header("x-strata-worker"), worker);
+    EXPECT_EQ(next.header("x-strata-route"), "previous_response");
+  }
+  EXPECT_EQ(metric("strata_router_response_lookups_total{result=\"found\"}"), 8);
+  // Bound now: reads go to the worker alone, with no lookup.
+  const int reads = a.reads.load() + b.reads.load();
+  for (const auto& [id, worker] : made) {
+    const HttpAnswer got = http_call(port_, "GET", "/v1/responses/" + id);
+    EXPECT_EQ(got.status, 200) << got.body;
+    EXPECT_EQ(got.header("x-strata-worker"), worker);
+  }
+  EXPECT_EQ(a.reads.load() + b.reads.load(), reads + 8);
+  EXPECT_EQ(metric("strata_router_response_lookups_total{result=\"found\"}"), 8);
+  // Once more, with a GET, a DELETE and an item_reference as the first requests.
+  router_->shutdown(1);
+  router_.reset();
+  start_router({&a, &b});
+  auto it = made.begin();
+  const HttpAnswer got = http_call(port_, "GET", "/v1/responses/" + it->first);
+  EXPECT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(got.header("x-strata-worker"), it->second);
+  ++it;
+  const HttpAnswer del = http_call(port_, "DELETE", "/v1/responses/" + it->first);
+  EXPECT_EQ(del.status, 200) << del.body;
+  EXPECT_EQ(del.header("x-strata-worker"), it->second);
+  ++it;
+  const std::string item = "msg_" + it->first.substr(5) + "_0";
+  const HttpAnswer ref =
+      create({{"input", json::array({json{{"type", "item_reference"}, {"id", item}}})}});
+  EXPECT_EQ(ref.status, 200) << ref.body;
+  EXPECT_EQ(ref.header("x-strata-worker"), it->second);
+  EXPECT_EQ(metric("strata_router_response_lookups_total{result=\"found\"}"), 3);
+}
+
+// The worker that stores a response stops answering for a moment (its process and store
+// live on): a continuation and a GET wait for it, within --response-holder-wait-ms, rather
+// than answering the id as unknown; an outage longer than that gets the unknown-id answer.
+TEST_F(ResponsesRouteTest, AHolderBrieflyUnreachableIsWaitedFor) {
+  FakeResponsesWorker a("a"), b("b");
+  start_router({&a, &b}, 1000, [](RouterOptions& o) { o.response_holder_wait_ms = 4'000; });
+  std::string on_a;
+  for (int i = 0; i < 8 && on_a.empty(); ++i) {
+    const auto [id, worker] = created({{"prompt_cache_key", "outage-" + std::to_string(i)}});
+    if (worker == a.url()) on_a = id;
+  }
+  ASSERT_FALSE(on_a.empty());
+  a.outage();
+  std::thread comeback([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    a.back();
+  });
+  const HttpAnswer next = create({{"previous_response_id", on_a}});
+  comeback.join();
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(next.header("x-strata-worker"), a.url());
+  EXPECT_GE(metric("strata_router_response_holder_waits_total"), 1);
+  const std::string next_id = json::parse(next.body)["id"].get<std::string>();
+  a.outage();
+  std::thread comeback2([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    a.back();
+  });
+  const HttpAnswer got = http_call(port_, "GET", "/v1/responses/" + next_id);
+  comeback2.join();
+  EXPECT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(got.header("x-strata-worker"), a.url());
+  // Longer than the wait: the id is answered as unknown, and the binding stays (the worker
+  // may come back with the response).
+  a.outage();
+  const HttpAnswer lost = create({{"previous_response_id", next_id}});
+  EXPECT_EQ(lost.status, 400) << lost.body;
+  EXPECT_EQ(json::parse(lost.body)["error"]["code"], "previous_response_not_found");
+  a.back();
+  EXPECT_TRUE(eventually(
+      [&] {
+        return create({{"previous_response_id", next_id}}).status == 200;
+      },
+      std::chrono::milliseconds(10'000)));
 }
 
 TEST_F(ResponsesRouteTest, BadInputReachesNoWorker) {
@@ -430,6 +594,21 @@ TEST_F(ResponsesRouteTest, BadInputReachesNoWorker) {
     EXPECT_EQ(r.header("x-strata-worker"), "");
   }
   EXPECT_EQ(a.posts.load(), 0);
+}
+
+TEST(ResponsesRouteOptions, TheLookupAndTheHolderWaitAreZeroOrMore) {
+  RouterOptions o;
+  EXPECT_TRUE(validate(o).has_value());
+  o.response_lookup_timeout_ms = 0;  // no lookups
+  o.response_holder_wait_ms = 0;     // no wait
+  EXPECT_TRUE(validate(o).has_value());
+  o.response_lookup_timeout_ms = -1;
+  EXPECT_FALSE(validate(o).has_value());
+  o.response_lookup_timeout_ms = 1'000;
+  o.response_holder_wait_ms = -1;
+  const Status refused = validate(o);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.error().message.find("--response-holder-wait-ms"), std::string::npos);
 }
 
 }  // namespace

@@ -2,14 +2,17 @@
 // `strata serve` with the official `@anthropic-ai/sdk` npm client: messages.create,
 // streaming with the SDK's stream helpers, a tool round trip (tool_use, then tool_result),
 // countTokens, cache breakpoints made into soft pins and the usage that reports them, and
-// bad input refused in Anthropic's error shape without changing anything. The tiny model's
+// bad input refused in Anthropic's error shape without changing anything, and a tool_use
+// reply that parks its conversation's KV on the host (--auto-tool-offload, the session being
+// the x-session-id header or metadata.user_id) until the tool_result turn restores it, on a
+// worker and through `strata route`. The tiny model's
 // replies are chosen with the test-only `forced_output` field (--allow-forced-output).
 // Run by CTest: node --test tests/server/anthropic_messages.test.mjs
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { createRequire } from 'node:module';
-import { startServer, words, SOURCE_DIR } from './server_harness.mjs';
+import { startServer, startRouter, allJoined, words, SOURCE_DIR } from './server_harness.mjs';
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
 const AnthropicModule = require('@anthropic-ai/sdk');
@@ -320,5 +323,79 @@ test("a client's breakpoints live within the client pin budget; x-api-key is the
     assert.ok(await state() > 8, 'the admin key as x-api-key pins beyond the client budget');
   } finally {
     await small.stop();
+  }
+});
+
+// --auto-tool-offload on the Messages API: the conversation's session is the x-session-id
+// header, else metadata.user_id (docs/anthropic-messages.md). A tool_use reply parks the
+// session's KV on the host (its kv_meta state), and the turn that brings the tool_result
+// restores it and reads the whole first turn from the cache. Through `strata route` the same
+// key sticks to one worker, which the router's /session/kv_meta finds.
+test('a tool_use reply parks its session on the host; the tool_result turn restores it (worker, router)', async () => {
+  const flags = ['--kv-cache-tokens', '8192', '--allow-forced-output', '--admin-api-key', KEY,
+    '--enable-hierarchical-cache', '--hicache-ratio', '2', '--auto-tool-offload'];
+  const workers = [];
+  let router;
+  try {
+    workers.push(await startServer(flags), await startServer(flags));
+    router = await startRouter(['--admin-api-key', KEY, '--load-poll-ms', '50',
+      ...workers.flatMap((w) => ['--worker', w.base])]);
+    await allJoined(router, 2);
+    const system = 'Tools agent. ' + words(150, 21);
+    const ask = { role: 'user', content: 'Weather in Paris?' };
+    // One tool round trip of session `key` through `anthropic`, the key given by `extra`
+    // (body fields) or `headers`; `where` answers kv_meta for the key.
+    const roundTrip = async (anthropic, key, extra, headers, where) => {
+      const stateOf = async () => {
+        const meta = await where.get('/session/kv_meta?session_id=' + encodeURIComponent(key), ADMIN);
+        assert.equal(meta.status, 200, meta.text);
+        return { state: meta.json.state, worker: meta.headers?.get('x-strata-worker') };
+      };
+      const { data: first, response: r1 } = await anthropic.messages.create({ model: 'tiny', max_tokens: 200,
+        system, tools: TOOLS, messages: [ask], forced_output: CALL, ...extra }, { headers }).withResponse();
+      assert.equal(first.stop_reason, 'tool_use');
+      const parked = await stateOf();
+      assert.ok(['OFFLOADING', 'OFFLOADED'].includes(parked.state), `${key}: ${parked.state}`);
+      const use = first.content.find((b) => b.type === 'tool_use');
+      const { data: next, response: r2 } = await anthropic.messages.create({ model: 'tiny', max_tokens: 64,
+        system, tools: TOOLS, forced_output: 'It is sunny in Paris.', ...extra,
+        messages: [ask, { role: 'assistant', content: first.content },
+          { role: 'user', content: [{ type: 'tool_result', tool_use_id: use.id, content: '21 C, sunny' }] }] },
+      { headers }).withResponse();
+      assert.equal(next.stop_reason, 'end_turn');
+      assert.equal(next.content[0].text, 'It is sunny in Paris.');
+      assert.notEqual((await stateOf()).state, 'OFFLOADED');
+      const firstPrompt = first.usage.input_tokens + first.usage.cache_read_input_tokens
+        + first.usage.cache_creation_input_tokens;
+      assert.ok(next.usage.cache_read_input_tokens >= firstPrompt - 16,
+        JSON.stringify([first.usage, next.usage]));
+      return { parkedOn: parked.worker, first: r1.headers.get('x-strata-worker'), next: r2.headers.get('x-strata-worker') };
+    };
+    // On a worker: metadata.user_id, then the header (which wins over a user_id).
+    const direct = new Anthropic({ baseURL: workers[0].base, apiKey: 'not-the-key', maxRetries: 0 });
+    await roundTrip(direct, 'user-anthropic-1', { metadata: { user_id: 'user-anthropic-1' } }, {}, workers[0]);
+    await roundTrip(direct, 'conv-anthropic-2', { metadata: { user_id: 'someone-else' } },
+      { 'x-session-id': 'conv-anthropic-2' }, workers[0]);
+    // Without a key nothing is parked: there is no session to name.
+    const plain = await direct.messages.create({ model: 'tiny', max_tokens: 200, system, tools: TOOLS,
+      messages: [ask], forced_output: CALL });
+    assert.equal(plain.stop_reason, 'tool_use');
+    const sessions = (await workers[0].get('/metrics')).text.match(/^strata_tool_sessions\{state="OFFLOADED"\} (\d+)/m);
+    assert.ok(sessions, 'the tool sessions gauge');
+    assert.equal(Number(sessions[1]), 0, sessions[0]);
+    // Through the router: the key sticks to one worker, whose session is parked and restored.
+    const routed = new Anthropic({ baseURL: router.base, apiKey: 'not-the-key', maxRetries: 0 });
+    for (const [key, extra, headers] of [
+      ['user-routed-3', { metadata: { user_id: 'user-routed-3' } }, {}],
+      ['conv-routed-4', {}, { 'x-session-id': 'conv-routed-4' }],
+    ]) {
+      const seen = await roundTrip(routed, key, extra, headers, router);
+      assert.ok(workers.some((w) => w.base === seen.first), seen.first);
+      assert.equal(seen.next, seen.first, key);
+      assert.equal(seen.parkedOn, seen.first, key);
+    }
+  } finally {
+    if (router) await router.stop();
+    for (const w of workers) await w.stop();
   }
 });
