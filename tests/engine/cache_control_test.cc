@@ -92,7 +92,7 @@ TEST_F(CacheControlTest, PinOverTheBudgetIsRefusedWholeWithItsCode) {
   auto refused = e->cache().pin(PinCommand{.hashes = hashes}).get();
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code, ErrorCode::kOverBudget);
-  EXPECT_EQ(e->cache().state().get()->device.pinned_blocks, 0);  // nothing pinned
+  EXPECT_EQ(e->cache().state().get()->tree.pinned_blocks, 0);  // nothing pinned
   const std::vector<BlockHash> four(hashes.begin(), hashes.begin() + 4);
   EXPECT_TRUE(e->cache().pin(PinCommand{.hashes = four}).get().has_value());
   expect_engine_consistent(*e);
