@@ -92,7 +92,7 @@ Result<Timed> timed_request(Engine& e, std::vector<int32_t> prompt, int32_t max_
 void settle(Engine& e) {
   for (int i = 0; i < 100000; ++i) {
     auto state = e.cache().state().get();
-    const bool copying = state && state->host && state->host->transfers_in_flight > 0;
+    const bool copying = state && state->host && state->tree.io_pending_nodes > 0;
     if (!copying && e.counters().running == 0 && e.counters().waiting == 0) {
       return;
     }

@@ -21,11 +21,10 @@
 #include <vector>
 
 #include "cache/block_hash.h"
+#include "cache/tree_stats.h"
 #include "memory/page_id.h"
 
 namespace strata {
-
-using NodeId = uint64_t;
 
 struct RadixNode {
   NodeId id = 0;

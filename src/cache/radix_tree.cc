@@ -164,14 +164,14 @@ RadixTree::Acct RadixTree::acct(const RadixNode* n) const {
 }
 
 void RadixTree::apply(const Acct& before, const Acct& after) {
-  cached_pages_ += after.device - before.device;
-  host_cached_pages_ += after.host - before.host;
-  host_only_pages_ += after.host_only - before.host_only;
-  protected_pages_ += after.prot - before.prot;
+  stats_.cached_pages += after.device - before.device;
+  stats_.host_cached_pages += after.host - before.host;
+  stats_.host_only_pages += after.host_only - before.host_only;
+  stats_.protected_pages += after.prot - before.prot;
   backup_bound_pages_ += after.bound - before.bound;
-  host_protected_pages_ += after.host_prot - before.host_prot;
-  stored_pages_ += after.stored - before.stored;
-  io_pending_nodes_ += after.io - before.io;
+  stats_.host_protected_pages += after.host_prot - before.host_prot;
+  stats_.stored_pages += after.stored - before.stored;
+  stats_.io_pending_nodes += after.io - before.io;
 }
 
 void RadixTree::emit_stored(const RadixNode* node, Medium medium) {
@@ -224,7 +224,7 @@ void RadixTree::add_lock_ref(RadixNode* node, int32_t delta) {
     const bool was_locked = n->lock_ref > 0;
     n->lock_ref += delta;
     STRATA_CHECK_MSG(n->lock_ref >= 0, "lock_ref underflow at " + describe(n));
-    if (was_locked != (n->lock_ref > 0)) locked_nodes_ += n->lock_ref > 0 ? 1 : -1;
+    if (was_locked != (n->lock_ref > 0)) stats_.locked_nodes += n->lock_ref > 0 ? 1 : -1;
     apply(before, acct(n));
     update_sets(n);
     if (n->lock_ref == 0) try_demote(n);
@@ -287,8 +287,8 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
 
   index_.split(upper, node);
 
-  ++num_nodes_;
-  if (upper->lock_ref > 0) ++locked_nodes_;
+  ++stats_.num_nodes;
+  if (upper->lock_ref > 0) ++stats_.locked_nodes;
   Acct after = acct(upper);
   const Acct lower_acct = acct(node);
   after.device += lower_acct.device;
@@ -334,7 +334,7 @@ RadixNode* RadixTree::descend(RadixNode* node, std::span<const TokenId> tokens, 
 }
 
 MatchResult RadixTree::match_prefix(std::span<const TokenId> tokens, std::string_view cache_salt) {
-  ++match_calls_;
+  ++stats_.match_calls;
   MatchResult result;
   const int32_t ps = options_.page_size;
   const int32_t n_pages = static_cast<int32_t>(tokens.size() / static_cast<size_t>(ps));
@@ -369,7 +369,7 @@ MatchResult RadixTree::match_prefix(std::span<const TokenId> tokens, std::string
   }
   result.num_pages = i;
   result.last_node = node;
-  matched_pages_total_ += static_cast<uint64_t>(i);
+  stats_.matched_pages_total += static_cast<uint64_t>(i);
   // The continuation that only the host holds.
   if (hierarchical() && !partial) {
     int32_t h = i;
@@ -518,9 +518,9 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
   leaf->index_in_parent = static_cast<uint32_t>(node->children.size());
   node->children.push_back(std::move(leaf_owned));
   update_sets(node);  // no longer a leaf
-  ++num_nodes_;
+  ++stats_.num_nodes;
   apply(Acct{}, acct(leaf));
-  if (device) inserted_pages_total_ += static_cast<uint64_t>(count);
+  if (device) stats_.inserted_pages_total += static_cast<uint64_t>(count);
   update_sets(leaf);
   emit_stored(leaf, in.medium);
   if (device && hierarchical() && options_.write_policy == WritePolicy::kWriteThrough) {
@@ -547,7 +547,7 @@ LockReceipt RadixTree::lock(RadixNode* node) {
   s.node = node;
   s.live = true;
   add_lock_ref(node, +1);
-  ++outstanding_locks_;
+  ++stats_.outstanding_locks;
   return LockReceipt{slot, s.generation};
 }
 
@@ -569,7 +569,7 @@ Status RadixTree::release(LockReceipt receipt) {
   ++s.generation;
   free_receipts_.push_back(receipt.slot);
   add_lock_ref(node, -1);
-  --outstanding_locks_;
+  --stats_.outstanding_locks;
   return {};
 }
 
@@ -604,42 +604,20 @@ RadixNode* RadixTree::node_of(BlockHash hash) const {
 }
 
 int64_t RadixTree::unevictable_pages() const {
-  if (!hierarchical() || backup_bound_pages_ == 0) return protected_pages_;
+  if (!hierarchical() || backup_bound_pages_ == 0) return stats_.protected_pages;
   // Pinned pages leave the device by a backup and a demotion: as many as the host can take.
-  const int64_t host_room = host_pages_->num_free() + host_evictable_pages_;
-  return protected_pages_ + std::max<int64_t>(0, backup_bound_pages_ - host_room);
+  const int64_t host_room = host_pages_->num_free() + stats_.host_evictable_pages;
+  return stats_.protected_pages + std::max<int64_t>(0, backup_bound_pages_ - host_room);
 }
 
 TreeStats RadixTree::stats() const {
-  TreeStats s;
+  TreeStats s = stats_;
   s.page_size = options_.page_size;
-  s.num_nodes = num_nodes_;
-  s.cached_pages = cached_pages_;
-  s.protected_pages = protected_pages_;
+  s.hierarchical = hierarchical();
   s.unevictable_pages = unevictable_pages();
-  s.evictable_pages = evictable_pages_;
   s.pinned_blocks = pins_.pinned_blocks();
   s.soft_pinned_blocks = pins_.soft_pinned_blocks();
-  s.locked_nodes = locked_nodes_;
-  s.outstanding_locks = outstanding_locks_;
-  s.match_calls = match_calls_;
-  s.matched_pages_total = matched_pages_total_;
-  s.evicted_pages_total = evicted_pages_total_;
-  s.inserted_pages_total = inserted_pages_total_;
-  s.expired_pins_total = expired_pins_total_;
-  s.hierarchical = hierarchical();
   s.host_capacity_pages = hierarchical() ? host_pages_->num_pages() : 0;
-  s.host_cached_pages = host_cached_pages_;
-  s.host_only_pages = host_only_pages_;
-  s.host_evictable_pages = host_evictable_pages_;
-  s.host_protected_pages = host_protected_pages_;
-  s.stored_pages = stored_pages_;
-  s.io_pending_nodes = io_pending_nodes_;
-  s.demoted_pages_total = demoted_pages_total_;
-  s.backed_up_pages_total = backed_up_pages_total_;
-  s.loaded_pages_total = loaded_pages_total_;
-  s.host_evicted_pages_total = host_evicted_pages_total_;
-  s.backups_skipped_total = backups_skipped_total_;
   return s;
 }
 

@@ -65,6 +65,7 @@
 #include "cache/pin_priority.h"
 #include "cache/pin_table.h"
 #include "cache/radix_node.h"
+#include "cache/tree_stats.h"
 #include "cache/write_policy.h"
 #include "common/clock.h"
 #include "common/result.h"
@@ -116,91 +117,10 @@ struct LockReceipt {
   bool valid() const { return slot != UINT32_MAX; }
 };
 
-struct PinResult {
-  int32_t pinned = 0;   // blocks pinned
-  int32_t unknown = 0;  // hashes not in the tree (skipped)
-};
-
-struct UnpinResult {
-  int32_t unpinned = 0;    // blocks whose pin count went down
-  int32_t unknown = 0;     // hashes not in the tree
-  int32_t not_pinned = 0;  // hashes in the tree without a pin (nothing done)
-};
-
 struct EvictResult {
   int32_t evicted_pages = 0;  // device pages freed now
   int32_t evicted_nodes = 0;
   int32_t pending_pages = 0;  // device pages that free when their backup lands
-};
-
-struct EvictBlocksResult {
-  int32_t evicted_blocks = 0;
-  int32_t skipped_locked = 0;        // blocks kept because a request holds them
-  int32_t skipped_pinned = 0;        // blocks kept because they (or descendants) are pinned
-  int32_t skipped_has_children = 0;  // without descendants: blocks that still have some
-  int32_t unknown = 0;               // hashes not in the tree
-};
-
-struct FlushResult {
-  int32_t evicted_pages = 0;       // device pages freed (or freeing once backed up)
-  int32_t evicted_host_pages = 0;  // host pages freed
-  int32_t pinned_preserved = 0;    // pinned blocks kept
-  int32_t locked_skipped = 0;      // pages kept because requests hold them
-};
-
-struct TreeStats {
-  int32_t page_size = 0;
-  bool hierarchical = false;
-  int64_t num_nodes = 0;        // excluding the root
-  int64_t cached_pages = 0;     // pages held by the tree on the device
-  int64_t protected_pages = 0;  // pages in locked or pinned nodes
-  // Device pages eviction cannot free now: the protected ones and, with a host tier, the
-  // pinned or session-held pages without a host copy beyond what the host can take
-  // (free host pages plus evictable host-only ones). What admission may not count on.
-  int64_t unevictable_pages = 0;
-  int64_t evictable_pages = 0;     // pages in leaves that can be evicted now
-  int64_t pinned_blocks = 0;       // distinct blocks with a pin
-  int64_t soft_pinned_blocks = 0;  // of which with a TTL
-  int64_t locked_nodes = 0;        // nodes with lock_ref > 0
-  int64_t outstanding_locks = 0;   // receipts not yet released
-  uint64_t match_calls = 0;
-  uint64_t matched_pages_total = 0;
-  uint64_t evicted_pages_total = 0;
-  uint64_t inserted_pages_total = 0;
-  uint64_t expired_pins_total = 0;
-  // Hierarchical cache.
-  int64_t host_capacity_pages = 0;
-  int64_t host_cached_pages = 0;  // pages held on the host (valid or being written)
-  int64_t host_only_pages = 0;    // of which not on the device
-  int64_t host_evictable_pages = 0;
-  int64_t host_protected_pages = 0;    // host pages of pinned or session-protected nodes
-  int64_t stored_pages = 0;            // pages known written to storage
-  int64_t io_pending_nodes = 0;        // nodes with a transfer in flight
-  uint64_t demoted_pages_total = 0;    // device->host demotions (device copy dropped)
-  uint64_t backed_up_pages_total = 0;  // device->host copies finished
-  uint64_t loaded_pages_total = 0;     // host->device copies finished
-  uint64_t host_evicted_pages_total = 0;
-  uint64_t backups_skipped_total = 0;  // backups not started: no host room
-};
-
-struct NodeSnapshot {
-  NodeId id = 0;
-  NodeId parent_id = 0;  // 0 for children of the root (the root has id 0)
-  int32_t num_tokens = 0;
-  std::vector<BlockHash> block_hashes;
-  std::vector<uint32_t> pin_counts;
-  int32_t lock_ref = 0;
-  int32_t pin_ref = 0;
-  int32_t soft_pinned_blocks = 0;        // pages of the node with at least one soft (TTL) pin
-  std::vector<int64_t> soft_pin_ttl_ms;  // per page: its soft pins' longest TTL (0: none)
-  int64_t last_access_ms = 0;
-  uint64_t hit_count = 0;
-  bool on_device = false;
-  bool on_host = false;
-  bool in_storage = false;
-  bool loading = false;
-  int32_t host_ref = 0;
-  bool evictable = false;
 };
 
 class RadixTree {
@@ -241,7 +161,7 @@ class RadixTree {
   // A copy from take_transfers() finished (`ok` false: it failed; the destination pages
   // are released and the node keeps its source copy).
   void complete_transfer(const TransferRequest& request, bool ok = true);
-  bool io_pending() const { return io_pending_nodes_ > 0 || !transfers_.empty(); }
+  bool io_pending() const { return stats_.io_pending_nodes > 0 || !transfers_.empty(); }
   // Evicts least-recently-used host-only leaves until `num_pages` host pages are free.
   int32_t evict_host(int32_t num_pages);
   // Host pages of blocks on the host, for a storage write: returns the blocks among
@@ -450,29 +370,11 @@ class RadixTree {
   std::vector<uint32_t> free_receipts_;
   NodeId next_node_id_ = 1;
   uint64_t tick_ = 0;
-  int64_t num_nodes_ = 0;
-  int64_t cached_pages_ = 0;
-  int64_t protected_pages_ = 0;
+  // The counters stats() reports, kept in place; the fields stats() derives on each call
+  // (page_size, hierarchical, unevictable_pages, pinned_blocks, soft_pinned_blocks,
+  // host_capacity_pages) stay zero here.
+  TreeStats stats_;
   int64_t backup_bound_pages_ = 0;  // Acct::bound summed
-  int64_t evictable_pages_ = 0;
-  int64_t locked_nodes_ = 0;
-  int64_t outstanding_locks_ = 0;
-  uint64_t match_calls_ = 0;
-  uint64_t matched_pages_total_ = 0;
-  uint64_t evicted_pages_total_ = 0;
-  uint64_t inserted_pages_total_ = 0;
-  uint64_t expired_pins_total_ = 0;
-  int64_t host_cached_pages_ = 0;
-  int64_t host_only_pages_ = 0;
-  int64_t host_evictable_pages_ = 0;
-  int64_t host_protected_pages_ = 0;
-  int64_t stored_pages_ = 0;
-  int64_t io_pending_nodes_ = 0;
-  uint64_t demoted_pages_total_ = 0;
-  uint64_t backed_up_pages_total_ = 0;
-  uint64_t loaded_pages_total_ = 0;
-  uint64_t host_evicted_pages_total_ = 0;
-  uint64_t backups_skipped_total_ = 0;
 
   // Scratch of the hot paths (new_node, recycle_node, the unindex batch).
   std::vector<std::unique_ptr<RadixNode>> spare_nodes_;  // removed nodes, emptied, for reuse

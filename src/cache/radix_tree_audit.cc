@@ -22,7 +22,7 @@ Status RadixTree::check_invariants() const {
       if (s.node != root_.get()) ++direct_locks[s.node];
     }
   }
-  if (live != outstanding_locks_) return fail("outstanding lock count drifted");
+  if (live != stats_.outstanding_locks) return fail("outstanding lock count drifted");
 
   int64_t nodes = 0, pages = 0, evictable_pages = 0, pinned = 0, locked = 0;
   int64_t evictable_nodes = 0, host_evictable_pages = 0, host_evictable_nodes = 0;
@@ -155,26 +155,26 @@ Status RadixTree::check_invariants() const {
     pinned += own;
     if (node->lock_ref > 0) ++locked;
   }
-  if (nodes != num_nodes_) return fail("node count drifted");
-  if (acct_sum.device != cached_pages_) return fail("cached page count drifted");
+  if (nodes != stats_.num_nodes) return fail("node count drifted");
+  if (acct_sum.device != stats_.cached_pages) return fail("cached page count drifted");
   if (static_cast<size_t>(pages) != index_.size()) return fail("hash index has stale entries");
-  if (acct_sum.prot != protected_pages_) return fail("protected page count drifted");
+  if (acct_sum.prot != stats_.protected_pages) return fail("protected page count drifted");
   if (acct_sum.bound != backup_bound_pages_) return fail("backup-bound page count drifted");
-  if (acct_sum.host != host_cached_pages_ || acct_sum.host_only != host_only_pages_ ||
-      acct_sum.host_prot != host_protected_pages_ || acct_sum.stored != stored_pages_ ||
-      acct_sum.io != io_pending_nodes_) {
+  if (acct_sum.host != stats_.host_cached_pages || acct_sum.host_only != stats_.host_only_pages ||
+      acct_sum.host_prot != stats_.host_protected_pages || acct_sum.stored != stats_.stored_pages ||
+      acct_sum.io != stats_.io_pending_nodes) {
     return fail("host tier counters drifted");
   }
-  if (host_evictable_pages != host_evictable_pages_ ||
+  if (host_evictable_pages != stats_.host_evictable_pages ||
       static_cast<size_t>(host_evictable_nodes) != eviction_->size(EvictionSet::kHostOnly)) {
     return fail("host evictable set drifted");
   }
-  if (evictable_pages != evictable_pages_) return fail("evictable page count drifted");
+  if (evictable_pages != stats_.evictable_pages) return fail("evictable page count drifted");
   if (static_cast<size_t>(evictable_nodes) != eviction_->size(EvictionSet::kDevice))
     return fail("evictable set has stale entries");
   // Every record of the pin table names a cached, pinned block (counted above).
   if (pinned != pins_.pinned_blocks()) return fail("the pin table has stale records");
-  if (locked != locked_nodes_) return fail("locked node count drifted");
+  if (locked != stats_.locked_nodes) return fail("locked node count drifted");
   if (Status s = pins_.check(); !s) return s;
   return {};
 }

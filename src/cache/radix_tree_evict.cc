@@ -46,7 +46,7 @@ void RadixTree::place_in_set(RadixNode* node, EvictionSet set, bool member) {
   const bool device = set == EvictionSet::kDevice;
   bool& in_set = device ? node->in_evictable_set : node->in_host_evictable_set;
   if (in_set == member) return;
-  int64_t& pages = device ? evictable_pages_ : host_evictable_pages_;
+  int64_t& pages = device ? stats_.evictable_pages : stats_.host_evictable_pages;
   if (member) {
     eviction_->insert(set, node);
     pages += node->num_pages();
@@ -67,7 +67,7 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
   if (n > 0) device_pages_->free(leaf->device_pages);
   if (had_host) {
     host_pages_->free(leaf->host_pages);
-    host_evicted_pages_total_ += static_cast<uint64_t>(leaf->num_pages());
+    stats_.host_evicted_pages_total += static_cast<uint64_t>(leaf->num_pages());
   }
   // Its entries (only the first, when the rest was never indexed) go now, or at the end of
   // the batch.
@@ -82,8 +82,8 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
     emit(BlockRemoved{std::move(leaf->hashes), had_host ? Medium::kHost : Medium::kDevice});
   }
   apply(before, Acct{});
-  --num_nodes_;
-  evicted_pages_total_ += static_cast<uint64_t>(n);
+  --stats_.num_nodes;
+  stats_.evicted_pages_total += static_cast<uint64_t>(n);
   RadixNode* parent = leaf->parent;
   auto& siblings = parent->children;
   const uint32_t at = leaf->index_in_parent;
@@ -161,7 +161,7 @@ void RadixTree::evict_subtree(RadixNode* top) {
 
 EvictBlocksResult RadixTree::evict_blocks(std::span<const BlockHash> hashes, bool descendants) {
   EvictBlocksResult result;
-  const int64_t before = cached_pages_;
+  const int64_t before = stats_.cached_pages;
   std::vector<BlockHash> known;
   for (BlockHash h : hashes) {
     if (index_.contains(h)) {
@@ -218,7 +218,7 @@ EvictBlocksResult RadixTree::evict_blocks(std::span<const BlockHash> hashes, boo
       ++result.skipped_has_children;
     }
   }
-  result.evicted_blocks = static_cast<int32_t>(before - cached_pages_);
+  result.evicted_blocks = static_cast<int32_t>(before - stats_.cached_pages);
   return result;
 }
 
@@ -241,8 +241,8 @@ FlushResult RadixTree::flush() {
         stack.pop_back();
       }
     }
-    const int64_t device_before = cached_pages_;
-    const uint64_t host_before = host_evicted_pages_total_;
+    const int64_t device_before = stats_.cached_pages;
+    const uint64_t host_before = stats_.host_evicted_pages_total;
     int32_t pending = 0;
     for (RadixNode* n : order) {
       if (n->is_leaf() && !n->is_protected() && n->io_ref == 0) remove_leaf(n);
@@ -269,8 +269,8 @@ FlushResult RadixTree::flush() {
       if (!n->has_host_pages() && start_backup(n)) pending += n->num_pages();
       try_demote(n);
     }
-    result.evicted_pages = static_cast<int32_t>(device_before - cached_pages_) + pending;
-    result.evicted_host_pages = static_cast<int32_t>(host_evicted_pages_total_ - host_before);
+    result.evicted_pages = static_cast<int32_t>(device_before - stats_.cached_pages) + pending;
+    result.evicted_host_pages = static_cast<int32_t>(stats_.host_evicted_pages_total - host_before);
   }
   result.pinned_preserved = static_cast<int32_t>(pins_.pinned_blocks());
   std::vector<const RadixNode*> stack{root_.get()};
@@ -284,9 +284,9 @@ FlushResult RadixTree::flush() {
 }
 
 Status RadixTree::reset() {
-  if (outstanding_locks_ > 0) {
+  if (stats_.outstanding_locks > 0) {
     return make_error(ErrorCode::kFailedPrecondition,
-                      "reset refused: " + std::to_string(outstanding_locks_) +
+                      "reset refused: " + std::to_string(stats_.outstanding_locks) +
                           " lock receipts are outstanding (requests are running)");
   }
   if (io_pending()) {
@@ -304,19 +304,19 @@ Status RadixTree::reset() {
   root_->children.clear();
   index_.clear();
   eviction_->clear();
-  host_cached_pages_ = 0;
-  host_only_pages_ = 0;
-  host_evictable_pages_ = 0;
-  host_protected_pages_ = 0;
-  stored_pages_ = 0;
-  io_pending_nodes_ = 0;
+  stats_.host_cached_pages = 0;
+  stats_.host_only_pages = 0;
+  stats_.host_evictable_pages = 0;
+  stats_.host_protected_pages = 0;
+  stats_.stored_pages = 0;
+  stats_.io_pending_nodes = 0;
   pins_.clear();
-  num_nodes_ = 0;
-  cached_pages_ = 0;
-  protected_pages_ = 0;
+  stats_.num_nodes = 0;
+  stats_.cached_pages = 0;
+  stats_.protected_pages = 0;
   backup_bound_pages_ = 0;
-  evictable_pages_ = 0;
-  locked_nodes_ = 0;
+  stats_.evictable_pages = 0;
+  stats_.locked_nodes = 0;
   emit(AllBlocksCleared{});
   return {};
 }

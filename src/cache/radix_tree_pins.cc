@@ -108,7 +108,7 @@ int32_t RadixTree::expire_soft_pins() {
     restore_pin_tail(loc.node);
     expired += static_cast<int32_t>(change->pins_removed);
   }
-  expired_pins_total_ += static_cast<uint64_t>(expired);
+  stats_.expired_pins_total += static_cast<uint64_t>(expired);
   return expired;
 }
 

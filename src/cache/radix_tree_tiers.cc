@@ -59,7 +59,7 @@ bool RadixTree::start_backup(RadixNode* node) {
     const int32_t n = node->num_pages();
     const RadixNode* parent_before = node->parent;
     if (!allocate_host(n, host)) {
-      ++backups_skipped_total_;
+      ++stats_.backups_skipped_total;
       return false;
     }
     if (node->parent != parent_before) split_heads.push_back(node->parent);
@@ -88,8 +88,8 @@ void RadixTree::demote(RadixNode* node) {
   std::fill(node->device_pages.begin(), node->device_pages.end(), kInvalidPage);
   node->demote_pending = false;
   apply(before, acct(node));
-  demoted_pages_total_ += static_cast<uint64_t>(node->num_pages());
-  evicted_pages_total_ += static_cast<uint64_t>(node->num_pages());
+  stats_.demoted_pages_total += static_cast<uint64_t>(node->num_pages());
+  stats_.evicted_pages_total += static_cast<uint64_t>(node->num_pages());
   emit(BlockRemoved{node->hashes, Medium::kDevice});
   update_sets(node);
   RadixNode* parent = node->parent;
@@ -187,7 +187,7 @@ void RadixTree::complete_transfer(const TransferRequest& request, bool ok) {
     if (request.direction == TransferDirection::kDeviceToHost) {
       if (ok) {
         n->host_valid = true;
-        backed_up_pages_total_ += static_cast<uint64_t>(n->num_pages());
+        stats_.backed_up_pages_total += static_cast<uint64_t>(n->num_pages());
       } else {
         host_pages_->free(n->host_pages);
         n->host_pages.clear();
@@ -197,7 +197,7 @@ void RadixTree::complete_transfer(const TransferRequest& request, bool ok) {
     } else {
       n->loading = false;
       if (ok) {
-        loaded_pages_total_ += static_cast<uint64_t>(n->num_pages());
+        stats_.loaded_pages_total += static_cast<uint64_t>(n->num_pages());
       } else {
         device_pages_->free(n->device_pages);
         std::fill(n->device_pages.begin(), n->device_pages.end(), kInvalidPage);

@@ -30,7 +30,9 @@
 
 #include "cache/block_hash.h"
 #include "cache/pin_priority.h"
+#include "cache/tree_stats.h"
 #include "common/result.h"
+#include "engine/engine_options.h"
 
 namespace strata {
 
@@ -51,28 +53,15 @@ struct PinCommand {
   PinAuthority authority = PinAuthority::kAdmin;
 };
 
-struct PinOutcome {
-  int32_t pinned = 0;   // blocks pinned
-  int32_t unknown = 0;  // hashes not in the cache (skipped)
-};
-
-struct UnpinOutcome {
-  int32_t unpinned = 0;    // blocks whose pin count went down
-  int32_t unknown = 0;     // hashes not in the cache
-  int32_t not_pinned = 0;  // hashes cached without a pin (nothing done)
-};
+// The tree's answers, passed through as they are (cache/tree_stats.h).
+using PinOutcome = PinResult;
+using UnpinOutcome = UnpinResult;
+using EvictBlocksOutcome = EvictBlocksResult;
+using FlushOutcome = FlushResult;
 
 struct EvictBlocksCommand {
   std::vector<BlockHash> hashes;
   bool descendants = false;  // also everything below them
-};
-
-struct EvictBlocksOutcome {
-  int32_t evicted_blocks = 0;
-  int32_t skipped_locked = 0;        // kept: a request holds them
-  int32_t skipped_pinned = 0;        // kept: they (or descendants) are pinned
-  int32_t skipped_has_children = 0;  // without descendants: blocks that still have some
-  int32_t unknown = 0;               // hashes not in the cache
 };
 
 struct EvictLruOutcome {
@@ -80,69 +69,35 @@ struct EvictLruOutcome {
   int32_t pending_pages = 0;  // device pages that free when their backup lands
 };
 
-struct FlushOutcome {
-  int32_t evicted_device_pages = 0;  // freed (or freeing once backed up)
-  int32_t evicted_host_pages = 0;
-  int32_t pinned_preserved = 0;  // pinned blocks kept
-  int32_t locked_skipped = 0;    // pages kept because requests hold them
-};
-
-// The cache's state: use per tier, pins, locks, requests, counters, and the tree on request.
+// The cache's state at one step boundary. Each figure is defined once, in the struct that
+// counts it, and passed here whole: the tree's counters as the tree keeps them
+// (cache/tree_stats.h), the engine's counters (engine_options.h: requests, hits by tier,
+// storage traffic, auto-unpins), the pools' use. How GET /cache/state and /metrics show
+// each figure is one description in the server (server/cache_figures.h).
 struct CacheState {
-  struct Device {
-    int64_t capacity_pages = 0, free_pages = 0, used_pages = 0, cached_pages = 0;
-    int64_t request_pages = 0;  // held privately by running requests, not in the tree
-    int64_t pinned_blocks = 0, soft_pinned_blocks = 0, protected_pages = 0;
-    int64_t evictable_pages = 0, locked_nodes = 0;
+  struct Pool {  // a page pool (device or host)
+    int64_t capacity_pages = 0, free_pages = 0, used_pages = 0;
   };
   struct Host {
-    int64_t capacity_pages = 0, free_pages = 0, used_pages = 0, cached_pages = 0;
-    int64_t host_only_pages = 0, protected_pages = 0, evictable_pages = 0;
+    Pool pool;
     std::string write_policy, mem_layout;
-    int64_t transfers_in_flight = 0;  // nodes with a copy in flight
   };
+  // The storage backend's own counters (a subset of storage/storage_backend.h's
+  // StorageStats, which is internal to the engine).
   struct Storage {
     std::string backend;
-    int64_t stored_pages_known = 0;
-    uint64_t pages_written_total = 0, prefetches_total = 0, prefetch_pages_read_total = 0;
-    uint64_t prefetch_timeouts_total = 0, faults_total = 0;
     uint64_t get_hits = 0, get_misses = 0, get_errors = 0, corrupt_values = 0;
     uint64_t set_written = 0, set_skipped_existing = 0, set_errors = 0;
     uint64_t bytes_read = 0, bytes_written = 0;
   };
-  struct Hits {
-    uint64_t match_calls = 0, matched_tokens_total = 0, cached_prompt_tokens_total = 0;
-    uint64_t cached_host_tokens_total = 0, cached_storage_tokens_total = 0;
-    uint64_t prompt_tokens_total = 0;
-  };
-  struct Evictions {
-    uint64_t evicted_pages_total = 0, demoted_pages_total = 0, host_evicted_pages_total = 0;
-    uint64_t backed_up_pages_total = 0, loaded_pages_total = 0, backups_skipped_total = 0;
-    uint64_t loads_failed_total = 0, auto_unpinned_blocks_total = 0, expired_pins_total = 0;
-    uint64_t auto_unpinned_host_blocks_total = 0;  // of auto_unpinned: the host was full
-  };
-  struct Node {
-    uint64_t id = 0, parent = 0;  // parent 0: a child of the root
-    int32_t tokens = 0;
-    std::vector<BlockHash> block_hashes;
-    bool on_device = false, on_host = false, in_storage = false;
-    int32_t lock_ref = 0, pin_ref = 0;
-    int32_t soft_pinned_blocks = 0;  // pages with at least one soft (TTL) pin
-    std::vector<uint32_t> pin_counts;
-    std::vector<int64_t> soft_pin_ttl_ms;  // per page: its soft pins' longest TTL (0: none)
-    int64_t last_access_ms = 0;
-    uint64_t hit_count = 0;
-    bool loading = false, session_protected = false, evictable = false;
-  };
+  using Node = NodeSnapshot;
 
-  int32_t page_size = 0;
-  Device device;
-  std::optional<Host> host;        // with the hierarchical cache
-  std::optional<Storage> storage;  // with a storage backend
-  int64_t nodes_count = 0;
-  Hits hits;
-  Evictions evictions;
-  int64_t running_requests = 0, waiting_requests = 0;
+  TreeStats tree;
+  EngineCounters engine;
+  Pool device;
+  int64_t request_pages = 0;               // device pages held privately by running requests
+  std::optional<Host> host;                // with the hierarchical cache
+  std::optional<Storage> storage;          // with a storage backend
   std::optional<std::vector<Node>> nodes;  // with StateQuery::with_tree
 };
 
@@ -154,7 +109,7 @@ struct StateQuery {
 // says of it, and the token ids of its pages.
 struct CacheNodeContent {
   CacheState::Node node;
-  std::vector<TokenId> token_ids;  // node.tokens ids, the node's own (not its ancestors')
+  std::vector<TokenId> token_ids;  // node.num_tokens ids, the node's own (not its ancestors')
 };
 
 // A tool session (engine/tool_sessions.h): RUNNABLE -> (tool_start) OFFLOADING ->

@@ -52,9 +52,9 @@ Result<PinOutcome> apply_pin(EngineState& s, const PinCommand& command) {
                             " of " + pool);
     }
   }
-  const PinResult r = s.tree.pin(command.hashes, options);
+  const PinOutcome outcome = s.tree.pin(command.hashes, options);
   s.tree.back_up(command.hashes);
-  return PinOutcome{.pinned = r.pinned, .unknown = r.unknown};
+  return outcome;
 }
 
 }  // namespace strata

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "server/cache_figures.h"
 #include "server/request_parsing.h"
 #include "server/routes.h"
 
@@ -95,108 +96,39 @@ http::Response flush(RouteContext& ctx, const http::Request& req) {
   auto r = ctx.engine.cache().flush().get();
   if (!r) return error_response(r.error());
   return json_response(
-      200,
-      json{{"evicted",
-            {{"device", r->evicted_device_pages}, {"host", r->evicted_host_pages}, {"storage", 0}}},
-           {"pinned_preserved", r->pinned_preserved},
-           {"locked_skipped", r->locked_skipped}});
+      200, json{{"evicted",
+                 {{"device", r->evicted_pages}, {"host", r->evicted_host_pages}, {"storage", 0}}},
+                {"pinned_preserved", r->pinned_preserved},
+                {"locked_skipped", r->locked_skipped}});
 }
 
-json state_json(const CacheState& s) {
-  json j;
-  j["page_size"] = s.page_size;
-  const CacheState::Device& d = s.device;
-  j["device"] = {
-      {"capacity_pages", d.capacity_pages},   {"capacity_tokens", d.capacity_pages * s.page_size},
-      {"free_pages", d.free_pages},           {"used_pages", d.used_pages},
-      {"cached_pages", d.cached_pages},       {"request_pages", d.request_pages},
-      {"pinned_blocks", d.pinned_blocks},     {"soft_pinned_blocks", d.soft_pinned_blocks},
-      {"protected_pages", d.protected_pages}, {"evictable_pages", d.evictable_pages},
-      {"locked_nodes", d.locked_nodes}};
-  j["host"] = nullptr;
-  j["storage"] = nullptr;
-  if (const auto& h = s.host) {
-    j["host"] = {{"capacity_pages", h->capacity_pages},
-                 {"capacity_tokens", h->capacity_pages * s.page_size},
-                 {"free_pages", h->free_pages},
-                 {"used_pages", h->used_pages},
-                 {"cached_pages", h->cached_pages},
-                 {"host_only_pages", h->host_only_pages},
-                 {"protected_pages", h->protected_pages},
-                 {"evictable_pages", h->evictable_pages},
-                 {"write_policy", h->write_policy},
-                 {"mem_layout", h->mem_layout},
-                 {"transfers_in_flight", h->transfers_in_flight}};
+// /cache/state?detail=tree: the nodes, each with its tiers.
+json tree_json(const std::vector<CacheState::Node>& tree) {
+  json nodes = json::array();
+  for (const CacheState::Node& n : tree) {
+    json hs = json::array();
+    for (BlockHash h : n.block_hashes) hs.push_back(block_hash_to_wire(h));
+    json tiers = json::array();
+    if (n.on_device) tiers.push_back("device");
+    if (n.on_host) tiers.push_back("host");
+    if (n.in_storage) tiers.push_back("storage");
+    nodes.push_back(json{{"id", n.id},
+                         {"parent", n.parent_id},
+                         {"tokens", n.num_tokens},
+                         {"block_hashes", hs},
+                         {"tiers", tiers},
+                         {"lock_ref", n.lock_ref},
+                         {"pin_counts", n.pin_counts},
+                         {"soft_pin_ttl_s", ttls_s(n.soft_pin_ttl_ms)},
+                         {"pin_ref", n.pin_ref},
+                         {"soft_pinned_blocks", n.soft_pinned_blocks},
+                         {"last_access_ms", n.last_access_ms},
+                         {"hit_count", n.hit_count},
+                         {"loading", n.loading},
+                         {"session_protected", n.host_ref > 0},
+                         {"evictable", n.evictable}});
   }
-  if (const auto& st = s.storage) {
-    j["storage"] = {{"backend", st->backend},
-                    {"stored_pages_known", st->stored_pages_known},
-                    {"pages_written_total", st->pages_written_total},
-                    {"prefetches_total", st->prefetches_total},
-                    {"prefetch_pages_read_total", st->prefetch_pages_read_total},
-                    {"prefetch_timeouts_total", st->prefetch_timeouts_total},
-                    {"faults_total", st->faults_total},
-                    {"get_hits", st->get_hits},
-                    {"get_misses", st->get_misses},
-                    {"get_errors", st->get_errors},
-                    {"corrupt_values", st->corrupt_values},
-                    {"set_written", st->set_written},
-                    {"set_skipped_existing", st->set_skipped_existing},
-                    {"set_errors", st->set_errors},
-                    {"bytes_read", st->bytes_read},
-                    {"bytes_written", st->bytes_written}};
-  }
-  j["nodes_count"] = s.nodes_count;
-  const CacheState::Hits& hits = s.hits;
-  j["hits"] = {{"match_calls", hits.match_calls},
-               {"matched_tokens_total", hits.matched_tokens_total},
-               {"cached_prompt_tokens_total", hits.cached_prompt_tokens_total},
-               {"cached_host_tokens_total", hits.cached_host_tokens_total},
-               {"cached_storage_tokens_total", hits.cached_storage_tokens_total},
-               {"prompt_tokens_total", hits.prompt_tokens_total}};
-  const CacheState::Evictions& e = s.evictions;
-  j["evictions"] = {
-      {"evicted_pages_total", e.evicted_pages_total},
-      {"demoted_pages_total", e.demoted_pages_total},
-      {"host_evicted_pages_total", e.host_evicted_pages_total},
-      {"backed_up_pages_total", e.backed_up_pages_total},
-      {"loaded_pages_total", e.loaded_pages_total},
-      {"backups_skipped_total", e.backups_skipped_total},
-      {"loads_failed_total", e.loads_failed_total},
-      {"auto_unpinned_blocks_total", e.auto_unpinned_blocks_total},
-      {"auto_unpinned_blocks_by_reason",
-       {{"device_room", e.auto_unpinned_blocks_total - e.auto_unpinned_host_blocks_total},
-        {"host_room", e.auto_unpinned_host_blocks_total}}},
-      {"expired_pins_total", e.expired_pins_total}};
-  j["requests"] = {{"running", s.running_requests}, {"waiting", s.waiting_requests}};
-  if (s.nodes) {
-    json nodes = json::array();
-    for (const CacheState::Node& n : *s.nodes) {
-      json hs = json::array();
-      for (BlockHash h : n.block_hashes) hs.push_back(block_hash_to_wire(h));
-      json tiers = json::array();
-      if (n.on_device) tiers.push_back("device");
-      if (n.on_host) tiers.push_back("host");
-      if (n.in_storage) tiers.push_back("storage");
-      nodes.push_back(json{{"id", n.id},
-                           {"parent", n.parent},
-                           {"tokens", n.tokens},
-                           {"block_hashes", hs},
-                           {"tiers", tiers},
-                           {"lock_ref", n.lock_ref},
-                           {"pin_counts", n.pin_counts},
-                           {"soft_pin_ttl_s", ttls_s(n.soft_pin_ttl_ms)},
-                           {"pin_ref", n.pin_ref},
-                           {"soft_pinned_blocks", n.soft_pinned_blocks},
-                           {"last_access_ms", n.last_access_ms},
-                           {"hit_count", n.hit_count},
-                           {"loading", n.loading},
-                           {"session_protected", n.session_protected},
-                           {"evictable", n.evictable}});
-    }
-    j["nodes"] = std::move(nodes);
-  }
-  return j;
+  return nodes;
 }
 
 http::Response state(RouteContext& ctx, const http::Request& req) {
@@ -206,7 +138,9 @@ http::Response state(RouteContext& ctx, const http::Request& req) {
   }
   auto r = ctx.engine.cache().state(StateQuery{.with_tree = detail == "tree"}).get();
   if (!r) return error_response(r.error());
-  return json_response(200, state_json(*r));
+  json answer = cache_state_json(*r);
+  if (r->nodes) answer["nodes"] = tree_json(*r->nodes);
+  return json_response(200, answer);
 }
 
 // GET /cache/node?id=ID: one node's content, for the dashboard's hover and click.
@@ -234,8 +168,8 @@ http::Response node(RouteContext& ctx, const http::Request& req) {
     if (auto decoded = ctx.tokenizer.decode(r->token_ids)) text = std::move(*decoded);
   }
   return json_response(200, json{{"id", n.id},
-                                 {"parent", n.parent},
-                                 {"tokens", n.tokens},
+                                 {"parent", n.parent_id},
+                                 {"tokens", n.num_tokens},
                                  {"token_ids", r->token_ids},
                                  {"text", std::move(text)},
                                  {"block_hashes", std::move(hashes)},
@@ -250,7 +184,7 @@ http::Response node(RouteContext& ctx, const http::Request& req) {
                                  {"lock_ref", n.lock_ref},
                                  {"hit_count", n.hit_count},
                                  {"last_access_ms", n.last_access_ms},
-                                 {"session_protected", n.session_protected},
+                                 {"session_protected", n.host_ref > 0},
                                  {"evictable", n.evictable}});
 }
 

@@ -6,38 +6,10 @@
 namespace strata {
 namespace {
 
-CacheGaugeValues cache_gauges(const CacheState& s, const EngineCounters& c, bool pd_enabled) {
-  CacheGaugeValues g;
-  g.pages_total = s.device.capacity_pages;
-  g.pages_free = s.device.free_pages;
-  g.pages_used = s.device.used_pages;
-  g.pages_cached = s.device.cached_pages;
-  g.pages_pinned = s.device.pinned_blocks;
-  g.pages_protected = s.device.protected_pages;
-  g.pages_evictable = s.device.evictable_pages;
-  g.running = s.running_requests;
-  g.waiting = s.waiting_requests;
-  g.evicted_pages_total = s.evictions.evicted_pages_total;
-  g.auto_unpinned_blocks_total = s.evictions.auto_unpinned_blocks_total;
-  g.auto_unpinned_host_blocks_total = s.evictions.auto_unpinned_host_blocks_total;
-  g.expired_pins_total = s.evictions.expired_pins_total;
-  if (s.host) {
-    g.host_pages = {{"total", s.host->capacity_pages},      {"free", s.host->free_pages},
-                    {"cached", s.host->cached_pages},       {"host_only", s.host->host_only_pages},
-                    {"protected", s.host->protected_pages}, {"evictable", s.host->evictable_pages}};
-  }
-  g.tier_events = {{"demoted_pages", s.evictions.demoted_pages_total},
-                   {"backed_up_pages", s.evictions.backed_up_pages_total},
-                   {"loaded_pages", s.evictions.loaded_pages_total},
-                   {"host_evicted_pages", s.evictions.host_evicted_pages_total},
-                   {"cached_host_tokens", s.hits.cached_host_tokens_total},
-                   {"cached_storage_tokens", s.hits.cached_storage_tokens_total},
-                   {"storage_pages_written", c.storage_pages_written},
-                   {"storage_faults", c.storage_faults},
-                   {"prefetch_pages_read", c.prefetch_pages_read},
-                   {"prefetch_timeouts", c.prefetch_timeouts},
-                   {"tool_sessions_expired", c.tool_sessions_expired},
-                   {"session_records_dropped", c.session_records_dropped}};
+// The engine's figures besides the cache's (those are written from the CacheState itself,
+// Metrics::set_cache).
+EngineGaugeValues engine_gauges(const EngineCounters& c, bool pd_enabled) {
+  EngineGaugeValues g;
   g.scheduler_events = {{"retracted", c.requests_retracted},
                         {"preempted", c.requests_preempted},
                         {"restores_made_room", c.restores_made_room},
@@ -78,8 +50,8 @@ void add_health_routes(http::Server& server, RouteContext& ctx) {
   server.route("GET", "/metrics", blocking([&ctx](const http::Request&) {
                  auto state = ctx.engine.cache().state().get();
                  if (!state) return error_response(state.error());
-                 ctx.metrics.set_cache(
-                     cache_gauges(*state, ctx.engine.counters(), ctx.engine.pd_info().enabled));
+                 ctx.metrics.set_cache(*state);
+                 ctx.metrics.set_engine(engine_gauges(state->engine, ctx.engine.pd_info().enabled));
                  if (ctx.http_stats) ctx.metrics.set_http(ctx.http_stats());
                  ctx.metrics.set_conversations(ctx.conversations.stats());
                  ctx.metrics.set_stored_responses(ctx.responses.stats());

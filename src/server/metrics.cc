@@ -65,51 +65,16 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                          .Register(*registry_);
   tool_call_replies_ = &tool_calls.Add({{"outcome", "calls"}});
   malformed_tool_calls_ = &tool_calls.Add({{"outcome", "malformed"}});
-  pages_family_ = &BuildGauge()
-                       .Name("strata_kv_pages")
-                       .Help(
-                           "Device KV pages by state (total, free, used, cached, pinned, "
-                           "protected, evictable)")
-                       .Register(*registry_);
-  running_ = &BuildGauge()
-                  .Name("strata_requests_running")
-                  .Help("Requests in the running batch")
-                  .Register(*registry_)
-                  .Add({});
-  waiting_ = &BuildGauge()
-                  .Name("strata_requests_waiting")
-                  .Help("Requests waiting for admission")
-                  .Register(*registry_)
-                  .Add({});
-  evictions_ = &BuildGauge()
-                    .Name("strata_kv_evicted_pages_total")
-                    .Help("Pages evicted from the device pool since start")
-                    .Register(*registry_)
-                    .Add({});
-  auto& auto_unpinned = BuildGauge()
-                            .Name("strata_auto_unpinned_blocks_total")
-                            .Help(
-                                "Blocks unpinned by the scheduler's no-deadlock rule, by "
-                                "the tier that had no room (device_room: without a host "
-                                "tier; host_room: the host could not hold pinned pages)")
-                            .Register(*registry_);
-  auto_unpinned_device_ = &auto_unpinned.Add({{"reason", "device_room"}});
-  auto_unpinned_host_ = &auto_unpinned.Add({{"reason", "host_room"}});
-  expired_pins_ = &BuildGauge()
-                       .Name("strata_expired_pins_total")
-                       .Help("Soft pins dropped when their TTL ran out")
-                       .Register(*registry_)
-                       .Add({});
-  host_pages_family_ = &BuildGauge()
-                            .Name("strata_host_kv_pages")
-                            .Help("Host KV pages by state (hierarchical cache)")
-                            .Register(*registry_);
-  tier_events_family_ = &BuildGauge()
-                             .Name("strata_tier_events_total")
-                             .Help(
-                                 "Hierarchical cache and tool-session events since start "
-                                 "(pages moved, storage faults, sessions expired, ...)")
-                             .Register(*registry_);
+  for (size_t i = 0; i < kCacheMetricFamilies.size(); ++i) {
+    const CacheMetricFamily& f = kCacheMetricFamilies[i];
+    if (f.kind == MetricKind::kGauge) {
+      cache_gauges_[i] =
+          &BuildGauge().Name(std::string(f.name)).Help(std::string(f.help)).Register(*registry_);
+    } else {
+      cache_counters_[i] =
+          &BuildCounter().Name(std::string(f.name)).Help(std::string(f.help)).Register(*registry_);
+    }
+  }
   scheduler_events_family_ = &BuildGauge()
                                   .Name("strata_scheduler_events_total")
                                   .Help(
@@ -232,27 +197,27 @@ prometheus::Counter& Metrics::requests(const std::string& endpoint, const std::s
   return requests_family_->Add({{"endpoint", endpoint}, {"status", status}});
 }
 
-void Metrics::set_cache(const CacheGaugeValues& v) {
-  auto set = [&](const char* state, int64_t value) {
-    pages_family_->Add({{"state", state}}).Set(static_cast<double>(value));
-  };
-  set("total", v.pages_total);
-  set("free", v.pages_free);
-  set("used", v.pages_used);
-  set("cached", v.pages_cached);
-  set("pinned", v.pages_pinned);
-  set("protected", v.pages_protected);
-  set("evictable", v.pages_evictable);
-  running_->Set(static_cast<double>(v.running));
-  waiting_->Set(static_cast<double>(v.waiting));
-  evictions_->Set(static_cast<double>(v.evicted_pages_total));
-  auto_unpinned_device_->Set(
-      static_cast<double>(v.auto_unpinned_blocks_total - v.auto_unpinned_host_blocks_total));
-  auto_unpinned_host_->Set(static_cast<double>(v.auto_unpinned_host_blocks_total));
-  expired_pins_->Set(static_cast<double>(v.expired_pins_total));
-  for (const auto& [state, n] : v.host_pages) {
-    host_pages_family_->Add({{"state", state}}).Set(static_cast<double>(n));
+void Metrics::set_cache(const CacheState& state) {
+  for (const CacheFigure& figure : kCacheFigures) {
+    if (figure.metric == CacheMetric::kNone) continue;
+    if (!figure.metric_without_section && !has_section(state, figure.section)) continue;
+    const auto index = static_cast<size_t>(figure.metric);
+    const CacheMetricFamily& family = kCacheMetricFamilies[index];
+    prometheus::Labels labels;
+    if (!family.label.empty()) labels.emplace(family.label, figure.label);
+    const double value = std::visit([](auto v) { return static_cast<double>(v); },
+                                    cache_figure_value(state, figure));
+    if (cache_gauges_[index] != nullptr) {
+      cache_gauges_[index]->Add(labels).Set(value);
+    } else {
+      // A counter only goes up: it takes the rise since the last scrape.
+      prometheus::Counter& counter = cache_counters_[index]->Add(labels);
+      if (value > counter.Value()) counter.Increment(value - counter.Value());
+    }
   }
+}
+
+void Metrics::set_engine(const EngineGaugeValues& v) {
   for (const auto& [event, n] : v.scheduler_events) {
     scheduler_events_family_->Add({{"event", event}}).Set(static_cast<double>(n));
   }
@@ -268,9 +233,6 @@ void Metrics::set_cache(const CacheGaugeValues& v) {
   }
   for (const auto& [state, n] : v.pd_state) {
     pd_state_family_->Add({{"state", state}}).Set(static_cast<double>(n));
-  }
-  for (const auto& [event, n] : v.tier_events) {
-    tier_events_family_->Add({{"event", event}}).Set(static_cast<double>(n));
   }
 }
 

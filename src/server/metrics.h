@@ -10,35 +10,21 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "http/server.h"
+#include "server/cache_figures.h"
 #include "server/conversations.h"
 #include "server/response_store.h"
 
 namespace strata {
 
-struct CacheGaugeValues {
-  int64_t pages_total = 0;
-  int64_t pages_free = 0;
-  int64_t pages_used = 0;       // in the tree or held by requests
-  int64_t pages_cached = 0;     // in the tree
-  int64_t pages_pinned = 0;     // pinned blocks
-  int64_t pages_protected = 0;  // locked or pinned
-  int64_t pages_evictable = 0;  // unprotected pages of the tree
-  int64_t running = 0;
-  int64_t waiting = 0;
-  uint64_t evicted_pages_total = 0;
-  uint64_t auto_unpinned_blocks_total = 0;
-  uint64_t auto_unpinned_host_blocks_total = 0;  // of which: the host could not hold them
-  uint64_t expired_pins_total = 0;
-  // Hierarchical cache and tool sessions: host pages by state, and monotonic totals by
-  // event (strata_host_kv_pages{state}, strata_tier_events_total{event}).
-  std::vector<std::pair<std::string, int64_t>> host_pages;
-  std::vector<std::pair<std::string, uint64_t>> tier_events;
+// The engine's figures besides the cache's (those are CacheState's, cache_figures.h).
+struct EngineGaugeValues {
   // The scheduler (docs/scheduling.md): strata_scheduler_events_total{event} and the
   // last step's prefill budget.
   std::vector<std::pair<std::string, uint64_t>> scheduler_events;
@@ -72,7 +58,9 @@ class Metrics {
   prometheus::Counter& tool_call_replies() { return *tool_call_replies_; }
   prometheus::Counter& malformed_tool_calls() { return *malformed_tool_calls_; }
 
-  void set_cache(const CacheGaugeValues& v);
+  // Every figure of kCacheFigures that has a metric (cache_figures.h): the state's.
+  void set_cache(const CacheState& state);
+  void set_engine(const EngineGaugeValues& v);
   // The HTTP layer's connections, refusals, timeouts by phase, disconnects.
   void set_http(const http::ServerStats& s);
   void set_conversations(const ConversationRecords::Stats& s);
@@ -94,15 +82,10 @@ class Metrics {
   prometheus::Counter* refused_pins_;
   prometheus::Counter* tool_call_replies_;
   prometheus::Counter* malformed_tool_calls_;
-  prometheus::Family<prometheus::Gauge>* pages_family_;
-  prometheus::Gauge* running_;
-  prometheus::Gauge* waiting_;
-  prometheus::Gauge* evictions_;
-  prometheus::Gauge* auto_unpinned_device_;  // {reason="device_room"}
-  prometheus::Gauge* auto_unpinned_host_;    // {reason="host_room"}
-  prometheus::Gauge* expired_pins_;
-  prometheus::Family<prometheus::Gauge>* host_pages_family_;
-  prometheus::Family<prometheus::Gauge>* tier_events_family_;
+  // By CacheMetric: the family of its kind (the other null).
+  std::array<prometheus::Family<prometheus::Gauge>*, kCacheMetricFamilies.size()> cache_gauges_{};
+  std::array<prometheus::Family<prometheus::Counter>*, kCacheMetricFamilies.size()>
+      cache_counters_{};
   prometheus::Family<prometheus::Gauge>* scheduler_events_family_;
   prometheus::Gauge* prefill_budget_;
   prometheus::Family<prometheus::Gauge>* tool_sessions_family_;

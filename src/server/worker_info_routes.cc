@@ -61,8 +61,8 @@ json server_info(RouteContext& ctx, const http::Request& req, const CacheState& 
   }
   json host = nullptr;
   if (s.host) {
-    host = {{"capacity_pages", s.host->capacity_pages},
-            {"capacity_tokens", s.host->capacity_pages * s.page_size}};
+    host = {{"capacity_pages", s.host->pool.capacity_pages},
+            {"capacity_tokens", s.host->pool.capacity_pages * s.tree.page_size}};
   }
   json storage = nullptr;
   if (s.storage) storage = {{"backend", s.storage->backend}};
@@ -80,14 +80,14 @@ json server_info(RouteContext& ctx, const http::Request& req, const CacheState& 
               {"model", ctx.options.model_name},
               {"role", worker_role_name(pd_info.role)},
               {"pd", pd},
-              {"page_size", s.page_size},
+              {"page_size", s.tree.page_size},
               {"max_model_len", ctx.engine.model_config().max_position_embeddings},
               {"max_prompt_tokens", ctx.options.max_prompt_tokens},
               {"max_running_requests", eo.max_running_requests},
               {"kv_events", kv_events},
               {"device",
                {{"capacity_pages", s.device.capacity_pages},
-                {"capacity_tokens", s.device.capacity_pages * s.page_size}}},
+                {"capacity_tokens", s.device.capacity_pages * s.tree.page_size}}},
               {"host", host},
               {"storage", storage},
               {"admin_key_required", !ctx.options.admin_api_key.empty()}};

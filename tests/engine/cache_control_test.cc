@@ -71,7 +71,7 @@ TEST_F(CacheControlTest, PinUnpinAndTheirCounts) {
   EXPECT_EQ(pinned->unknown, 1);
   auto state = e->cache().state().get();
   ASSERT_TRUE(state.has_value());
-  EXPECT_EQ(state->device.pinned_blocks, 6);
+  EXPECT_EQ(state->tree.pinned_blocks, 6);
   EXPECT_FALSE(state->host.has_value());
   EXPECT_FALSE(state->nodes.has_value());
   auto unpinned = e->cache().unpin(ask).get();
@@ -92,7 +92,7 @@ TEST_F(CacheControlTest, PinOverTheBudgetIsRefusedWholeWithItsCode) {
   auto refused = e->cache().pin(PinCommand{.hashes = hashes}).get();
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code, ErrorCode::kOverBudget);
-  EXPECT_EQ(e->cache().state().get()->device.pinned_blocks, 0);  // nothing pinned
+  EXPECT_EQ(e->cache().state().get()->tree.pinned_blocks, 0);  // nothing pinned
   const std::vector<BlockHash> four(hashes.begin(), hashes.begin() + 4);
   EXPECT_TRUE(e->cache().pin(PinCommand{.hashes = four}).get().has_value());
   expect_engine_consistent(*e);
@@ -109,7 +109,7 @@ TEST_F(CacheControlTest, ClientPinsAreSoftLowestAndCapped) {
   auto ok = e->cache().pin(PinCommand{.hashes = three, .authority = PinAuthority::kClient}).get();
   ASSERT_TRUE(ok.has_value());
   auto state = e->cache().state().get();
-  EXPECT_EQ(state->device.soft_pinned_blocks, 3);
+  EXPECT_EQ(state->tree.soft_pinned_blocks, 3);
   // The client budget is full; an admin is not held to it.
   const std::vector<BlockHash> more(hashes.begin() + 3, hashes.end());
   auto refused =
@@ -138,7 +138,7 @@ TEST_F(CacheControlTest, EvictBlocksFlushAndEvictLru) {
   auto flushed = e->cache().flush().get();
   ASSERT_TRUE(flushed.has_value());
   EXPECT_EQ(flushed->pinned_preserved, 1);
-  EXPECT_EQ(e->cache().state().get()->device.cached_pages, 1);
+  EXPECT_EQ(e->cache().state().get()->tree.cached_pages, 1);
   expect_engine_consistent(*e);
 }
 
@@ -217,25 +217,25 @@ TEST_F(CacheControlTest, NodeGivesOneNodesContentByItsTreeId) {
   for (const CacheState::Node& view : *state->nodes) {
     auto got = e->cache().node(view.id).get();
     ASSERT_TRUE(got.has_value()) << got.error().message;
-    EXPECT_EQ(got->node.parent, view.parent);
-    EXPECT_EQ(got->node.tokens, view.tokens);
+    EXPECT_EQ(got->node.parent_id, view.parent_id);
+    EXPECT_EQ(got->node.num_tokens, view.num_tokens);
     EXPECT_EQ(got->node.block_hashes, view.block_hashes);
     EXPECT_EQ(got->node.on_device, view.on_device);
     EXPECT_EQ(got->node.hit_count, view.hit_count);
-    EXPECT_EQ(got->token_ids.size(), static_cast<size_t>(view.tokens));
+    EXPECT_EQ(got->token_ids.size(), static_cast<size_t>(view.num_tokens));
     by_id.emplace(view.id, std::move(*got));
   }
   // Along a path from the root, the nodes' tokens are the prompt's.
   const auto deepest = std::max_element(by_id.begin(), by_id.end(), [&](auto& a, auto& b) {
     auto depth = [&](uint64_t id) {
       int d = 0;
-      for (; id != 0; id = by_id.at(id).node.parent) ++d;
+      for (; id != 0; id = by_id.at(id).node.parent_id) ++d;
       return d;
     };
     return depth(a.first) < depth(b.first);
   });
   std::vector<int32_t> path;
-  for (uint64_t id = deepest->first; id != 0; id = by_id.at(id).node.parent) {
+  for (uint64_t id = deepest->first; id != 0; id = by_id.at(id).node.parent_id) {
     const auto& ids = by_id.at(id).token_ids;
     path.insert(path.begin(), ids.begin(), ids.end());
   }
