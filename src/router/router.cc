@@ -627,19 +627,29 @@ awaitable<void> Router::Impl::rebuild_index(std::shared_ptr<Worker> w) {
       if (state.is_object() && state.contains("nodes") && state["nodes"].is_array()) {
         std::vector<SnapshotBlock> blocks;
         std::vector<uint64_t> pinned;
+        // A worker's tree is read field by field with its types checked (json::value() would
+        // throw on a wrongly typed field, here on the router's I/O thread): a node or field
+        // of the wrong shape is skipped.
+        const json none = json::array();
+        auto array_field = [&none](const json& n, const char* key) -> const json& {
+          const auto it = n.find(key);
+          return it != n.end() && it->is_array() ? *it : none;
+        };
         for (const json& n : state["nodes"]) {
+          if (!n.is_object()) continue;
           uint8_t mask = 0;
-          for (const json& t : n.value("tiers", json::array())) {
+          for (const json& t : array_field(n, "tiers")) {
             if (t == "device") mask |= tier_bit(Tier::kDevice);
             if (t == "host") mask |= tier_bit(Tier::kHost);
             if (t == "storage") mask |= tier_bit(Tier::kStorage);
           }
-          if (n.value("loading", false)) mask &= static_cast<uint8_t>(~tier_bit(Tier::kDevice));
-          const json no_counts = json::array();
-          const auto pc = n.find("pin_counts");
-          const json& pin_counts = pc != n.end() && pc->is_array() ? *pc : no_counts;
+          const auto loading = n.find("loading");
+          if (loading != n.end() && loading->is_boolean() && loading->get<bool>()) {
+            mask &= static_cast<uint8_t>(~tier_bit(Tier::kDevice));
+          }
+          const json& pin_counts = array_field(n, "pin_counts");
           size_t i = 0;
-          for (const json& h : n.value("block_hashes", json::array())) {
+          for (const json& h : array_field(n, "block_hashes")) {
             const size_t k = i++;
             if (!h.is_number_integer()) continue;
             const auto hash = static_cast<uint64_t>(h.get<int64_t>());

@@ -8,7 +8,8 @@
 // with the prefill decision taken again; the metrics and GET /workers say what happened.
 // A PD channel with a transport the router does not know is not used. The same fake
 // worker answering a wrongly typed /load is a counted poll error, never an exception on
-// the router's I/O thread.
+// the router's I/O thread, and neither is a worker's tree (read when it joins) with nodes
+// of the wrong shape.
 // Every wait is bounded. Handlers build their Response in a named variable before
 // co_await (g++ 12 may destroy a temporary inside a co_await expression twice).
 #include <gtest/gtest.h>
@@ -47,8 +48,11 @@ class FakeWorker {
               {"endpoint", role_ == "prefill" ? "tcp://127.0.0.1:7100" : ""},
               {"transport", transport_}};
       }
+      json events = nullptr;
+      // Port 1: nothing publishes there (the subscription connects and waits).
+      if (!tree.is_null()) events = {{"endpoint", "tcp://127.0.0.1:1"}};
       json info{{"engine", "strata"}, {"model", "m"},    {"role", role_},
-                {"pd", pd},           {"page_size", 16}, {"kv_events", nullptr}};
+                {"pd", pd},           {"page_size", 16}, {"kv_events", events}};
       http::Response out{.body = info.dump()};
       co_await ex.respond(std::move(out));
     });
@@ -66,6 +70,10 @@ class FakeWorker {
       if (bad_load.load() == 2) load["device"]["free_pages"] = true;
       if (bad_load.load() == 3) load = json::array({1, 2});
       http::Response out{.body = load.dump()};
+      co_await ex.respond(std::move(out));
+    });
+    server_->route("GET", "/cache/state", [this](http::Exchange& ex) -> awaitable<void> {
+      http::Response out{.body = json{{"nodes", tree}}.dump()};
       co_await ex.respond(std::move(out));
     });
     server_->route("POST", "/v1/completions", [this](http::Exchange& ex) -> awaitable<void> {
@@ -116,6 +124,10 @@ class FakeWorker {
   std::atomic<int64_t> queued_prefill{0};
   std::atomic<int> refuse_503{0};  // answer this many generation requests with 503
   std::atomic<int> bad_load{0};    // 0: a good /load; 1, 2, 3: wrongly typed ones
+  // Set before the router starts: /server_info names a KV events endpoint and GET
+  // /cache/state answers these nodes, which the router reads as the worker's tree when it
+  // joins.
+  json tree = nullptr;
 
  private:
   const std::string role_;
@@ -375,6 +387,35 @@ TEST_F(PdRouteTest, AWronglyTypedLoadReportIsACountedPollErrorNamingTheField) {
     ASSERT_TRUE(eventually([&] { return worker_entry(bad.url())["reachable"] == true; }));
     EXPECT_GE(worker_entry(bad.url())["unreadable_load_reports"].get<int>(), 3);
   }
+}
+
+// A worker's tree with nodes of the wrong shape (a number, fields of the wrong type) is read
+// field by field: the well-formed blocks are indexed, the rest skipped, and nothing throws
+// on the router's I/O thread.
+TEST_F(PdRouteTest, AWronglyShapedTreeIsIndexedAsFarAsItIsReadable) {
+  FakeWorker w("mixed", "");
+  w.tree = json::array({
+      5,
+      {{"tiers", "device"}, {"block_hashes", {1, 2}}, {"loading", "no"}},
+      {{"tiers", {"device"}}, {"block_hashes", "3"}},
+      {{"tiers", {"device", "host"}}, {"block_hashes", {10, "x", 11}}, {"pin_counts", {1, 0, 2}}},
+      {{"tiers", {"host"}}, {"block_hashes", {20}}, {"pin_counts", "1"}, {"loading", true}},
+  });
+  start_router({&w}, false);
+  auto index_entry = [&] {
+    const json s = json::parse(http_call(port_, "GET", "/cache/state").body, nullptr, false);
+    return s.is_object() ? s["index"]["workers"][0] : json(nullptr);
+  };
+  // 10 and 11 (pinned: 10, and 11 by its count) and 20 on the host; 1 and 2 name no tier
+  // (their tiers are not a list), so they are held nowhere.
+  ASSERT_TRUE(eventually([&] { return index_entry().value("blocks", 0) == 3; }))
+      << index_entry().dump();
+  EXPECT_EQ(index_entry()["pinned_blocks"], 2);
+  EXPECT_EQ(index_entry()["host_blocks"], 3);
+  EXPECT_EQ(index_entry()["device_blocks"], 2);
+  // The router goes on serving.
+  const HttpAnswer a = complete(prompt_body(20, 7));
+  EXPECT_EQ(a.status, 200) << a.body;
 }
 
 }  // namespace
