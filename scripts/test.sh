@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine: installs what is missing,
 # builds the release tree and an ASan+UBSan tree, and runs every test through CTest.
-# The sanitizer trees compile at the lowest priority while the tests before them run.
+# The sanitizer trees compile beside the release build and its tests.
 #   scripts/test.sh            everything
 #   STRATA_SKIP_SANITIZERS=1   only the release build's tests
 # It sets STRATA_REQUIRE_BROWSER=1: the dashboard's browser tests fail, rather than skip,
@@ -63,24 +63,20 @@ configure() {
 
 stage "release build"
 configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}"
-# What the tests run first (target strata_tested: the test programs and the binary); the
-# rest of the tree (the micro-benchmarks) compiles beside the tests, below.
-cmake --build build -j "$jobs" --target strata_tested
 
 sanitizers=1
 [[ "${STRATA_SKIP_SANITIZERS:-0}" == 1 ]] && sanitizers=0
-tsan_tests=(engine_tests memory_tests storage_tests http_tests pd_tests pd_engine_tests router_tests)
+tsan_tests=(engine_tests router_tests pd_tests pd_engine_tests memory_tests http_tests storage_tests)
 logs=$root/build/background-build-logs
 rm -rf "$logs"
 mkdir -p "$logs"
-export jobs sanitizers logs
+export jobs logs
 if ((sanitizers)); then
-  # The sanitizer trees build while the release tests run, at the lowest CPU priority
-  # (nice 19: the tests keep the cores whenever they want them, and the compilers take what
-  # the tests leave idle: waits on servers, sleeps, single-threaded stretches).
   # -O1 for the ASan tree, as AddressSanitizer's documentation advises: the tests' model
   # arithmetic runs several times faster than at -O0 (the SIMD helpers are inlined), which
-  # is most of its test time; every check stays (README, Tests).
+  # is most of its test time; every check stays (README, Tests). The modules that do not
+  # compute compile at -O0 in both sanitizer trees (CMakeLists.txt,
+  # STRATA_SANITIZER_LIGHT_MODULES).
   configure build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON \
             -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
   # -O1 for the TSan tree too (ThreadSanitizer's documentation: -O1 or -O2): `http`'s unit
@@ -88,36 +84,53 @@ if ((sanitizers)); then
   configure build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_TSAN=ON \
             -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
 fi
-# The background builds, one after the other: the rest of the release tree, then (unless
-# skipped) the ASan tree, then the TSan tree's test programs. Each writes "<rc> <seconds>"
-# to <name>.done; a failure stops the ones after it. Its own session (setsid), so that an
-# early exit stops its compilers too (trap below).
-setsid nice -n 19 bash -c '
-  build() {
-    local name=$1 s=$SECONDS rc
-    shift
-    cmake --build "$@" >"$logs/$name.log" 2>&1; rc=$?
-    echo "$rc $((SECONDS - s))" >"$logs/$name.done"
-    ((rc == 0)) || exit 1
-  }
-  build release-rest build -j "$jobs"
-  ((sanitizers)) || exit 0
-  build asan build-asan -j "$jobs"
-  build tsan build-tsan -j "$jobs" --target "$@"' \
-  background-builds "${tsan_tests[@]}" &
-builds_pid=$!
-trap 'kill -- -$builds_pid 2>/dev/null || true; report' EXIT
+
+# Background builds, each chain its own session (setsid), so that an early exit stops its
+# compilers too (trap below). They run at nice 19, but on a kernel with autogroup scheduling
+# (Debian's: /proc/sys/kernel/sched_autogroup_enabled) a new session is a new group, and
+# groups share the CPU equally whatever their processes' nice: a chain takes about half the
+# cores while the release build or the tests want them, and all they leave idle (a build's
+# links and its last unit alone, the tests' waits on servers). The whole run is bound by its
+# total CPU either way; what matters is that no core idles and no long stage runs alone at
+# the end. Each chain builds one after the other and writes "<rc> <seconds>" to
+# <name>.done; a failure stops the ones after it.
+chain_pids=()
+start_chain() {
+  setsid nice -n 19 bash -c '
+    build() {
+      local name=$1 s=$SECONDS rc
+      shift
+      cmake --build "$@" >"$logs/$name.log" 2>&1; rc=$?
+      echo "$rc $((SECONDS - s))" >"$logs/$name.done"
+      ((rc == 0)) || exit 1
+    }
+    '"$1" background-builds "${tsan_tests[@]}" &
+  chain_pids+=($!)
+}
+trap 'for p in "${chain_pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done; report' EXIT
+# The sanitizer trees start at once, beside the release build: the ASan tree (the longest
+# build, on the critical path), then the TSan tree's test programs.
+if ((sanitizers)); then
+  start_chain 'build asan build-asan -j "$jobs" && build tsan build-tsan -j "$jobs" --target "$@"'
+fi
+# What the tests run first (target strata_tested: the test programs and the binary); the
+# rest of the tree (the micro-benchmarks) compiles beside the tests, below.
+cmake --build build -j "$jobs" --target strata_tested
+start_chain 'build release-rest build -j "$jobs"'
+
 # Waits for a background build (release-rest, asan or tsan); its log's end on a failure.
 wait_build() {
   while [[ ! -f "$logs/$1.done" ]]; do
-    if ! kill -0 "$builds_pid" 2>/dev/null && [[ ! -f "$logs/$1.done" ]]; then
+    local alive=0 p
+    for p in "${chain_pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    if ((!alive)) && [[ ! -f "$logs/$1.done" ]]; then
       echo "== the $1 build stopped without a result"; tail -n 60 "$logs/$1.log" 2>/dev/null; exit 1
     fi
     sleep 2
   done
   local rc secs
   read -r rc secs <"$logs/$1.done"
-  timings+=("$(printf '%5d s  %s' "$secs" "$1 build (beside the tests, nice 19)")")
+  timings+=("$(printf '%5d s  %s' "$secs" "$1 build (beside the others)")")
   if ((rc != 0)); then
     echo "== the $1 build failed"; tail -n 60 "$logs/$1.log"; exit 1
   fi
@@ -139,14 +152,19 @@ if ((sanitizers)); then
   stage "waiting for the ThreadSanitizer build (threaded modules)"
   wait_build tsan
   stage "ThreadSanitizer tests"
-  # Each program has ten minutes (they take well under two): a hang fails the run with its
-  # name instead of running into CI's limit.
-  for t in "${tsan_tests[@]}"; do
-    echo "-- $t"
+  # $jobs programs at a time, the longest (engine_tests, about half of the stage) first; each
+  # program's output goes to its log, printed whole when it fails. Each has ten minutes (they
+  # take well under two): a hang fails the run with its name instead of running into CI's
+  # limit. xargs stops starting programs after a failure (exit 255) and returns non-zero.
+  export root
+  printf '%s\n' "${tsan_tests[@]}" | xargs -P "$jobs" -n 1 bash -c '
+    t=$1
     UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp \
-      timeout -k 10 600 "build-tsan/tests/$t" --gtest_brief=1 ||
-      { echo "== $t failed or hung (exit $?)"; exit 1; }
-  done
+      timeout -k 10 600 "build-tsan/tests/$t" --gtest_brief=1 >"$logs/tsan-$t.log" 2>&1
+    rc=$?
+    if ((rc != 0)); then echo "== $t failed or hung (exit $rc)"; cat "$logs/tsan-$t.log"; exit 255; fi
+    echo "-- $t: $(grep -E "tests? from .* ran" "$logs/tsan-$t.log" | tail -n 1)"' tsan-test ||
+    { echo "== the ThreadSanitizer tests failed"; exit 1; }
 fi
 stage ""
 echo "== all tests passed"
