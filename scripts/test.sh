@@ -104,14 +104,30 @@ start_chain() {
       echo "$rc $((SECONDS - s))" >"$logs/$name.done"
       ((rc == 0)) || exit 1
     }
+    # The ThreadSanitizer programs, one after the other, each under a ten-minute timeout (they
+    # take well under two: a hang fails the run with its name instead of running into CI'"'"'s
+    # limit); each one'"'"'s output in its log; "<rc> <seconds>" to tsan-tests.done, the
+    # failed program'"'"'s name to tsan-tests.failed.
+    run_tsan_tests() {
+      local s=$SECONDS t rc=0
+      for t in "$@"; do
+        UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp \
+          timeout -k 10 600 "build-tsan/tests/$t" --gtest_brief=1 >"$logs/tsan-$t.log" 2>&1 || rc=$?
+        if ((rc != 0)); then echo "$t" >"$logs/tsan-tests.failed"; break; fi
+      done
+      echo "$rc $((SECONDS - s))" >"$logs/tsan-tests.done"
+    }
     '"$1" background-builds "${tsan_tests[@]}" &
   chain_pids+=($!)
 }
 trap 'for p in "${chain_pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done; report' EXIT
 # The sanitizer trees start at once, beside the release build: the ASan tree (the longest
-# build, on the critical path), then the TSan tree's test programs.
+# build, on the critical path), then the TSan tree's test programs, then their runs (beside
+# the ASan tests, which start once the ASan tree is built).
+export root
 if ((sanitizers)); then
-  start_chain 'build asan build-asan -j "$jobs" && build tsan build-tsan -j "$jobs" --target "$@"'
+  start_chain 'build asan build-asan -j "$jobs" && build tsan build-tsan -j "$jobs" --target "$@" &&
+    run_tsan_tests "$@"'
 fi
 # What the tests run first (target strata_tested: the test programs and the binary); the
 # rest of the tree (the micro-benchmarks) compiles beside the tests, below.
@@ -149,22 +165,25 @@ if ((sanitizers)); then
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      STRATA_SANITIZER_BUILD=1 ctest --output-on-failure -j "$jobs")
 
-  stage "waiting for the ThreadSanitizer build (threaded modules)"
+  stage "waiting for the ThreadSanitizer build and tests (threaded modules)"
   wait_build tsan
-  stage "ThreadSanitizer tests"
-  # $jobs programs at a time, the longest (engine_tests, about half of the stage) first; each
-  # program's output goes to its log, printed whole when it fails. Each has ten minutes (they
-  # take well under two): a hang fails the run with its name instead of running into CI's
-  # limit. xargs stops starting programs after a failure (exit 255) and returns non-zero.
-  export root
-  printf '%s\n' "${tsan_tests[@]}" | xargs -P "$jobs" -n 1 bash -c '
-    t=$1
-    UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp \
-      timeout -k 10 600 "build-tsan/tests/$t" --gtest_brief=1 >"$logs/tsan-$t.log" 2>&1
-    rc=$?
-    if ((rc != 0)); then echo "== $t failed or hung (exit $rc)"; cat "$logs/tsan-$t.log"; exit 255; fi
-    echo "-- $t: $(grep -E "tests? from .* ran" "$logs/tsan-$t.log" | tail -n 1)"' tsan-test ||
-    { echo "== the ThreadSanitizer tests failed"; exit 1; }
+  while [[ ! -f "$logs/tsan-tests.done" ]]; do
+    alive=0
+    for p in "${chain_pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    ((alive)) || { echo "== the ThreadSanitizer tests stopped without a result"; exit 1; }
+    sleep 2
+  done
+  read -r rc secs <"$logs/tsan-tests.done"
+  timings+=("$(printf '%5d s  %s' "$secs" "ThreadSanitizer tests (beside the others)")")
+  for t in "${tsan_tests[@]}"; do
+    if [[ -f "$logs/tsan-$t.log" ]]; then
+      echo "-- $t: $(grep -E "tests? from .* ran" "$logs/tsan-$t.log" | tail -n 1 || true)"
+    fi
+  done
+  if ((rc != 0)); then
+    t=$(cat "$logs/tsan-tests.failed")
+    echo "== $t failed or hung under ThreadSanitizer (exit $rc)"; cat "$logs/tsan-$t.log"; exit 1
+  fi
 fi
 stage ""
 echo "== all tests passed"

@@ -122,6 +122,10 @@ void add_route_command(CLI::App& app, int& exit_code) {
                   "Responses API: a response id the router has no binding for is asked of every "
                   "live Strata worker, each given this long to answer (0: answered as unknown)")
       ->capture_default_str();
+  cmd->add_option("--response-miss-ttl-ms", r.responses.miss_ttl_ms,
+                  "Responses API: an id no worker had when asked is answered as unknown without "
+                  "asking again for this long (0: asked every time; at most 10,000 remembered)")
+      ->capture_default_str();
   cmd->add_option("--response-holder-wait-ms", r.response_holder_wait_ms,
                   "Responses API: a continuation (or GET/DELETE) whose worker does not answer is "
                   "tried again for this long before it is answered as unknown (0: at once)")

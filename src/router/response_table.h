@@ -17,9 +17,15 @@
 // that is removed or restarted: its stored responses went with its process. A binding is
 // only the router's memory: an id without one (a restarted router, a dropped binding) is
 // asked of the workers and bound again (router_routes.cc: find_response_holder).
+//
+// Misses. An id no worker had when asked is remembered as missing for miss_ttl_ms
+// (remember_missing, known_missing), so that a client repeating an unknown id does not make
+// the router ask every worker each time; at most kMaxMisses are remembered (the oldest go
+// first), and bind() forgets a miss at once. The table has no clock: the caller passes now.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <optional>
 #include <string>
@@ -33,15 +39,18 @@ namespace strata::router {
 struct ResponseTableOptions {
   int64_t max_responses = 100'000;  // --max-response-bindings: bindings held, >= 1
   int32_t max_id_bytes = 256;       // longer ids are never bound, >= 1
+  int64_t miss_ttl_ms = 2'000;      // --response-miss-ttl-ms: a miss remembered, >= 0 (0: none)
 };
 
 Status validate(const ResponseTableOptions& options);
 
 struct ResponseTableStats {
-  uint64_t binds = 0;      // bindings made (or moved to another worker)
-  uint64_t lru_drops = 0;  // bindings dropped for max_responses
-  uint64_t erased = 0;     // bindings dropped by erase (deleted, or gone on the worker)
-  uint64_t unbound = 0;    // bindings dropped by unbind_worker
+  uint64_t binds = 0;              // bindings made (or moved to another worker)
+  uint64_t lru_drops = 0;          // bindings dropped for max_responses
+  uint64_t erased = 0;             // bindings dropped by erase (deleted, or gone on the worker)
+  uint64_t unbound = 0;            // bindings dropped by unbind_worker
+  uint64_t misses_remembered = 0;  // remember_missing calls that stored a miss
+  uint64_t miss_hits = 0;          // known_missing answers true
 };
 
 class ResponseTable {
@@ -59,6 +68,16 @@ class ResponseTable {
   bool erase(std::string_view id);
   // Drops every binding to `worker`; returns how many.
   int64_t unbind_worker(uint32_t worker);
+
+  // The most misses remembered at once.
+  static constexpr size_t kMaxMisses = 10'000;
+  // Remembers that no worker had `id` when asked, until now_ms + miss_ttl_ms (nothing when
+  // miss_ttl_ms is 0, or `id` is empty or longer than max_id_bytes).
+  void remember_missing(std::string_view id, int64_t now_ms);
+  // Whether `id` is remembered missing at now_ms.
+  bool known_missing(std::string_view id, int64_t now_ms);
+  // Misses remembered (some may have run out, not yet dropped).
+  int64_t misses() const { return static_cast<int64_t>(misses_.size()); }
 
   // Bindings to `worker`.
   int64_t responses_on(uint32_t worker) const;
@@ -82,6 +101,11 @@ class ResponseTable {
   List lru_;
   absl::flat_hash_map<std::string_view, List::iterator, IdHash> index_;  // keys view Entry::id
   absl::flat_hash_map<uint32_t, int64_t> per_worker_;
+  // Misses: id -> until when, and the order they were remembered in (their ends are in that
+  // order, the TTL being one); an order entry whose id was remembered again or bound since
+  // is skipped when it reaches the front.
+  absl::flat_hash_map<std::string, int64_t> misses_;
+  std::deque<std::pair<int64_t, std::string>> miss_order_;
   ResponseTableStats stats_;
 };
 

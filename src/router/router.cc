@@ -230,8 +230,10 @@ RouterMetrics::RouterMetrics()
               .Add({})),
       response_lookups(prometheus::BuildCounter()
                            .Name("strata_router_response_lookups_total")
-                           .Help("Responses API: ids without a binding asked of the workers, by "
-                                 "result (found: bound to the worker that has it; not_found)")
+                           .Help("Responses API: requests for ids without a binding, by result "
+                                 "(found: asked of the workers, bound to the one that has it; "
+                                 "not_found: asked, none had it; remembered_not_found: none had "
+                                 "it when asked within --response-miss-ttl-ms, not asked again)")
                            .Register(*registry)),
       holder_waits(prometheus::BuildCounter()
                        .Name("strata_router_response_holder_waits_total")
@@ -574,8 +576,10 @@ awaitable<void> Router::Impl::join(std::shared_ptr<Worker> w) {
     auto sub = EventSubscriber::start(
         w->id, &index, so,
         [this](WorkerId id, const std::string& reason) { on_stale(id, reason); });
+    // Under the mutex, as the fields above: worker_json reads `events` from the admin
+    // routes' threads (ThreadSanitizer saw the race). This coroutine is its only writer.
+    std::lock_guard lock(mutex);
     if (!sub) {
-      std::lock_guard lock(mutex);
       w->last_error = "KV events: " + sub.error().message;
     } else {
       w->events = std::move(*sub);

@@ -37,6 +37,22 @@
 
 namespace strata::router {
 
+struct Worker;
+
+// One search of the workers for a response id that has no binding (router_routes.cc:
+// find_response_holder): what came back so far. Requests that want the same id at the same
+// time share one search (Impl::response_searches); the asks it sent may outlive them all
+// (their answers then wake nobody).
+struct HolderSearch {
+  std::mutex mutex;
+  std::shared_ptr<Worker> found;             // the first worker that answered 200 for the id
+  size_t pending = 0;                        // asks not finished
+  size_t waiters = 0;                        // requests waiting on it
+  bool over = false;                         // no request waits any more: asks stop retrying
+  bool settled = false;                      // its result was counted, bound or remembered (once)
+  std::vector<std::function<void()>> wakes;  // the waiting requests' wakers
+};
+
 // One worker as the router knows it. Fields below `mutex` are guarded by Impl::mutex.
 struct Worker {
   WorkerId id = 0;
@@ -94,9 +110,11 @@ struct Worker {
   bool needs_rebuild = false;  // the index was reset: read the worker's tree again
   // Its --max-prompt-tokens (its context length when unset); 0 until known.
   int64_t max_prompt_tokens = 0;
-  bool info_stale = false;                  // /server_info to be read again
-  bool refreshing = false;                  // ... in flight
-  std::unique_ptr<EventSubscriber> events;  // null: approximate (no events)
+  bool info_stale = false;  // /server_info to be read again
+  bool refreshing = false;  // ... in flight
+  // Set by join() under Impl::mutex (worker_json reads it from other threads); null:
+  // approximate (no events).
+  std::unique_ptr<EventSubscriber> events;
 
   explicit Worker(CircuitBreakerOptions b) : breaker(b) {}
 };
@@ -188,8 +206,11 @@ struct Router::Impl {
   std::map<WorkerId, std::shared_ptr<Worker>> workers;  // GUARDED_BY(mutex)
   SessionTable sessions;                                // GUARDED_BY(mutex)
   ResponseTable responses;                              // GUARDED_BY(mutex)
-  TurnRecordTable turn_records;                         // GUARDED_BY(mutex)
-  AdmissionQueue queue;                                 // GUARDED_BY(mutex)
+  // Searches for unbound response ids under way, by id (find_response_holder).
+  std::map<std::string, std::shared_ptr<HolderSearch>, std::less<>>
+      response_searches;         // GUARDED_BY(mutex)
+  TurnRecordTable turn_records;  // GUARDED_BY(mutex)
+  AdmissionQueue queue;          // GUARDED_BY(mutex)
   // Waiting requests' wake-ups, by ticket.
   std::unordered_map<uint64_t, std::function<void()>> queue_wakers;  // GUARDED_BY(mutex)
   std::mt19937_64 rng;                                               // GUARDED_BY(mutex)

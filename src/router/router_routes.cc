@@ -264,16 +264,6 @@ bool askable_response_id(const Router::Impl& r, std::string_view id) {
   });
 }
 
-// One search of the workers for a response id: what came back so far. Shared by the request
-// that waits and the asks, which may outlive it (their answers then wake nobody).
-struct HolderSearch {
-  std::mutex mutex;
-  std::shared_ptr<Worker> found;  // the first worker that answered 200 for the id
-  size_t pending = 0;             // asks not finished
-  bool over = false;              // the request stopped waiting: asks stop retrying
-  std::function<void()> wake;     // the request's waker
-};
-
 // Sleeps on the router's I/O context.
 awaitable<void> pause(Router::Impl& r, int64_t ms) {
   boost::asio::steady_timer t(r.io, std::chrono::milliseconds(ms));
@@ -315,26 +305,30 @@ awaitable<void> ask_for_response(Router::Impl& r, std::shared_ptr<HolderSearch> 
     co_await pause(r, backoff);
     if (taken_for_gone(r, *w)) break;
   }
-  std::function<void()> wake;
+  std::vector<std::function<void()>> wakes;
   {
     std::lock_guard lock(search->mutex);
     if (has && !search->found) search->found = w;
     --search->pending;
-    wake = search->wake;
+    wakes = search->wakes;
   }
-  wake();
+  for (const auto& wake : wakes) wake();
 }
 
 // The worker that holds stored response `id`: its binding's; else, for an id a worker may
-// hold (askable_response_id), the live Strata worker that answers for it, then bound. Every
-// joined Strata worker the router does not take for gone (at most the registry's 64) is
-// asked at once, each given --response-lookup-timeout-ms to answer; one that does not answer
-// is asked again until `holder_deadline` (ask_for_response). Null: no worker has it, or the
-// client went away (ex.abandoned()).
+// hold (askable_response_id) and that no worker had when last asked within
+// --response-miss-ttl-ms (ResponseTable::known_missing), the live Strata worker that answers
+// for it, then bound. Every joined Strata worker the router does not take for gone (at most
+// the registry's 1,024) is asked at once, each given --response-lookup-timeout-ms to answer;
+// one that does not answer is asked again until `holder_deadline` (ask_for_response).
+// Requests for the same id at the same time share one search, so the workers are asked once
+// per id, not once per request. An id every worker answered for without having it is
+// remembered as missing; one some worker could not answer for is not (it may be there).
+// Null: no worker has it, or the client went away (ex.abandoned()).
 awaitable<std::shared_ptr<Worker>> find_response_holder(Router::Impl& r, http::Exchange& ex,
                                                         const std::string& id,
                                                         int64_t holder_deadline) {
-  std::vector<std::shared_ptr<Worker>> asked;
+  std::shared_ptr<HolderSearch> search;
   {
     std::lock_guard lock(r.mutex);
     if (auto holder = r.responses.lookup(id)) {
@@ -343,31 +337,47 @@ awaitable<std::shared_ptr<Worker>> find_response_holder(Router::Impl& r, http::E
     if (r.options.response_lookup_timeout_ms == 0 || !askable_response_id(r, id)) {
       co_return nullptr;
     }
-    for (const auto& [wid, w] : r.workers) {
-      if (w->kind == WorkerKind::kStrata && w->joined && (w->reachable || w->poll_failures < 3)) {
-        asked.push_back(w);
+    if (r.responses.known_missing(id, r.now_ms())) {
+      r.metrics.response_lookups.Add({{"result", "remembered_not_found"}}).Increment();
+      co_return nullptr;
+    }
+    if (auto it = r.response_searches.find(id); it != r.response_searches.end()) {
+      search = it->second;
+      std::lock_guard slock(search->mutex);
+      ++search->waiters;
+      search->wakes.push_back(ex.waker());
+    } else {
+      std::vector<std::shared_ptr<Worker>> asked;
+      for (const auto& [wid, w] : r.workers) {
+        if (w->kind == WorkerKind::kStrata && w->joined && (w->reachable || w->poll_failures < 3)) {
+          asked.push_back(w);
+        }
+      }
+      if (asked.empty()) co_return nullptr;
+      search = std::make_shared<HolderSearch>();
+      search->pending = asked.size();
+      search->waiters = 1;
+      search->wakes.push_back(ex.waker());
+      r.response_searches.emplace(id, search);
+      const std::string authorization(ex.request().header("authorization"));
+      for (const auto& w : asked) {
+        boost::asio::co_spawn(r.io,
+                              ask_for_response(r, search, w, id, authorization, holder_deadline),
+                              boost::asio::detached);
       }
     }
   }
-  if (asked.empty()) co_return nullptr;
-  const int64_t now = r.now_ms();
-  const int64_t deadline = std::max(
-      now + r.options.response_lookup_timeout_ms + r.options.connect_timeout_ms, holder_deadline);
-  auto search = std::make_shared<HolderSearch>();
-  search->pending = asked.size();
-  search->wake = ex.waker();
-  const std::string authorization(ex.request().header("authorization"));
-  for (const auto& w : asked) {
-    boost::asio::co_spawn(r.io, ask_for_response(r, search, w, id, authorization, holder_deadline),
-                          boost::asio::detached);
-  }
+  const int64_t deadline =
+      std::max(r.now_ms() + r.options.response_lookup_timeout_ms + r.options.connect_timeout_ms,
+               holder_deadline);
   std::shared_ptr<Worker> found;
+  bool complete = false;  // every worker asked answered
   for (;;) {
     {
       std::lock_guard lock(search->mutex);
       if (search->found || search->pending == 0) {
         found = search->found;
-        search->over = true;
+        complete = true;
         break;
       }
     }
@@ -375,12 +385,30 @@ awaitable<std::shared_ptr<Worker>> find_response_holder(Router::Impl& r, http::E
     if (left <= 0 || !co_await ex.wait(std::chrono::milliseconds(left))) {
       std::lock_guard lock(search->mutex);
       found = search->found;
-      search->over = true;
+      complete = found != nullptr || search->pending == 0;
       break;
     }
   }
+  bool settle = false;
+  {
+    std::lock_guard lock(r.mutex);
+    std::lock_guard slock(search->mutex);
+    if (--search->waiters == 0) search->over = true;
+    if (complete && !search->settled) {
+      search->settled = true;
+      settle = true;
+    }
+    // The search ends for new requests once it has its answer, or nobody waits on it.
+    if (complete || search->waiters == 0) {
+      if (auto it = r.response_searches.find(id);
+          it != r.response_searches.end() && it->second == search) {
+        r.response_searches.erase(it);
+      }
+    }
+    if (settle && !found) r.responses.remember_missing(id, r.now_ms());
+  }
   r.metrics.response_lookups.Add({{"result", found ? "found" : "not_found"}}).Increment();
-  if (found) {
+  if (settle && found) {
     STRATA_LOG_DEBUG("route: response {} found on {} (no binding here): bound", id, found->url);
     r.stored_response(*found, id);
   }

@@ -1,12 +1,13 @@
 // The response table (router/response_table.h): bindings made, moved and looked up; the
 // bound drops the least recently used (a lookup refreshes); erase and unbind_worker; ids
-// refused; counts per worker; and a randomized run against a plain reference (a vector in
-// recency order).
+// refused; counts per worker; misses remembered for their TTL, forgotten by a bind, bounded;
+// and randomized runs against plain references.
 #include "router/response_table.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <string>
 #include <utility>
@@ -79,6 +80,78 @@ TEST(ResponseTableTest, EraseAndUnbindWorker) {
   EXPECT_EQ(t.responses_on(2), 3);
   for (int i : {1, 4, 7}) EXPECT_EQ(t.peek("r" + std::to_string(i)), 1u);
   EXPECT_FALSE(t.peek("r3").has_value());
+}
+
+TEST(ResponseTableTest, AMissIsRememberedForItsTtl) {
+  ResponseTable t(ResponseTableOptions{.miss_ttl_ms = 100});
+  EXPECT_FALSE(t.known_missing("resp_x", 0));
+  t.remember_missing("resp_x", 1'000);
+  EXPECT_TRUE(t.known_missing("resp_x", 1'000));
+  EXPECT_TRUE(t.known_missing("resp_x", 1'099));
+  EXPECT_FALSE(t.known_missing("resp_x", 1'100));  // ran out, and dropped
+  EXPECT_EQ(t.misses(), 0);
+  EXPECT_FALSE(t.known_missing("resp_x", 1'000));
+  // Remembered again: its TTL counts from then.
+  t.remember_missing("resp_x", 2'000);
+  t.remember_missing("resp_x", 2'050);
+  EXPECT_TRUE(t.known_missing("resp_x", 2'120));
+  EXPECT_FALSE(t.known_missing("resp_x", 2'150));
+  EXPECT_EQ(t.stats().misses_remembered, 3u);
+  EXPECT_EQ(t.stats().miss_hits, 3u);
+  // A bind forgets the miss at once (the response exists now).
+  t.remember_missing("resp_y", 3'000);
+  ASSERT_TRUE(t.bind("resp_y", 4).has_value());
+  EXPECT_FALSE(t.known_missing("resp_y", 3'001));
+  EXPECT_EQ(t.lookup("resp_y"), 4u);
+  // Ids the table would not bind are not remembered either; a TTL of 0 remembers nothing.
+  t.remember_missing("", 3'000);
+  t.remember_missing(std::string(300, 'r'), 3'000);
+  EXPECT_EQ(t.misses(), 0);
+  ResponseTable none(ResponseTableOptions{.miss_ttl_ms = 0});
+  none.remember_missing("resp_x", 0);
+  EXPECT_FALSE(none.known_missing("resp_x", 0));
+  EXPECT_FALSE(validate(ResponseTableOptions{.miss_ttl_ms = -1}).has_value());
+}
+
+TEST(ResponseTableTest, MissesAreBounded) {
+  ResponseTable t(ResponseTableOptions{.miss_ttl_ms = 1'000'000});
+  const size_t n = ResponseTable::kMaxMisses + 500;
+  for (size_t i = 0; i < n; ++i) t.remember_missing("resp_" + std::to_string(i), 10);
+  EXPECT_LE(t.misses(), static_cast<int64_t>(ResponseTable::kMaxMisses));
+  // The oldest went first; the newest are all there.
+  EXPECT_FALSE(t.known_missing("resp_0", 11));
+  EXPECT_FALSE(t.known_missing("resp_499", 11));
+  for (size_t i = n - 100; i < n; ++i)
+    EXPECT_TRUE(t.known_missing("resp_" + std::to_string(i), 11));
+}
+
+// Random remembers, binds and queries at a clock that moves forward, against a reference map
+// of id -> until (no bound reached here).
+TEST(ResponseTableTest, MissesMatchAReferenceModel) {
+  std::mt19937_64 rng(5);
+  ResponseTable t(ResponseTableOptions{.miss_ttl_ms = 50});
+  std::map<std::string, int64_t> until;
+  int64_t now = 0;
+  for (int step = 0; step < 20'000; ++step) {
+    now += static_cast<int64_t>(rng() % 7);
+    const std::string id = "resp_" + std::to_string(rng() % 40);
+    switch (rng() % 3) {
+      case 0:
+        t.remember_missing(id, now);
+        until[id] = now + 50;
+        break;
+      case 1:
+        ASSERT_TRUE(t.bind(id, 1).has_value());
+        until.erase(id);
+        break;
+      default: {
+        const auto it = until.find(id);
+        const bool expected = it != until.end() && it->second > now;
+        ASSERT_EQ(t.known_missing(id, now), expected) << id << " at " << now;
+        break;
+      }
+    }
+  }
 }
 
 // Random binds, lookups, erases and worker removals against a reference: a vector of

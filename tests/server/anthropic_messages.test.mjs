@@ -258,6 +258,66 @@ test('a breakpoint survives a flood that evicts unpinned prefixes; its pin has t
   }
 });
 
+// A breakpoint's pin lasts its TTL and no longer. The operator's cap on a client's pin TTL
+// (--max-client-pin-ttl-s 3, docs/authority.md) makes a 5m breakpoint a 3 s soft pin, so
+// the real expiry is seen in seconds: a hit within the TTL refreshes it; once the TTL passes
+// without a hit the pin is dropped (counted in expired_pins_total) and a flood evicts the
+// prefix like any other.
+test('a breakpoint pin is refreshed by a hit and expires after its TTL; a flood then evicts it', async () => {
+  const small = await startServer(['--kv-cache-tokens', '2048', '--allow-forced-output', '--admin-api-key', KEY,
+    '--max-client-pinned-ratio', '0.4', '--max-client-pin-ttl-s', '3']);
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  try {
+    const c = new Anthropic({ baseURL: small.base, apiKey: 'not-the-key', maxRetries: 0 });
+    const ask = (system, question, cacheControl) => ({
+      model: 'tiny', max_tokens: 4, forced_output: 'ok', messages: [{ role: 'user', content: question }],
+      system: [{ type: 'text', text: system, ...(cacheControl ? { cache_control: cacheControl } : {}) }],
+    });
+    const state = async (detail) => {
+      const r = await small.get(detail ? '/cache/state?detail=tree' : '/cache/state', ADMIN);
+      assert.equal(r.status, 200, r.text);
+      return r.json;
+    };
+    const pinnedBlocks = async () => (await state(true)).nodes
+      .reduce((sum, n) => sum + n.pin_counts.filter((k) => k > 0).length, 0);
+    const prefix = words(200, 95);
+    const first = await c.messages.create(ask(prefix, 'one', { type: 'ephemeral' }));
+    assert.ok(first.usage.cache_creation_input_tokens > 150, JSON.stringify(first.usage));
+    const tree = await state(true);
+    const ttls = tree.nodes.flatMap((n) => n.soft_pin_ttl_s.filter((t, k) => n.pin_counts[k] > 0));
+    assert.deepEqual([...new Set(ttls)], [3], 'the 5m breakpoint capped at the operator\'s 3 s');
+    const pinned = await pinnedBlocks();
+    assert.ok(pinned >= 12, `${pinned} blocks pinned`);
+    // A hit 1.5 s in refreshes the TTL: 1 s after it (2.5 s after the pin) it still holds.
+    await sleep(1500);
+    const hit = await c.messages.create(ask(prefix, 'two', { type: 'ephemeral' }));
+    assert.ok(hit.usage.cache_read_input_tokens >= first.usage.cache_creation_input_tokens - 16,
+      JSON.stringify(hit.usage));
+    await sleep(1000);
+    assert.equal(await pinnedBlocks(), pinned, 'a hit refreshed the TTL');
+    assert.equal((await state(false)).evictions.expired_pins_total, 0);
+    // No hit for the TTL: the pin goes (the engine checks expiries every 100 ms).
+    const deadline = Date.now() + 15000;
+    let left = pinned;
+    while (left > 0 && Date.now() < deadline) {
+      await sleep(250);
+      left = await pinnedBlocks();
+    }
+    assert.equal(left, 0, 'the pin expired');
+    assert.ok((await state(false)).evictions.expired_pins_total >= 1);
+    // Now nothing holds the prefix: a flood several times the pool evicts it.
+    for (let i = 0; i < 12; i++) {
+      const r = await small.post('/v1/completions', { prompt: words(600, 3000 + i), max_tokens: 1 });
+      assert.equal(r.status, 200, r.text);
+    }
+    const after = await c.messages.create(ask(prefix, 'three', null));
+    assert.ok(after.usage.cache_read_input_tokens < 32, 'the expired prefix was evicted: ' +
+      JSON.stringify(after.usage));
+  } finally {
+    await small.stop();
+  }
+});
+
 test('bad input: Anthropic error shape, 4xx, nothing pinned or queued', async () => {
   const cc = { type: 'ephemeral' };
   const text = (t, c) => (c ? { type: 'text', text: t, cache_control: c } : { type: 'text', text: t });

@@ -1,0 +1,39 @@
+// The kernels' argument blocks and the stream handle: plain data, no other include, so that
+// the CUDA translation units (compiled by nvcc, C++17: CMake 3.25 knows no newer CUDA dialect
+// flag) and the rest (C++23) share them.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::cuda {
+
+// An opaque CUDA stream (cudaStream_t); null is the legacy default stream.
+using StreamHandle = void*;
+
+// Paged decode attention with grouped-query heads and split-K: one new token per sequence
+// attends to the first seq_lens[s] keys of its pages (its own key included, already
+// written). Each sequence's keys are cut into num_splits ranges processed in parallel, each
+// keeping an online softmax (running max and sum); a second kernel merges the ranges'
+// partial results (FlashDecoding). Query heads h of a KV head kv are kv * group ... (kv + 1)
+// * group - 1, group = num_heads / num_kv_heads (Hugging Face's repeat_kv order).
+struct DecodeAttentionArgs {
+  const uint16_t* q = nullptr;        // BF16 [num_seqs][num_heads][head_dim], rotated
+  const uint16_t* k_pages = nullptr;  // BF16 [num_pages][num_kv_heads][page_size][head_dim]
+  const uint16_t* v_pages = nullptr;  // the same for V
+  // [num_seqs][page_table_stride]: entry i of a sequence's row is the page holding its keys
+  // [i * page_size, (i + 1) * page_size); pages may be shared between sequences.
+  const int32_t* page_table = nullptr;
+  int32_t page_table_stride = 0;      // entries per row, >= any sequence's page count
+  const int32_t* seq_lens = nullptr;  // [num_seqs] keys each query sees, >= 1 (device memory)
+  uint16_t* out = nullptr;            // BF16 [num_seqs][num_heads][head_dim]
+  float* workspace = nullptr;         // decode_attention_workspace_floats(...) floats
+  int32_t num_seqs = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;    // 64 or 128
+  int32_t page_size = 0;   // >= 1
+  int32_t num_splits = 1;  // key ranges per sequence, 1 to 64
+  float scale = 1.0f;      // applied to q . k
+};
+
+}  // namespace strata::cuda

@@ -1,0 +1,23 @@
+// The CUDA translation units' entry points (row_kernels.cu, decode_attention_d*.cu), called
+// by kernels.cc once it has checked the arguments. Internal to the module: callers use
+// kernels.h. Each queues its kernels on `stream` and returns the launch's cudaError_t (0:
+// launched), which kernels.cc turns into a Status; nothing here includes a C++23 header.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/kernel_args.h"
+
+namespace strata::cuda::detail {
+
+int launch_fused_add_rms_norm(uint16_t* x, float* residual, const uint16_t* weight, int32_t rows,
+                              int32_t dim, float eps, StreamHandle stream);
+int launch_rms_norm(const uint16_t* x, uint16_t* y, const uint16_t* weight, int32_t rows,
+                    int32_t dim, float eps, StreamHandle stream);
+int launch_silu_mul(const uint16_t* gate_up, uint16_t* out, int32_t rows, int32_t inter,
+                    StreamHandle stream);
+// One instantiation per head size, one per file (decode_attention_d64.cu, _d128.cu).
+int launch_decode_attention_d64(const DecodeAttentionArgs& args, StreamHandle stream);
+int launch_decode_attention_d128(const DecodeAttentionArgs& args, StreamHandle stream);
+
+}  // namespace strata::cuda::detail

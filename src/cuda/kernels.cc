@@ -1,0 +1,147 @@
+// The launchers' argument checks (the same with and without CUDA), then the CUDA units'
+// launches (kernel_launch.h), or kUnsupported in a build without CUDA.
+#include "cuda/kernels.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#ifdef STRATA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/kernel_launch.h"
+#endif
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int32_t kMaxSplits = 64;
+constexpr int32_t kMaxGroup = 8;
+constexpr int32_t kMinKeysPerSplit = 256;
+
+[[maybe_unused]] Status unsupported_build() {
+  return std::unexpected(Error{ErrorCode::kUnsupported,
+                               "this strata was built without CUDA (STRATA_CUDA=OFF, or nvcc was "
+                               "not found when it was configured)"});
+}
+
+#ifdef STRATA_HAVE_CUDA
+// A launcher's cudaError_t as a Status.
+Status launched(int code, const char* what) {
+  if (code == 0) return {};
+  const auto e = static_cast<cudaError_t>(code);
+  return std::unexpected(
+      Error{ErrorCode::kInternal,
+            fmt::format("{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e))});
+}
+#endif
+
+Status check_rows(int32_t rows, int32_t dim, const char* what) {
+  if (rows < 0) return bad_argument(fmt::format("{}: rows must be >= 0, got {}", what, rows));
+  if (dim < 1) return bad_argument(fmt::format("{}: dim must be >= 1, got {}", what, dim));
+  return {};
+}
+
+}  // namespace
+
+size_t decode_attention_workspace_floats(int32_t num_seqs, int32_t num_heads, int32_t head_dim,
+                                         int32_t num_splits) {
+  return static_cast<size_t>(std::max(num_seqs, 0)) * static_cast<size_t>(std::max(num_heads, 0)) *
+         static_cast<size_t>(std::max(num_splits, 0)) *
+         static_cast<size_t>(std::max(head_dim, 0) + 2);
+}
+
+int32_t decode_attention_splits(int32_t num_seqs, int32_t num_kv_heads, int32_t max_seq_len,
+                                int32_t multiprocessors) {
+  const int64_t blocks = static_cast<int64_t>(num_seqs) * num_kv_heads;
+  if (blocks <= 0 || blocks >= multiprocessors) return 1;
+  const int64_t want = (multiprocessors + blocks - 1) / blocks;
+  const int64_t by_length = std::max<int64_t>(1, max_seq_len / kMinKeysPerSplit);
+  return static_cast<int32_t>(std::clamp<int64_t>(std::min(want, by_length), 1, kMaxSplits));
+}
+
+Status fused_add_rms_norm(uint16_t* x, float* residual, const uint16_t* weight, int32_t rows,
+                          int32_t dim, float eps, StreamHandle stream) {
+  if (auto st = check_rows(rows, dim, "fused_add_rms_norm"); !st) return st;
+  if (rows == 0) return {};
+#ifdef STRATA_HAVE_CUDA
+  return launched(detail::launch_fused_add_rms_norm(x, residual, weight, rows, dim, eps, stream),
+                  "fused_add_rms_norm");
+#else
+  (void)x, (void)residual, (void)weight, (void)eps, (void)stream;
+  return unsupported_build();
+#endif
+}
+
+Status rms_norm(const uint16_t* x, uint16_t* y, const uint16_t* weight, int32_t rows, int32_t dim,
+                float eps, StreamHandle stream) {
+  if (auto st = check_rows(rows, dim, "rms_norm"); !st) return st;
+  if (rows == 0) return {};
+#ifdef STRATA_HAVE_CUDA
+  return launched(detail::launch_rms_norm(x, y, weight, rows, dim, eps, stream), "rms_norm");
+#else
+  (void)x, (void)y, (void)weight, (void)eps, (void)stream;
+  return unsupported_build();
+#endif
+}
+
+Status silu_mul(const uint16_t* gate_up, uint16_t* out, int32_t rows, int32_t inter,
+                StreamHandle stream) {
+  if (auto st = check_rows(rows, inter, "silu_mul"); !st) return st;
+  if (rows == 0) return {};
+#ifdef STRATA_HAVE_CUDA
+  return launched(detail::launch_silu_mul(gate_up, out, rows, inter, stream), "silu_mul");
+#else
+  (void)gate_up, (void)out, (void)stream;
+  return unsupported_build();
+#endif
+}
+
+Status decode_attention(const DecodeAttentionArgs& a, StreamHandle stream) {
+  if (a.num_seqs < 0 || a.num_heads < 1 || a.num_kv_heads < 1 || a.page_size < 1) {
+    return bad_argument(fmt::format(
+        "decode_attention: num_seqs {} (>= 0), num_heads {}, num_kv_heads {}, page_size {} (>= 1)",
+        a.num_seqs, a.num_heads, a.num_kv_heads, a.page_size));
+  }
+  if (a.num_heads % a.num_kv_heads != 0) {
+    return bad_argument(
+        fmt::format("decode_attention: {} query heads are not a multiple of {} "
+                    "KV heads",
+                    a.num_heads, a.num_kv_heads));
+  }
+  if (a.num_heads / a.num_kv_heads > kMaxGroup) {
+    return std::unexpected(Error{
+        ErrorCode::kUnsupported,
+        fmt::format("decode_attention: {} query heads per KV head; the kernel handles 1 to {}",
+                    a.num_heads / a.num_kv_heads, kMaxGroup)});
+  }
+  if (a.head_dim != 64 && a.head_dim != 128) {
+    return std::unexpected(
+        Error{ErrorCode::kUnsupported,
+              fmt::format("decode_attention: head_dim {}; the kernels are built for 64 and 128",
+                          a.head_dim)});
+  }
+  if (a.num_splits < 1 || a.num_splits > kMaxSplits) {
+    return bad_argument(
+        fmt::format("decode_attention: num_splits {} not in [1, {}]", a.num_splits, kMaxSplits));
+  }
+  if (a.page_table_stride < 1) {
+    return bad_argument("decode_attention: page_table_stride must be >= 1");
+  }
+  if (a.num_seqs == 0) return {};
+  if (a.q == nullptr || a.k_pages == nullptr || a.v_pages == nullptr || a.page_table == nullptr ||
+      a.seq_lens == nullptr || a.out == nullptr || a.workspace == nullptr) {
+    return bad_argument("decode_attention: a null pointer");
+  }
+#ifdef STRATA_HAVE_CUDA
+  return launched(a.head_dim == 64 ? detail::launch_decode_attention_d64(a, stream)
+                                   : detail::launch_decode_attention_d128(a, stream),
+                  "decode_attention");
+#else
+  (void)stream;
+  return unsupported_build();
+#endif
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,65 @@
+// Strata's own CUDA kernels, behind plain C++ launchers: device pointers in, a Status out,
+// work queued on the caller's stream (nothing here synchronizes). BF16 values travel as
+// their bits (uint16_t), F32 as float. Each launcher checks its shape first and refuses what
+// the kernels are not built for (kUnsupported: a head size other than 64 or 128, more than
+// 8 query heads per KV head) or what makes no sense (kInvalidArgument), launching nothing;
+// a launch the device refuses comes back as kInternal with CUDA's own words. In a build
+// without CUDA every launcher answers kUnsupported.
+//
+// The device KV layout these kernels read and write (one layer's K, and its V, each):
+//
+//   [page][kv_head][slot][head_dim]   BF16, page_size slots per page
+//
+// FlashInfer's "HND" paged layout: one page's K (or V) for one head is a contiguous
+// page_size x head_dim block, so a key is head_dim contiguous values. The CPU pool
+// (memory/kv_pool.h) lays its pages out for its own kernels; copies between them go through
+// the tier code, which knows both.
+//
+// References: every kernel has a CPU reference in the CPU engine's own code (model/kernels.h
+// for the row kernels, model/attention.h for attention), and tests/cuda checks each against
+// it on random inputs (docs/cuda.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/result.h"
+#include "cuda/cuda_device.h"
+#include "cuda/kernel_args.h"
+
+namespace strata::cuda {
+
+// Residual add and RMSNorm in one pass, row by row (SGLang's fused_add_rmsnorm):
+//   residual[r] += x[r]                       (F32, in place)
+//   x[r] = residual[r] / rms(residual[r]) * weight     (rounded to BF16, in place)
+// where rms(v) = sqrt(mean(v^2) + eps). x, weight: BF16; residual: F32 (the residual
+// stream stays in F32, as the CPU engine's does). rows >= 0, dim >= 1.
+Status fused_add_rms_norm(uint16_t* x, float* residual, const uint16_t* weight, int32_t rows,
+                          int32_t dim, float eps, StreamHandle stream);
+
+// RMSNorm without the residual: y[r] = x[r] / rms(x[r]) * weight, BF16 in and out (y may be
+// x). For the final norm and Qwen3's per-head q/k norms (rows = tokens x heads).
+Status rms_norm(const uint16_t* x, uint16_t* y, const uint16_t* weight, int32_t rows, int32_t dim,
+                float eps, StreamHandle stream);
+
+// The MLP's activation on the fused gate|up product: gate_up row r is [gate (inter) | up
+// (inter)], out[r][i] = silu(gate[r][i]) * up[r][i], silu(g) = g / (1 + e^-g). BF16.
+Status silu_mul(const uint16_t* gate_up, uint16_t* out, int32_t rows, int32_t inter,
+                StreamHandle stream);
+
+// Paged decode attention (DecodeAttentionArgs in kernel_args.h says what each argument is).
+
+// Floats of workspace decode_attention needs: per sequence, head and split, the partial
+// output (head_dim), its running max and its sum.
+size_t decode_attention_workspace_floats(int32_t num_seqs, int32_t num_heads, int32_t head_dim,
+                                         int32_t num_splits);
+
+// How many key ranges to cut the longest sequence into so that the device's `multiprocessors`
+// are busy: 1 when num_seqs x num_kv_heads blocks already fill them, else up to 64, no range
+// shorter than 256 keys.
+int32_t decode_attention_splits(int32_t num_seqs, int32_t num_kv_heads, int32_t max_seq_len,
+                                int32_t multiprocessors);
+
+Status decode_attention(const DecodeAttentionArgs& args, StreamHandle stream);
+
+}  // namespace strata::cuda

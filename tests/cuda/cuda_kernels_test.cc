@@ -1,0 +1,369 @@
+// The CUDA path (src/cuda, docs/cuda.md) against the CPU engine's own code: each kernel on
+// random inputs, with the edges (1, 15, 16, 17 keys; GQA groups 1 to 8; head sizes 64 and
+// 128; pages shared between sequences; one and several key ranges), against
+// model/kernels.h's row functions and model/attention.h's PagedAttention.
+//
+// The kernel tests need a usable GPU: without one (or in a build without CUDA) they skip,
+// unless STRATA_REQUIRE_GPU=1 (scripts/gpu-check.sh sets it) makes a missing GPU a failure.
+// The checks that come before any launch (shapes refused, probe_device's answers) run on
+// every machine.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cuda/cuda_device.h"
+#include "cuda/kernels.h"
+#include "memory/kv_dtype.h"
+#include "memory/kv_pool.h"
+#include "model/attention.h"
+#include "model/kernels.h"
+#include "model/thread_pool.h"
+
+namespace strata::cuda {
+namespace {
+
+// scripts/gpu-check.sh smoke: fewer shapes, for a rerun within the device time.
+bool smoke() {
+  const char* v = std::getenv("STRATA_GPU_SMOKE");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+bool gpu_required() {
+  const char* v = std::getenv("STRATA_REQUIRE_GPU");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+// Skips the test (fails it under STRATA_REQUIRE_GPU=1) without a usable device.
+#define STRATA_NEED_GPU()                                   \
+  do {                                                      \
+    auto device = probe_device(0);                          \
+    if (!device) {                                          \
+      if (gpu_required()) FAIL() << device.error().message; \
+      GTEST_SKIP() << device.error().message;               \
+    }                                                       \
+  } while (0)
+
+std::vector<uint16_t> random_bf16(std::mt19937& rng, size_t n, float scale) {
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<uint16_t> out(n);
+  for (auto& v : out) v = f32_to_bf16(dist(rng));
+  return out;
+}
+
+std::vector<float> widen(const std::vector<uint16_t>& bits) {
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_to_f32(bits[i]);
+  return out;
+}
+
+template <typename T>
+DeviceBuffer to_device(const std::vector<T>& host) {
+  auto buf = DeviceBuffer::allocate(host.size() * sizeof(T));
+  EXPECT_TRUE(buf.has_value()) << buf.error().message;
+  EXPECT_TRUE(buf->copy_from_host(host.data(), host.size() * sizeof(T)).has_value());
+  return std::move(*buf);
+}
+
+template <typename T>
+std::vector<T> to_host(const DeviceBuffer& buf, size_t n) {
+  std::vector<T> out(n);
+  EXPECT_TRUE(buf.copy_to_host(out.data(), n * sizeof(T)).has_value());
+  return out;
+}
+
+// |got - want| within a BF16 result's rounding (2^-8 relative) and the kernels' fast
+// exponential, over the row's scale.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rel,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  float scale = 1e-3f;
+  for (float w : want) scale = std::max(scale, std::fabs(w));
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    if (std::fabs(got[i] - want[i]) > rel * std::max(std::fabs(want[i]), 0.05f * scale)) {
+      ADD_FAILURE() << what << " [" << i << "]: " << got[i] << " vs " << want[i];
+      ++bad;
+    }
+  }
+}
+
+TEST(CudaDeviceTest, ProbeSaysWhatIsMissingOrWhatItFound) {
+  auto device = probe_device(0);
+  if (!built_with_cuda()) {
+    ASSERT_FALSE(device.has_value());
+    EXPECT_EQ(device.error().code, ErrorCode::kUnsupported);
+    EXPECT_NE(device.error().message.find("built without CUDA"), std::string::npos);
+    EXPECT_FALSE(DeviceBuffer::allocate(16).has_value());
+    EXPECT_FALSE(Stream::create().has_value());
+    return;
+  }
+  if (!device) {
+    EXPECT_EQ(device.error().code, ErrorCode::kUnsupported);
+    EXPECT_FALSE(device.error().message.empty());
+    if (gpu_required()) FAIL() << device.error().message;
+    GTEST_SKIP() << device.error().message;
+  }
+  std::printf("device: %s\n", describe(*device).c_str());
+  EXPECT_GE(device->sm_major, kMinSmMajor);
+  EXPECT_GT(device->total_bytes, 0);
+  EXPECT_GT(device->multiprocessors, 0);
+  auto missing = probe_device(1000);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_NE(missing.error().message.find("1000"), std::string::npos) << missing.error().message;
+  // More than the device has: refused with the size, and nothing is left behind.
+  auto huge = DeviceBuffer::allocate(size_t{1} << 50);
+  ASSERT_FALSE(huge.has_value());
+  EXPECT_EQ(huge.error().code, ErrorCode::kResourceExhausted);
+  EXPECT_TRUE(DeviceBuffer::allocate(1 << 20).has_value());
+}
+
+TEST(CudaKernelsTest, BadShapesAreRefusedBeforeAnyLaunch) {
+  DecodeAttentionArgs a;
+  a.num_seqs = 1;
+  a.num_heads = 8;
+  a.num_kv_heads = 3;
+  a.head_dim = 64;
+  a.page_size = 16;
+  a.page_table_stride = 4;
+  EXPECT_EQ(decode_attention(a, nullptr).error().code, ErrorCode::kInvalidArgument);  // 8 % 3
+  a.num_kv_heads = 1;
+  a.num_heads = 16;
+  EXPECT_EQ(decode_attention(a, nullptr).error().code, ErrorCode::kUnsupported);  // group 16
+  a.num_heads = 8;
+  a.head_dim = 96;
+  EXPECT_EQ(decode_attention(a, nullptr).error().code, ErrorCode::kUnsupported);
+  a.head_dim = 128;
+  a.num_splits = 0;
+  EXPECT_EQ(decode_attention(a, nullptr).error().code, ErrorCode::kInvalidArgument);
+  a.num_splits = 65;
+  EXPECT_EQ(decode_attention(a, nullptr).error().code, ErrorCode::kInvalidArgument);
+  a.num_splits = 1;
+  EXPECT_EQ(decode_attention(a, nullptr).error().code, ErrorCode::kInvalidArgument);  // nulls
+  a.num_seqs = 0;
+  EXPECT_TRUE(decode_attention(a, nullptr).has_value());  // nothing to do
+  EXPECT_EQ(fused_add_rms_norm(nullptr, nullptr, nullptr, -1, 64, 1e-6f, nullptr).error().code,
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(silu_mul(nullptr, nullptr, 4, 0, nullptr).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(rms_norm(nullptr, nullptr, nullptr, 0, 64, 1e-6f, nullptr).has_value());
+  EXPECT_EQ(decode_attention_workspace_floats(2, 8, 128, 3), size_t{2 * 8 * 3 * 130});
+}
+
+TEST(CudaKernelsTest, SplitsFillTheDeviceWithoutShortRanges) {
+  EXPECT_EQ(decode_attention_splits(64, 8, 4096, 132), 1);     // 512 blocks already
+  EXPECT_EQ(decode_attention_splits(1, 8, 100, 132), 1);       // too short to split
+  EXPECT_EQ(decode_attention_splits(1, 8, 4096, 132), 16);     // 17 wanted, 16 by length
+  EXPECT_EQ(decode_attention_splits(1, 1, 1 << 20, 132), 64);  // capped
+  EXPECT_EQ(decode_attention_splits(2, 4, 2048, 132), 8);
+}
+
+TEST(CudaKernelsTest, FusedAddRmsNormMatchesTheCpuEngine) {
+  STRATA_NEED_GPU();
+  std::mt19937 rng(1);
+  for (int32_t dim : {64, 1000, 4096}) {
+    for (int32_t rows : {1, 3, 17}) {
+      const size_t n = static_cast<size_t>(rows) * dim;
+      auto x = random_bf16(rng, n, 2.0f);
+      auto weight = random_bf16(rng, static_cast<size_t>(dim), 1.5f);
+      std::vector<float> residual(n);
+      std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+      for (auto& r : residual) r = dist(rng);
+      DeviceBuffer dx = to_device(x), dr = to_device(residual), dw = to_device(weight);
+      ASSERT_TRUE(fused_add_rms_norm(dx.as<uint16_t>(), dr.as<float>(), dw.as<uint16_t>(), rows,
+                                     dim, 1e-6f, nullptr)
+                      .has_value());
+      const auto got_x = widen(to_host<uint16_t>(dx, n));
+      const auto got_r = to_host<float>(dr, n);
+      const auto w = widen(weight);
+      for (int32_t r = 0; r < rows; ++r) {
+        std::vector<float> res(residual.begin() + r * dim, residual.begin() + (r + 1) * dim);
+        for (int32_t i = 0; i < dim; ++i) res[i] += bf16_to_f32(x[r * dim + i]);
+        std::vector<float> y(dim);
+        rmsnorm_row(res.data(), w.data(), y.data(), dim, 1e-6f);
+        const std::string what = "dim " + std::to_string(dim) + " row " + std::to_string(r);
+        expect_close({got_r.begin() + r * dim, got_r.begin() + (r + 1) * dim}, res, 1e-6f,
+                     what + " residual");
+        expect_close({got_x.begin() + r * dim, got_x.begin() + (r + 1) * dim}, y, 1.6e-2f, what);
+      }
+      // rms_norm alone, in place (y = x), on the new residual rounded to BF16.
+      std::vector<uint16_t> rb(n);
+      for (size_t i = 0; i < n; ++i) rb[i] = f32_to_bf16(got_r[i]);
+      DeviceBuffer drb = to_device(rb);
+      ASSERT_TRUE(rms_norm(drb.as<uint16_t>(), drb.as<uint16_t>(), dw.as<uint16_t>(), rows, dim,
+                           1e-6f, nullptr)
+                      .has_value());
+      const auto got_y = widen(to_host<uint16_t>(drb, n));
+      const auto rbw = widen(rb);
+      for (int32_t r = 0; r < rows; ++r) {
+        std::vector<float> y(dim);
+        rmsnorm_row(rbw.data() + r * dim, w.data(), y.data(), dim, 1e-6f);
+        expect_close({got_y.begin() + r * dim, got_y.begin() + (r + 1) * dim}, y, 1.6e-2f,
+                     "rms_norm dim " + std::to_string(dim));
+      }
+    }
+  }
+}
+
+TEST(CudaKernelsTest, SiluMulMatchesTheCpuEngine) {
+  STRATA_NEED_GPU();
+  std::mt19937 rng(2);
+  for (int32_t inter : {1, 17, 3072}) {
+    const int32_t rows = 5;
+    auto gate_up = random_bf16(rng, static_cast<size_t>(rows) * 2 * inter, 6.0f);
+    DeviceBuffer din = to_device(gate_up);
+    auto dout = DeviceBuffer::allocate(static_cast<size_t>(rows) * inter * 2);
+    ASSERT_TRUE(dout.has_value());
+    ASSERT_TRUE(
+        silu_mul(din.as<uint16_t>(), dout->as<uint16_t>(), rows, inter, nullptr).has_value());
+    const auto got = widen(to_host<uint16_t>(*dout, static_cast<size_t>(rows) * inter));
+    const auto in = widen(gate_up);
+    std::vector<float> want(static_cast<size_t>(rows) * inter);
+    for (int32_t r = 0; r < rows; ++r) {
+      silu_mul_row(in.data() + r * 2 * inter, in.data() + r * 2 * inter + inter,
+                   want.data() + r * inter, inter);
+    }
+    expect_close(got, want, 1.6e-2f, "silu_mul inter " + std::to_string(inter));
+  }
+}
+
+struct DecodeCase {
+  int32_t head_dim;
+  int32_t num_kv_heads;
+  int32_t group;
+  int32_t page_size;
+  std::vector<int32_t> lens;  // keys per sequence
+  int32_t num_splits;
+  bool share_prefix;  // sequences 0 and 1 share their first pages
+};
+
+// Random K/V pages written both in the device layout and into a CPU KvPool (F32, holding the
+// same BF16-rounded values), random page tables (pages shuffled, a prefix shared when asked),
+// one query per sequence; the kernel's output against PagedAttention's.
+void check_decode(const DecodeCase& c, std::mt19937& rng) {
+  const int32_t num_heads = c.num_kv_heads * c.group;
+  const int32_t num_seqs = static_cast<int32_t>(c.lens.size());
+  std::vector<int32_t> pages_of(num_seqs);
+  int32_t stride = 1;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    pages_of[s] = (c.lens[s] + c.page_size - 1) / c.page_size;
+    stride = std::max(stride, pages_of[s]);
+  }
+  const int32_t num_pages = std::accumulate(pages_of.begin(), pages_of.end(), 0) + 1;
+  std::vector<int32_t> free_pages(num_pages);
+  std::iota(free_pages.begin(), free_pages.end(), 0);
+  std::shuffle(free_pages.begin(), free_pages.end(), rng);
+  std::vector<int32_t> table(static_cast<size_t>(num_seqs) * stride, 0);
+  size_t next = 0;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    for (int32_t i = 0; i < pages_of[s]; ++i) {
+      const bool shared = c.share_prefix && s == 1 && i + 1 < pages_of[0] && i + 1 < pages_of[1];
+      table[static_cast<size_t>(s) * stride + i] = shared ? table[i] : free_pages[next++];
+    }
+  }
+  // K and V for every page, slot and head.
+  const size_t elems = static_cast<size_t>(num_pages) * c.num_kv_heads * c.page_size * c.head_dim;
+  const auto k = random_bf16(rng, elems, 1.0f);
+  const auto v = random_bf16(rng, elems, 1.0f);
+  KvPool pool(1, c.num_kv_heads, c.head_dim, num_pages, c.page_size, KvDtype::kF32);
+  std::vector<float> kt(static_cast<size_t>(c.num_kv_heads) * c.head_dim), vt(kt.size());
+  for (int32_t p = 0; p < num_pages; ++p) {
+    for (int32_t slot = 0; slot < c.page_size; ++slot) {
+      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        for (int32_t d = 0; d < c.head_dim; ++d) {
+          const size_t at =
+              ((static_cast<size_t>(p) * c.num_kv_heads + h) * c.page_size + slot) * c.head_dim + d;
+          kt[static_cast<size_t>(h) * c.head_dim + d] = bf16_to_f32(k[at]);
+          vt[static_cast<size_t>(h) * c.head_dim + d] = bf16_to_f32(v[at]);
+        }
+      }
+      pool.write_token(0, make_page_id(p), slot, kt.data(), vt.data());
+    }
+  }
+  const auto q = random_bf16(rng, static_cast<size_t>(num_seqs) * num_heads * c.head_dim, 1.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v), dt = to_device(table),
+               dl = to_device(c.lens);
+  auto dout = DeviceBuffer::allocate(q.size() * 2);
+  auto dws = DeviceBuffer::allocate(
+      decode_attention_workspace_floats(num_seqs, num_heads, c.head_dim, c.num_splits) * 4);
+  ASSERT_TRUE(dout.has_value() && dws.has_value());
+  DecodeAttentionArgs a;
+  a.q = dq.as<uint16_t>();
+  a.k_pages = dk.as<uint16_t>();
+  a.v_pages = dv.as<uint16_t>();
+  a.page_table = dt.as<int32_t>();
+  a.page_table_stride = stride;
+  a.seq_lens = dl.as<int32_t>();
+  a.out = dout->as<uint16_t>();
+  a.workspace = dws->as<float>();
+  a.num_seqs = num_seqs;
+  a.num_heads = num_heads;
+  a.num_kv_heads = c.num_kv_heads;
+  a.head_dim = c.head_dim;
+  a.page_size = c.page_size;
+  a.num_splits = c.num_splits;
+  a.scale = scale;
+  const Status st = decode_attention(a, nullptr);
+  ASSERT_TRUE(st.has_value()) << st.error().message;
+  const auto got = widen(to_host<uint16_t>(*dout, q.size()));
+
+  // The CPU engine's attention on the same values.
+  AttentionShape shape{.num_heads = num_heads,
+                       .num_kv_heads = c.num_kv_heads,
+                       .head_dim = c.head_dim,
+                       .sliding_window = 0,
+                       .scale = scale};
+  ThreadPool threads(1);
+  PagedAttention attention(shape, 1);
+  std::vector<std::vector<PageId>> page_ids(num_seqs);
+  std::vector<AttentionSequence> seqs(num_seqs);
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    for (int32_t i = 0; i < pages_of[s]; ++i) {
+      page_ids[s].push_back(make_page_id(table[static_cast<size_t>(s) * stride + i]));
+    }
+    seqs[s] = AttentionSequence{.first_row = s,
+                                .num_tokens = 1,
+                                .start_position = c.lens[s] - 1,
+                                .page_table = page_ids[s]};
+  }
+  const auto qf = widen(q);
+  std::vector<float> want(q.size());
+  attention.run(threads, seqs, qf.data(), static_cast<int64_t>(num_heads) * c.head_dim, pool, 0,
+                want.data(), static_cast<int64_t>(num_heads) * c.head_dim);
+  expect_close(got, want, 2e-2f,
+               "head_dim " + std::to_string(c.head_dim) + " group " + std::to_string(c.group) +
+                   " page " + std::to_string(c.page_size) + " splits " +
+                   std::to_string(c.num_splits));
+}
+
+TEST(CudaKernelsTest, DecodeAttentionMatchesTheCpuEngine) {
+  STRATA_NEED_GPU();
+  std::mt19937 rng(3);
+  const std::vector<int32_t> groups =
+      smoke() ? std::vector<int32_t>{1, 8} : std::vector<int32_t>{1, 2, 4, 8};
+  const std::vector<int32_t> split_counts =
+      smoke() ? std::vector<int32_t>{3} : std::vector<int32_t>{1, 3, 8};
+  for (int32_t head_dim : {64, 128}) {
+    for (int32_t group : groups) {
+      for (int32_t splits : split_counts) {
+        SCOPED_TRACE(testing::Message()
+                     << "head_dim " << head_dim << " group " << group << " splits " << splits);
+        check_decode({head_dim, 2, group, 16, {1, 15, 16, 17, 300}, splits, false}, rng);
+        check_decode({head_dim, 1, group, 16, {700, 650}, splits, true}, rng);
+      }
+    }
+    // Page sizes that are not the usual 16, and more ranges than keys.
+    check_decode({head_dim, 2, 4, 1, {5, 33}, 1, false}, rng);
+    check_decode({head_dim, 2, 4, 7, {1, 7, 8, 50}, 16, true}, rng);
+  }
+}
+
+}  // namespace
+}  // namespace strata::cuda
