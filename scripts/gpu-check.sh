@@ -5,7 +5,9 @@
 #
 #   scripts/gpu-check.sh prepare   here, on a machine with the build's dependencies and
 #                                  nvcc (no GPU needed): builds the CUDA tree (build-cuda,
-#                                  -DSTRATA_CUDA=ON, cuda_tests only), fails on a register
+#                                  -DSTRATA_CUDA=ON, cuda_tests only; x86-64-v3, AVX2, not
+#                                  this machine's -march=native: the GPU machine's processor
+#                                  is another), fails on a register
 #                                  spill in any kernel (ptxas -v), and stages what the GPU
 #                                  machine runs in .gpu-check/: the test program (CUDA's
 #                                  runtime linked in statically) and the shared libraries it
@@ -32,7 +34,8 @@ prepare() {
   local gen=()
   [[ ! -f build-cuda/CMakeCache.txt ]] && command -v ninja >/dev/null && gen=(-G Ninja)
   cmake -S . -B build-cuda "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_CUDA=ON \
-        -DSTRATA_CUDA_PTXAS_VERBOSE=ON -DSTRATA_NATIVE=OFF -DSTRATA_BUILD_BENCH=OFF \
+        -DSTRATA_CUDA_PTXAS_VERBOSE=ON -DSTRATA_NATIVE=OFF -DCMAKE_CXX_FLAGS="-march=x86-64-v3" \
+        -DSTRATA_BUILD_BENCH=OFF \
         -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=0 \
         -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
   log=$(mktemp)

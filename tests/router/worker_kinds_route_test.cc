@@ -254,10 +254,14 @@ TEST_F(WorkerKindsTest, ALlamaCppServersLoadIsReadFromItsSlotsAndMetrics) {
   EXPECT_EQ(w["max_prompt_tokens"], 8192);
   EXPECT_EQ(w["eligible"], true);
 
-  // Every slot busy and two requests deferred: (4 + 2) / 4.
+  // Every slot busy and two requests deferred: (4 + 2) / 4. A poll reads /slots and /metrics
+  // one after the other, so one that straddles the two changes shows waiting 2 with the old
+  // running 1 (seen under ThreadSanitizer): wait for both.
   a.busy = 4;
   a.deferred = 2;
-  w = entry_when(a.url(), [](const json& w) { return w["load"]["waiting"] == 2; });
+  w = entry_when(a.url(), [](const json& w) {
+    return w["load"]["waiting"] == 2 && w["load"]["running"] == 4;
+  });
   EXPECT_EQ(w["load"]["running"], 4);
   EXPECT_DOUBLE_EQ(w["load"]["load_fraction"].get<double>(), 1.5);
 }
