@@ -152,37 +152,33 @@ DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) cudaFree(data_);
 }
 
-Status DeviceBuffer::copy_from_host(const void* src, size_t bytes) {
-  if (bytes > size_) return bad_argument("copy larger than the device buffer");
+namespace {
+
+// A synchronous copy of `bytes` within a buffer of `size` bytes.
+Status copy_bytes(void* dst, const void* src, size_t bytes, size_t size, cudaMemcpyKind kind,
+                  std::string_view what) {
+  if (bytes > size) return bad_argument("copy larger than the device buffer");
   if (bytes == 0) return {};
-  if (const cudaError_t e = cudaMemcpy(data_, src, bytes, cudaMemcpyHostToDevice);
-      e != cudaSuccess) {
-    return std::unexpected(cuda_error(e, "copying to the device"));
+  if (const cudaError_t e = cudaMemcpy(dst, src, bytes, kind); e != cudaSuccess) {
+    return std::unexpected(cuda_error(e, what));
   }
   return {};
 }
 
+}  // namespace
+
+Status DeviceBuffer::copy_from_host(const void* src, size_t bytes) {
+  return copy_bytes(data_, src, bytes, size_, cudaMemcpyHostToDevice, "copying to the device");
+}
+
 Status DeviceBuffer::copy_to_host(void* dst, size_t bytes) const {
-  if (bytes > size_) return bad_argument("copy larger than the device buffer");
-  if (bytes == 0) return {};
-  if (const cudaError_t e = cudaMemcpy(dst, data_, bytes, cudaMemcpyDeviceToHost);
-      e != cudaSuccess) {
-    return std::unexpected(cuda_error(e, "copying from the device"));
-  }
-  return {};
+  return copy_bytes(dst, data_, bytes, size_, cudaMemcpyDeviceToHost, "copying from the device");
 }
 
 Status DeviceBuffer::zero() {
   if (size_ == 0) return {};
   if (const cudaError_t e = cudaMemset(data_, 0, size_); e != cudaSuccess) {
     return std::unexpected(cuda_error(e, "clearing device memory"));
-  }
-  return {};
-}
-
-Status check_launch(const char* what) {
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
-    return std::unexpected(cuda_error(e, what));
   }
   return {};
 }
@@ -210,9 +206,6 @@ Status DeviceBuffer::copy_to_host(void*, size_t) const {
   return std::unexpected(no_cuda());
 }
 Status DeviceBuffer::zero() {
-  return std::unexpected(no_cuda());
-}
-Status check_launch(const char*) {
   return std::unexpected(no_cuda());
 }
 

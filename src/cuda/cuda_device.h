@@ -98,7 +98,4 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
-// The last error a kernel launch left (cudaGetLastError), as a Status naming `what`.
-Status check_launch(const char* what);
-
 }  // namespace strata::cuda

@@ -25,6 +25,15 @@ inline constexpr int kDecodeThreads = 128;
 inline constexpr int kDecodeTile = 32;  // keys per tile: one per lane in the softmax update
 inline constexpr int kDecodeMaxGroup = 8;
 
+// The workspace row of one (sequence, query head, key range): its partial output (D floats),
+// then its running max and sum.
+template <int D>
+__device__ __forceinline__ float* partial_row(const DecodeAttentionArgs& a, int seq, size_t head,
+                                              int split) {
+  return a.workspace +
+         ((static_cast<size_t>(seq) * a.num_heads + head) * a.num_splits + split) * (D + 2);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_attention_split_kernel(DecodeAttentionArgs a) {
@@ -124,23 +133,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 
   // The range's partial result: [seq][head][split][D + 2] = acc..., m, l.
-  const size_t row = static_cast<size_t>(D) + 2;
 #pragma unroll
   for (int j = 0; j < kAccPerThread; ++j) {
     const int i = tid + j * kDecodeThreads;
     const int g = i / D;
-    const int d = i % D;
-    if (g < group) {
-      const size_t h = static_cast<size_t>(kv_head) * group + g;
-      float* out =
-          a.workspace + ((static_cast<size_t>(seq) * a.num_heads + h) * a.num_splits + split) * row;
-      out[d] = acc[j];
-    }
+    if (g < group)
+      partial_row<D>(a, seq, static_cast<size_t>(kv_head) * group + g, split)[i % D] = acc[j];
   }
   if (tid < group) {
-    const size_t h = static_cast<size_t>(kv_head) * group + tid;
-    float* out =
-        a.workspace + ((static_cast<size_t>(seq) * a.num_heads + h) * a.num_splits + split) * row;
+    float* out = partial_row<D>(a, seq, static_cast<size_t>(kv_head) * group + tid, split);
     out[D] = m_s[tid];
     out[D + 1] = l_s[tid];
   }
@@ -152,8 +153,7 @@ __global__ void __launch_bounds__(D) decode_attention_merge_kernel(DecodeAttenti
   const int h = blockIdx.y;
   const int d = threadIdx.x;
   const size_t row = static_cast<size_t>(D) + 2;
-  const float* parts =
-      a.workspace + (static_cast<size_t>(seq) * a.num_heads + h) * a.num_splits * row;
+  const float* parts = partial_row<D>(a, seq, static_cast<size_t>(h), 0);  // its ranges in a row
   float m_max = -FLT_MAX;
   for (int r = 0; r < a.num_splits; ++r) {
     if (parts[r * row + D + 1] > 0.0f) m_max = fmaxf(m_max, parts[r * row + D]);
