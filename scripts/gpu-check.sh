@@ -21,6 +21,9 @@
 # With the device tool: add .gpu-check to .git/info/exclude once, run `prepare` here, then
 #   run(command="scripts/gpu-check.sh run", carry=[".gpu-check"], timeout_s=300)
 # Each check prints what it compared; a failure names the kernel, the shape and the values.
+# The checks: the kernels against the CPU engine's code (tests/cuda/cuda_kernels_test.cc),
+# and the KV tiers' copies through CUDA streams, bytes and bandwidth per I/O path and host
+# layout (tests/cuda/cuda_copy_test.cc).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -80,6 +83,9 @@ run_checks() {
   "$stage_dir/bin/cuda_tests" 2>&1 | tee "$out/cuda_tests.txt" ||
     rc=$?
   if ((rc != 0)); then echo "== gpu-check: cuda_tests failed (exit $rc)"; exit 1; fi
+  # The KV tiers' copy bandwidth per I/O path and host layout, against cudaMemcpy (issue 31).
+  grep -F "[copy bandwidth]" "$out/cuda_tests.txt" >"$out/copy_bandwidth.txt" || true
+  cat "$out/copy_bandwidth.txt"
   echo "== gpu-check: all passed"
 }
 

@@ -6,6 +6,8 @@
 
 #ifdef STRATA_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda/cuda_status.h"
 #endif
 
 namespace strata::cuda {
@@ -17,11 +19,7 @@ namespace {
 }
 
 #ifdef STRATA_HAVE_CUDA
-Error cuda_error(cudaError_t e, std::string_view what) {
-  const ErrorCode code =
-      e == cudaErrorMemoryAllocation ? ErrorCode::kResourceExhausted : ErrorCode::kInternal;
-  return Error{code, fmt::format("{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e))};
-}
+using detail::cuda_error;
 #else
 Error no_cuda() {
   return Error{ErrorCode::kUnsupported,
@@ -31,6 +29,14 @@ Error no_cuda() {
 #endif
 
 }  // namespace
+
+#ifdef STRATA_HAVE_CUDA
+Error detail::cuda_error(cudaError_t e, std::string_view what) {
+  const ErrorCode code =
+      e == cudaErrorMemoryAllocation ? ErrorCode::kResourceExhausted : ErrorCode::kInternal;
+  return Error{code, fmt::format("{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e))};
+}
+#endif
 
 bool built_with_cuda() {
 #ifdef STRATA_HAVE_CUDA

@@ -37,3 +37,43 @@ struct DecodeAttentionArgs {
 };
 
 }  // namespace strata::cuda
+
+namespace strata::cuda {
+
+// The attention block's step between the QKV product and attention, for a batch of tokens:
+// each query and key head normalized (Qwen3's q_norm / k_norm; skipped when the weights are
+// null, as for Llama), rotated by the token's position (RoPE, Hugging Face's rotate_half:
+// element i pairs with element i + head_dim / 2), and the token's key and value written into
+// its slot of the layer's pages. The query (and the key) are rotated in place in `qkv`.
+struct QkNormRopeStoreArgs {
+  // BF16 [num_tokens][(num_heads + 2 * num_kv_heads) * head_dim]: each token's q heads, then
+  // its k heads, then its v heads (the fused QKV product, biases added).
+  uint16_t* qkv = nullptr;
+  const uint16_t* q_norm_weight = nullptr;  // BF16 [head_dim], or null: no q/k norm
+  const uint16_t* k_norm_weight = nullptr;  // BF16 [head_dim], null with q_norm_weight
+  // F32 [num_tokens][head_dim]: cos of the token's angles [0, head_dim / 2), then their sin
+  // (the host computes them, with model/kernels.h's RopeTable, so CPU and GPU rotate alike).
+  const float* cos_sin = nullptr;
+  // [num_tokens]: where each token's K and V go, page * page_size + slot; -1: nowhere (a
+  // padding row).
+  const int32_t* slots = nullptr;
+  uint16_t* k_pages = nullptr;  // BF16 [num_pages][num_kv_heads][page_size][head_dim]
+  uint16_t* v_pages = nullptr;  // the same for V
+  int32_t num_tokens = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;   // 64 or 128
+  int32_t page_size = 0;  // >= 1
+  float eps = 1e-6f;
+};
+
+// One contiguous copy for the copy kernel (copy_spans.cu): memory/copy_device.h's CopySpan
+// as the kernel reads it. The host side of a span is page-locked host memory that the device
+// addresses directly.
+struct CopySpanArg {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  uint64_t bytes = 0;
+};
+
+}  // namespace strata::cuda

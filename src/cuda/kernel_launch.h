@@ -20,4 +20,9 @@ int launch_silu_mul(const uint16_t* gate_up, uint16_t* out, int32_t rows, int32_
 int launch_decode_attention_d64(const DecodeAttentionArgs& args, StreamHandle stream);
 int launch_decode_attention_d128(const DecodeAttentionArgs& args, StreamHandle stream);
 
+int launch_qk_norm_rope_store(const QkNormRopeStoreArgs& args, StreamHandle stream);
+// The copy kernel: spans[0 .. count) (page-locked host memory the device reads) copied by
+// `blocks` thread blocks, each taking spans in turn.
+int launch_copy_spans(const CopySpanArg* spans, int32_t count, int32_t blocks, StreamHandle stream);
+
 }  // namespace strata::cuda::detail

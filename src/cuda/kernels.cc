@@ -9,6 +9,7 @@
 #ifdef STRATA_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "cuda/cuda_status.h"
 #include "cuda/kernel_launch.h"
 #endif
 
@@ -30,10 +31,7 @@ constexpr int32_t kMinKeysPerSplit = 256;
 // A launcher's cudaError_t as a Status.
 Status launched(int code, const char* what) {
   if (code == 0) return {};
-  const auto e = static_cast<cudaError_t>(code);
-  return std::unexpected(
-      Error{ErrorCode::kInternal,
-            fmt::format("{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e))});
+  return std::unexpected(detail::cuda_error(static_cast<cudaError_t>(code), what));
 }
 #endif
 
@@ -138,6 +136,35 @@ Status decode_attention(const DecodeAttentionArgs& a, StreamHandle stream) {
   return launched(a.head_dim == 64 ? detail::launch_decode_attention_d64(a, stream)
                                    : detail::launch_decode_attention_d128(a, stream),
                   "decode_attention");
+#else
+  (void)stream;
+  return unsupported_build();
+#endif
+}
+
+Status qk_norm_rope_store(const QkNormRopeStoreArgs& a, StreamHandle stream) {
+  if (a.num_tokens < 0 || a.num_heads < 1 || a.num_kv_heads < 1 || a.page_size < 1) {
+    return bad_argument(fmt::format(
+        "qk_norm_rope_store: num_tokens {} (>= 0), num_heads {}, num_kv_heads {}, page_size {} "
+        "(>= 1)",
+        a.num_tokens, a.num_heads, a.num_kv_heads, a.page_size));
+  }
+  if (a.head_dim != 64 && a.head_dim != 128) {
+    return std::unexpected(
+        Error{ErrorCode::kUnsupported,
+              fmt::format("qk_norm_rope_store: head_dim {}; the kernel is built for 64 and 128",
+                          a.head_dim)});
+  }
+  if ((a.q_norm_weight == nullptr) != (a.k_norm_weight == nullptr)) {
+    return bad_argument("qk_norm_rope_store: q and k norm weights must be both given or both null");
+  }
+  if (a.num_tokens == 0) return {};
+  if (a.qkv == nullptr || a.cos_sin == nullptr || a.slots == nullptr || a.k_pages == nullptr ||
+      a.v_pages == nullptr) {
+    return bad_argument("qk_norm_rope_store: a null pointer");
+  }
+#ifdef STRATA_HAVE_CUDA
+  return launched(detail::launch_qk_norm_rope_store(a, stream), "qk_norm_rope_store");
 #else
   (void)stream;
   return unsupported_build();

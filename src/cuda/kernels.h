@@ -62,4 +62,8 @@ int32_t decode_attention_splits(int32_t num_seqs, int32_t num_kv_heads, int32_t 
 
 Status decode_attention(const DecodeAttentionArgs& args, StreamHandle stream);
 
+// Qwen3's q/k norm, RoPE and the K/V write into the layer's pages, for a batch of tokens
+// (QkNormRopeStoreArgs in kernel_args.h says what each argument is). Head sizes 64 and 128.
+Status qk_norm_rope_store(const QkNormRopeStoreArgs& args, StreamHandle stream);
+
 }  // namespace strata::cuda

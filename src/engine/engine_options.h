@@ -155,6 +155,8 @@ struct EngineCounters {
   uint64_t prefetch_pages_read = 0;
   uint64_t storage_pages_written = 0;
   uint64_t storage_faults = 0;           // items a backend failed (down, full, corrupt)
+  uint64_t copy_faults = 0;              // device <-> host copy jobs that failed
+  uint64_t copies_stalled = 0;           // copy jobs reported stalled (each once)
   uint64_t prefetch_timeouts = 0;        // requests that stopped waiting for a prefetch
   uint64_t tool_sessions_expired = 0;    // offloaded sessions released by the TTL
   uint64_t session_records_dropped = 0;  // idle tool-session records dropped (cap, TTL)

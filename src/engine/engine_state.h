@@ -10,6 +10,7 @@
 #include "common/result.h"
 #include "engine/engine_options.h"
 #include "engine/tool_sessions.h"
+#include "memory/copy_device.h"
 #include "memory/kv_pool.h"
 #include "memory/page_allocator.h"
 #include "storage/storage_backend.h"
@@ -38,6 +39,11 @@ struct EngineState {
   // finished device <-> host copy lands at this poll; false delays it to a later poll (the
   // timing of a busy machine, reproduced by a seeded generator).
   std::function<void(std::function<bool()>)> set_copy_gate;
+  // Tests: every copy in flight lands, then the host tier's copies go through a
+  // StreamTransferEngine over `device` (a device whose copies land, fail or stall when the
+  // test says), reporting copies in flight `stall_timeout_ms` as stalled. Errors without a
+  // host tier, or with the page_first layout.
+  std::function<Status(CopyDevice& device, int64_t stall_timeout_ms)> use_copy_device;
   // Hierarchical cache (null / 0 without it).
   PageAllocator* host_pages = nullptr;
   StorageBackend* storage = nullptr;

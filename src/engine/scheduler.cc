@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -12,6 +13,8 @@
 #include "engine/scheduler_seq.h"
 #include "engine/step_plan.h"
 #include "engine/storage_worker.h"
+#include "memory/stream_transfer_engine.h"
+#include "memory/transfer_engine.h"
 
 namespace strata {
 const char* finish_reason_name(FinishReason r) {
@@ -168,7 +171,9 @@ void Scheduler::land_loads() {
   if (!transfers_) return;
   submit_transfers();
   for (const auto& [ticket, pending] : pending_transfers_) {
-    if (pending.request.direction == TransferDirection::kHostToDevice) transfers_->wait(ticket);
+    if (pending.request.direction == TransferDirection::kHostToDevice) {
+      (void)transfers_->wait_resolved(ticket);  // a failure is handled by poll_io
+    }
   }
   poll_io(/*force=*/true);
   counters_.tool_sessions_expired += static_cast<uint64_t>(sessions_->tick());
@@ -203,36 +208,72 @@ void Scheduler::start_prefetch(Seq& seq, const MatchResult& m) {
   ++counters_.prefetches_started;
 }
 
+// A copy that landed: the tree learns it, a backup continues to storage, the request that
+// waited for a load runs. One that failed: the tree gives its pages back (the device pages
+// of a load; the host pages of a backup) and the request that waited recomputes what it
+// could not load. One that stalled: the request that waited stops waiting and recomputes;
+// the pages stay with the copy until it resolves.
+void Scheduler::on_transfer(const TransferOutcome& outcome) {
+  auto it = pending_transfers_.find(outcome.ticket);
+  if (it == pending_transfers_.end()) return;
+  if (outcome.result == TransferResult::kStalled) {
+    ++counters_.copies_stalled;
+    STRATA_LOG_WARN("a KV copy of {} pages is stalled ({})", it->second.request.hashes.size(),
+                    outcome.error);
+    if (it->second.waiting_seq != 0) unpark(std::exchange(it->second.waiting_seq, 0));
+    return;
+  }
+  PendingTransfer done = std::move(it->second);
+  pending_transfers_.erase(it);
+  const bool ok = outcome.result == TransferResult::kLanded;
+  if (!ok) {
+    ++counters_.copy_faults;
+    STRATA_LOG_WARN("a KV copy of {} pages failed: {}", done.request.hashes.size(), outcome.error);
+  }
+  tree_->complete_transfer(done.request, ok);
+  if (ok && done.request.direction == TransferDirection::kDeviceToHost && storage_worker_) {
+    auto items = tree_->begin_storage_write(done.request.hashes);
+    if (!items.empty()) {
+      StorageTask task;
+      task.kind = StorageTask::Kind::kWrite;
+      for (const auto& [h, page] : items) {
+        task.hashes.push_back(h);
+        task.host_pages.push_back(page);
+      }
+      pending_storage_.emplace(storage_worker_->submit(std::move(task)), PendingStorage{});
+    }
+  }
+  if (done.waiting_seq != 0) unpark(done.waiting_seq);
+}
+
+Status Scheduler::use_copy_device(CopyDevice& device, int64_t stall_timeout_ms) {
+  if (!transfers_) return bad_argument("no host tier: nothing is copied");
+  const auto host_blocks = host_pool_->block_layout();
+  if (!host_blocks) return bad_argument("the page_first host layout has no block layout");
+  while (!pending_transfers_.empty()) {
+    for (const auto& [ticket, pending] : pending_transfers_)
+      (void)transfers_->wait_resolved(ticket);
+    poll_io(/*force=*/true);
+  }
+  transfers_ = std::make_unique<StreamTransferEngine>(
+      device, kv_pool_->block_layout(), *host_blocks,
+      StreamTransferOptions{.stall_timeout_ms = stall_timeout_ms}, *clock_);
+  return {};
+}
+
 // Finished copies and storage calls: the tree learns what landed, parked requests go back
 // to the queue, backups continue to storage, prefetch hits become host nodes.
 void Scheduler::poll_io(bool force) {
   if (!transfers_) return;
-  std::vector<TransferTicket> landed = std::move(held_copies_);
+  std::vector<TransferOutcome> landed = std::move(held_copies_);
   held_copies_.clear();
-  for (TransferTicket t : transfers_->take_completed()) landed.push_back(t);
-  for (TransferTicket t : landed) {
+  for (TransferOutcome& o : transfers_->take_outcomes()) landed.push_back(std::move(o));
+  for (TransferOutcome& o : landed) {
     if (!force && copy_gate_ && !copy_gate_()) {
-      held_copies_.push_back(t);  // (tests) it lands at a later poll
+      held_copies_.push_back(std::move(o));  // (tests) it lands at a later poll
       continue;
     }
-    auto it = pending_transfers_.find(t);
-    if (it == pending_transfers_.end()) continue;
-    PendingTransfer done = std::move(it->second);
-    pending_transfers_.erase(it);
-    tree_->complete_transfer(done.request, true);
-    if (done.request.direction == TransferDirection::kDeviceToHost && storage_worker_) {
-      auto items = tree_->begin_storage_write(done.request.hashes);
-      if (!items.empty()) {
-        StorageTask task;
-        task.kind = StorageTask::Kind::kWrite;
-        for (const auto& [h, page] : items) {
-          task.hashes.push_back(h);
-          task.host_pages.push_back(page);
-        }
-        pending_storage_.emplace(storage_worker_->submit(std::move(task)), PendingStorage{});
-      }
-    }
-    if (done.waiting_seq != 0) unpark(done.waiting_seq);
+    on_transfer(o);
   }
   if (!storage_worker_) return;
   for (StorageTaskResult& r : storage_worker_->take_results()) {
@@ -460,6 +501,9 @@ EngineState Scheduler::make_state() {
   s.make_device_room = [this](int64_t pages) { return make_room_for_restore(pages); };
   s.land_loads = [this] { land_loads(); };
   s.set_copy_gate = [this](std::function<bool()> gate) { copy_gate_ = std::move(gate); };
+  s.use_copy_device = [this](CopyDevice& device, int64_t stall_timeout_ms) {
+    return use_copy_device(device, stall_timeout_ms);
+  };
   return s;
 }
 

@@ -34,10 +34,11 @@
 #include "engine/request.h"
 #include "engine/step_budget.h"
 #include "engine/tool_sessions.h"
+#include "memory/copy_device.h"
 #include "memory/host_kv_pool.h"
 #include "memory/kv_pool.h"
+#include "memory/kv_transfers.h"
 #include "memory/page_allocator.h"
-#include "memory/transfer_engine.h"
 #include "model/forward_model.h"
 #include "model/prompt_logits_cache.h"
 #include "storage/storage_backend.h"
@@ -209,6 +210,10 @@ class Scheduler {
   void submit_transfers(uint64_t load_for_seq = 0);
   // `force`: every finished copy lands now, whatever copy_gate_ says.
   void poll_io(bool force = false);
+  // A copy job resolved or stalled (poll_io).
+  void on_transfer(const TransferOutcome& outcome);
+  // Tests: every copy in flight lands, then `device` does the copies from now on.
+  Status use_copy_device(CopyDevice& device, int64_t stall_timeout_ms);
   void start_prefetch(Seq& seq, const MatchResult& m);
   void unpark(uint64_t seq_id);
   bool io_busy() const;
@@ -227,7 +232,9 @@ class Scheduler {
   // Hierarchical cache (null without it).
   std::unique_ptr<HostKvPool> host_pool_;
   std::unique_ptr<PageAllocator> host_allocator_;
-  std::unique_ptr<TransferEngine> transfers_;
+  // The CPU build's TransferEngine; tests put a StreamTransferEngine over a copy device of
+  // theirs in its place (EngineState::use_copy_device).
+  std::unique_ptr<KvTransfers> transfers_;
   std::unique_ptr<StorageBackend> storage_;
   std::unique_ptr<class StorageWorker> storage_worker_;
   StorageConfig storage_config_;
@@ -239,7 +246,7 @@ class Scheduler {
   // Tests (EngineState::set_copy_gate): asked for each finished copy at each poll; false
   // keeps it in flight (in held_copies_) until a later poll, as a busy machine would.
   std::function<bool()> copy_gate_;
-  std::vector<TransferTicket> held_copies_;
+  std::vector<TransferOutcome> held_copies_;
   struct PendingStorage {
     uint64_t seq_id = 0;          // the request that asked (prefetch), or 0
     std::vector<int32_t> tokens;  // prefetch: tokens through the last fetched page

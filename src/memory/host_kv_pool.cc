@@ -143,6 +143,23 @@ void HostKvPool::check_device(const KvPool& device) const {
                    "device pool and host pool have different page shapes");
 }
 
+std::optional<KvBlockLayout> HostKvPool::block_layout() const {
+  if (layout_ == HostLayout::kPageFirst) return std::nullopt;
+  KvBlockLayout l;
+  l.base = data_;
+  l.num_layers = shape_.num_layers;
+  l.num_pages = shape_.num_pages;
+  l.block_bytes = block_bytes_;
+  if (layout_ == HostLayout::kLayerFirst) {
+    l.region_stride = static_cast<size_t>(shape_.num_pages) * block_bytes_;
+    l.page_stride = block_bytes_;
+  } else {
+    l.region_stride = block_bytes_;
+    l.page_stride = page_bytes_;
+  }
+  return l;
+}
+
 std::byte* HostKvPool::block(int32_t layer, PageId page, int kv) const {
   STRATA_CHECK(layer >= 0 && layer < shape_.num_layers);
   check_page(page);

@@ -39,11 +39,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include "common/result.h"
+#include "memory/kv_block_layout.h"
 #include "memory/kv_pool.h"
 #include "memory/page_id.h"
 
@@ -90,6 +92,12 @@ class HostKvPool {
   // keeps); the buffer must be exactly page_bytes() long (checked).
   void read_page(PageId host_page, std::span<std::byte> dst) const;
   void write_page(PageId host_page, std::span<const std::byte> src);
+
+  // Where every block is (kv_block_layout.h): layer_first and page_first_direct only,
+  // nullopt for page_first, whose blocks are not contiguous.
+  std::optional<KvBlockLayout> block_layout() const;
+  // The whole pool's memory (to register it with a device for fast copies).
+  std::byte* data() const { return data_; }
 
   // page_first_direct: the page's canonical buffer itself, for zero-copy storage I/O.
   // Other layouts: an empty span (use read_page / write_page).

@@ -97,6 +97,17 @@ std::byte* KvPool::block(int32_t layer, PageId page, int kv) const {
          static_cast<size_t>(page_index(page)) * block_elements_ * element_size_bytes();
 }
 
+KvBlockLayout KvPool::block_layout() const {
+  KvBlockLayout l;
+  l.base = data_;
+  l.num_layers = shape_.num_layers;
+  l.num_pages = shape_.num_pages;
+  l.block_bytes = block_elements_ * element_size_bytes();
+  l.region_stride = layer_region_bytes_;
+  l.page_stride = l.block_bytes;
+  return l;
+}
+
 namespace {
 
 // Stores / loads one element of `dtype` at element offset `index` of `block`.

@@ -45,6 +45,7 @@
 #include <span>
 
 #include "common/result.h"
+#include "memory/kv_block_layout.h"
 #include "memory/kv_dtype.h"
 #include "memory/page_id.h"
 
@@ -129,6 +130,9 @@ class KvPool {
   const std::byte* k_block(int32_t layer, PageId page) const { return block(layer, page, 0); }
   const std::byte* v_block(int32_t layer, PageId page) const { return block(layer, page, 1); }
 
+  // Where every block is, for a copy engine that moves blocks by address
+  // (kv_block_layout.h).
+  KvBlockLayout block_layout() const;
   // Writes one token's keys and values (F32, [num_kv_heads][head_dim] each, converted
   // to dtype()) into `slot` of `page` in `layer`.
   void write_token(int32_t layer, PageId page, int32_t slot, const float* k, const float* v);

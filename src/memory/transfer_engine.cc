@@ -52,20 +52,6 @@ void TransferEngine::check_issued(TransferTicket ticket) const {
                    "transfer ticket " + std::to_string(ticket) + " was never issued");
 }
 
-namespace {
-
-bool shares_a_page(const TransferJob& a, const TransferJob& b) {
-  auto overlap = [](const std::vector<PageId>& x, const std::vector<PageId>& y) {
-    for (PageId p : x) {
-      if (std::find(y.begin(), y.end(), p) != y.end()) return true;
-    }
-    return false;
-  };
-  return overlap(a.device_pages, b.device_pages) || overlap(a.host_pages, b.host_pages);
-}
-
-}  // namespace
-
 size_t TransferEngine::queue_position(const TransferJob& job) const {
   size_t at = queue_.size();
   if (job.direction != TransferDirection::kHostToDevice) return at;
@@ -120,6 +106,13 @@ std::vector<TransferTicket> TransferEngine::take_completed() {
   std::vector<TransferTicket> out;
   std::lock_guard lock(mutex_);
   out.swap(completed_);
+  return out;
+}
+
+std::vector<TransferOutcome> TransferEngine::take_outcomes() {
+  std::vector<TransferOutcome> out;
+  for (TransferTicket t : take_completed())
+    out.push_back(TransferOutcome{t, TransferResult::kLanded, {}});
   return out;
 }
 

@@ -34,24 +34,13 @@
 
 #include "memory/host_kv_pool.h"
 #include "memory/kv_pool.h"
+#include "memory/kv_transfers.h"
 #include "memory/page_id.h"
 #include "memory/transfer_direction.h"
 
 namespace strata {
 
-struct TransferJob {
-  TransferDirection direction = TransferDirection::kDeviceToHost;
-  // Pair i moves device_pages[i] <-> host_pages[i]; both lists have the same length.
-  std::vector<PageId> device_pages;
-  std::vector<PageId> host_pages;
-  // Host -> device only: copy layer by layer and publish progress after each, for
-  // wait_layer(). Ignored for device -> host.
-  bool layer_by_layer = false;
-};
-
-using TransferTicket = uint64_t;  // 0 is never issued
-
-class TransferEngine {
+class TransferEngine final : public KvTransfers {
  public:
   struct Stats {
     uint64_t jobs = 0;  // finished jobs
@@ -65,14 +54,14 @@ class TransferEngine {
   // Starts `num_threads` (>= 1) copy threads. The pools must have the same page shape.
   TransferEngine(KvPool& device, HostKvPool& host, int32_t num_threads = 1);
   // Finishes every queued job, then joins the copy threads.
-  ~TransferEngine();
+  ~TransferEngine() override;
 
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
 
   // Queues a job; never waits for a copy. Lists of different lengths or invalid pages
   // are caller bugs and fail a check here, on the caller's thread.
-  TransferTicket submit(TransferJob job);
+  TransferTicket submit(TransferJob job) override;
   // Whether the job has fully landed. Non-blocking.
   bool done(TransferTicket ticket) const;
   // Blocks until the job has fully landed.
@@ -83,6 +72,13 @@ class TransferEngine {
   // Tickets finished since the last call, in completion order. Non-blocking.
   std::vector<TransferTicket> take_completed();
   Stats stats() const;
+
+  // KvTransfers: a memcpy cannot fail, so every job lands.
+  Status wait_resolved(TransferTicket ticket) override {
+    wait(ticket);
+    return {};
+  }
+  std::vector<TransferOutcome> take_outcomes() override;
 
  private:
   struct QueuedJob {

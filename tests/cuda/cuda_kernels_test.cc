@@ -20,35 +20,16 @@
 
 #include "cuda/cuda_device.h"
 #include "cuda/kernels.h"
+#include "gpu_test_util.h"
 #include "memory/kv_dtype.h"
 #include "memory/kv_pool.h"
 #include "model/attention.h"
 #include "model/kernels.h"
+#include "model/model_config.h"
 #include "model/thread_pool.h"
 
 namespace strata::cuda {
 namespace {
-
-// scripts/gpu-check.sh smoke: fewer shapes, for a rerun within the device time.
-bool smoke() {
-  const char* v = std::getenv("STRATA_GPU_SMOKE");
-  return v != nullptr && std::string_view(v) == "1";
-}
-
-bool gpu_required() {
-  const char* v = std::getenv("STRATA_REQUIRE_GPU");
-  return v != nullptr && std::string_view(v) == "1";
-}
-
-// Skips the test (fails it under STRATA_REQUIRE_GPU=1) without a usable device.
-#define STRATA_NEED_GPU()                                   \
-  do {                                                      \
-    auto device = probe_device(0);                          \
-    if (!device) {                                          \
-      if (gpu_required()) FAIL() << device.error().message; \
-      GTEST_SKIP() << device.error().message;               \
-    }                                                       \
-  } while (0)
 
 std::vector<uint16_t> random_bf16(std::mt19937& rng, size_t n, float scale) {
   std::uniform_real_distribution<float> dist(-scale, scale);
@@ -153,6 +134,21 @@ TEST(CudaKernelsTest, BadShapesAreRefusedBeforeAnyLaunch) {
   EXPECT_EQ(silu_mul(nullptr, nullptr, 4, 0, nullptr).error().code, ErrorCode::kInvalidArgument);
   EXPECT_TRUE(rms_norm(nullptr, nullptr, nullptr, 0, 64, 1e-6f, nullptr).has_value());
   EXPECT_EQ(decode_attention_workspace_floats(2, 8, 128, 3), size_t{2 * 8 * 3 * 130});
+  QkNormRopeStoreArgs q;
+  q.num_tokens = 2;
+  q.num_heads = 4;
+  q.num_kv_heads = 2;
+  q.head_dim = 80;
+  q.page_size = 16;
+  EXPECT_EQ(qk_norm_rope_store(q, nullptr).error().code, ErrorCode::kUnsupported);
+  q.head_dim = 64;
+  EXPECT_EQ(qk_norm_rope_store(q, nullptr).error().code, ErrorCode::kInvalidArgument);  // nulls
+  uint16_t w = 0;
+  q.q_norm_weight = &w;  // a q norm without a k norm
+  EXPECT_EQ(qk_norm_rope_store(q, nullptr).error().code, ErrorCode::kInvalidArgument);
+  q.q_norm_weight = nullptr;
+  q.num_tokens = 0;
+  EXPECT_TRUE(qk_norm_rope_store(q, nullptr).has_value());  // nothing to do
 }
 
 TEST(CudaKernelsTest, SplitsFillTheDeviceWithoutShortRanges) {
@@ -362,6 +358,117 @@ TEST(CudaKernelsTest, DecodeAttentionMatchesTheCpuEngine) {
     // Page sizes that are not the usual 16, and more ranges than keys.
     check_decode({head_dim, 2, 4, 1, {5, 33}, 1, false}, rng);
     check_decode({head_dim, 2, 4, 7, {1, 7, 8, 50}, 16, true}, rng);
+  }
+}
+
+// Q/K norm + RoPE + the K/V write against the CPU engine's rmsnorm_row and rope_apply, with
+// the angles from its RopeTable; tokens at scattered slots (one a padding row, -1), with and
+// without Qwen3's norms, both head sizes, GQA groups 1 and 4.
+TEST(CudaKernelsTest, QkNormRopeStoreMatchesTheCpuEngine) {
+  STRATA_NEED_GPU();
+  std::mt19937 rng(4);
+  for (int32_t head_dim : {64, 128}) {
+    for (auto [heads, kv_heads] : {std::pair{4, 4}, std::pair{8, 2}}) {
+      for (bool norms : {true, false}) {
+        for (int32_t tokens : {1, 17}) {
+          const std::string what = "head_dim " + std::to_string(head_dim) + " heads " +
+                                   std::to_string(heads) + "/" + std::to_string(kv_heads) +
+                                   (norms ? " norms" : "") + " tokens " + std::to_string(tokens);
+          const int32_t page_size = 16, num_pages = 4;
+          const int32_t width = (heads + 2 * kv_heads) * head_dim;
+          ModelConfig config;
+          config.head_dim = head_dim;
+          config.rope_theta = 1000000.0;
+          const RopeTable rope(config);
+          const int32_t half = head_dim / 2;
+          auto qkv = random_bf16(rng, static_cast<size_t>(tokens) * width, 3.0f);
+          auto qw = random_bf16(rng, static_cast<size_t>(head_dim), 1.5f);
+          auto kw = random_bf16(rng, static_cast<size_t>(head_dim), 1.5f);
+          std::vector<float> cos_sin(static_cast<size_t>(tokens) * head_dim);
+          std::vector<int32_t> slots(static_cast<size_t>(num_pages) * page_size);
+          std::iota(slots.begin(), slots.end(), 0);
+          std::shuffle(slots.begin(), slots.end(), rng);
+          slots.resize(static_cast<size_t>(tokens));
+          if (tokens > 1) slots[1] = -1;
+          for (int32_t t = 0; t < tokens; ++t) {
+            float* cs = cos_sin.data() + static_cast<size_t>(t) * head_dim;
+            rope.angles(static_cast<int64_t>(rng() % 40000), cs, cs + half);
+          }
+          const size_t page_elems =
+              static_cast<size_t>(num_pages) * kv_heads * page_size * head_dim;
+          DeviceBuffer d_qkv = to_device(qkv), d_qw = to_device(qw), d_kw = to_device(kw);
+          DeviceBuffer d_cs = to_device(cos_sin), d_slots = to_device(slots);
+          DeviceBuffer d_k = to_device(std::vector<uint16_t>(page_elems));
+          DeviceBuffer d_v = to_device(std::vector<uint16_t>(page_elems));
+          QkNormRopeStoreArgs a;
+          a.qkv = d_qkv.as<uint16_t>();
+          a.q_norm_weight = norms ? d_qw.as<uint16_t>() : nullptr;
+          a.k_norm_weight = norms ? d_kw.as<uint16_t>() : nullptr;
+          a.cos_sin = d_cs.as<float>();
+          a.slots = d_slots.as<int32_t>();
+          a.k_pages = d_k.as<uint16_t>();
+          a.v_pages = d_v.as<uint16_t>();
+          a.num_tokens = tokens;
+          a.num_heads = heads;
+          a.num_kv_heads = kv_heads;
+          a.head_dim = head_dim;
+          a.page_size = page_size;
+          a.eps = 1e-6f;
+          ASSERT_TRUE(qk_norm_rope_store(a, nullptr).has_value()) << what;
+          const auto got = widen(to_host<uint16_t>(d_qkv, qkv.size()));
+          const auto got_k = widen(to_host<uint16_t>(d_k, page_elems));
+          const auto got_v = widen(to_host<uint16_t>(d_v, page_elems));
+          const auto in = widen(qkv);
+          const auto qwf = widen(qw), kwf = widen(kw);
+          for (int32_t t = 0; t < tokens; ++t) {
+            const float* cs = cos_sin.data() + static_cast<size_t>(t) * head_dim;
+            for (int32_t h = 0; h < heads + 2 * kv_heads; ++h) {
+              const size_t at = static_cast<size_t>(t) * width + static_cast<size_t>(h) * head_dim;
+              std::vector<float> want(in.begin() + at, in.begin() + at + head_dim);
+              const bool is_v = h >= heads + kv_heads;
+              if (!is_v) {
+                if (norms) {
+                  rmsnorm_row(want.data(), h < heads ? qwf.data() : kwf.data(), want.data(),
+                              head_dim, 1e-6f);
+                }
+                rope_apply(want.data(), cs, cs + half, half);
+              }
+              const std::string where =
+                  what + " token " + std::to_string(t) + " head " + std::to_string(h);
+              expect_close({got.begin() + at, got.begin() + at + head_dim}, want, 1.6e-2f, where);
+              const int32_t slot = slots[static_cast<size_t>(t)];
+              if (h < heads || slot < 0) continue;
+              const int32_t kv = is_v ? h - heads - kv_heads : h - heads;
+              const size_t p =
+                  ((static_cast<size_t>(slot / page_size) * kv_heads + kv) * page_size +
+                   static_cast<size_t>(slot % page_size)) *
+                  head_dim;
+              const auto& pages = is_v ? got_v : got_k;
+              expect_close({pages.begin() + p, pages.begin() + p + head_dim}, want, 1.6e-2f,
+                           where + " in its page");
+            }
+          }
+          // The padding row wrote nothing: its slot's neighbours are untouched (zero) unless
+          // another token owns them, and no slot outside `slots` was written.
+          std::vector<bool> owned(static_cast<size_t>(num_pages) * page_size, false);
+          for (int32_t sl : slots) {
+            if (sl >= 0) owned[static_cast<size_t>(sl)] = true;
+          }
+          for (int32_t sl = 0; sl < num_pages * page_size; ++sl) {
+            if (owned[static_cast<size_t>(sl)]) continue;
+            for (int32_t kv = 0; kv < kv_heads; ++kv) {
+              const size_t p = ((static_cast<size_t>(sl / page_size) * kv_heads + kv) * page_size +
+                                static_cast<size_t>(sl % page_size)) *
+                               head_dim;
+              for (int32_t d = 0; d < head_dim; ++d) {
+                ASSERT_EQ(got_k[p + d], 0.0f) << what << " slot " << sl << " written";
+                ASSERT_EQ(got_v[p + d], 0.0f) << what << " slot " << sl << " written";
+              }
+            }
+          }
+        }
+      }
+    }
   }
 }
 

@@ -1,12 +1,14 @@
 // The hierarchical cache inside the engine: demotion to the host under a flood, load-back
 // with identical greedy output, write policies, pins that survive on the host, storage
-// shared across engine restarts, and faults that fall back to computing.
+// shared across engine restarts, and faults that fall back to computing (storage faults, and
+// device <-> host copies that fail or stall, through a copy device the test controls).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include "../memory/fake_copy_device.h"
 #include "engine/engine.h"
 #include "engine/engine_test_access.h"
 #include "engine_test_util.h"
@@ -185,6 +187,79 @@ TEST_F(HiCacheTest, BadOptionsAreRefused) {
   o = options();
   o.hicache.storage_backend = "nfs";
   EXPECT_FALSE(Engine::create(model_.get(), o, {}).has_value());
+}
+
+// The host tier's copies through a device the test controls (tests/memory/fake_copy_device.h,
+// the same StreamTransferEngine a GPU uses): copies that fail or stall cost the requests that
+// needed them only their cache hit (they compute instead, with the same output), every page
+// comes back, and the counters say what happened.
+class CopyFaultTest : public HiCacheTest {
+ protected:
+  // `device` must outlive the engine (declared before it).
+  std::unique_ptr<Engine> start_on(FakeCopyDevice& device) {
+    auto e = start(options(WritePolicy::kWriteThrough));
+    device.set_auto(true);
+    const Status st = engine_call(*e, [&](EngineState& s) {
+                        return s.use_copy_device(device, /*stall_timeout_ms=*/100);
+                      }).get();
+    EXPECT_TRUE(st) << st.error().message;
+    return e;
+  }
+  static EngineCounters counters(Engine& e) { return e.counters(); }
+  // Runs `vip`, then a flood that demotes it to the host; the first run's outcome.
+  static Outcome run_then_demote(Engine& e, const std::vector<int32_t>& vip) {
+    const Outcome first = run(e, vip);
+    flood(e, 8, 300, 100);
+    settle(e);
+    return first;
+  }
+};
+
+TEST_F(CopyFaultTest, CopiesThroughTheStreamEngineLoadBackWithIdenticalOutput) {
+  FakeCopyDevice device;
+  auto e = start_on(device);
+  const std::vector<int32_t> vip = prompt(400, 1);
+  const Outcome first = run_then_demote(*e, vip);
+  const Outcome again = run(*e, vip);
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_GT(again.usage.cached_host, 0);
+  settle(*e);
+  expect_consistent(*e);
+  EXPECT_EQ(counters(*e).copy_faults, 0u);
+}
+
+TEST_F(CopyFaultTest, FailedCopiesFallBackToComputingAndGiveTheirPagesBack) {
+  FakeCopyDevice device;
+  auto e = start_on(device);
+  const std::vector<int32_t> vip = prompt(400, 1);
+  const Outcome first = run_then_demote(*e, vip);
+  device.fail_all(true);  // the load back fails, and so does every backup from now on
+  const Outcome again = run(*e, vip);
+  EXPECT_EQ(again.tokens, first.tokens);
+  flood(*e, 4, 300, 200);  // backups that fail: their host pages come back
+  settle(*e);
+  EXPECT_GT(counters(*e).copy_faults, 0u);
+  expect_consistent(*e);
+  device.fail_all(false);  // and the tier works again
+  const Outcome third = run(*e, vip);
+  EXPECT_EQ(third.tokens, first.tokens);
+  settle(*e);
+  expect_consistent(*e);
+}
+
+TEST_F(CopyFaultTest, AStalledLoadStopsHoldingUpItsRequest) {
+  FakeCopyDevice device;
+  auto e = start_on(device);
+  const std::vector<int32_t> vip = prompt(400, 1);
+  const Outcome first = run_then_demote(*e, vip);
+  device.set_auto(false);              // nothing lands: the load back stalls
+  const Outcome again = run(*e, vip);  // computed instead, after the stall timeout
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_GT(counters(*e).copies_stalled, 0u);
+  device.set_auto(true);  // the copies land late; their pages come back then
+  device.land_all();
+  settle(*e);
+  expect_consistent(*e);
 }
 
 }  // namespace

@@ -22,21 +22,6 @@ KvPoolShape test_shape() {
   return KvPoolShape{4, 2, 8, kPages, 16, KvDtype::kBF16};
 }
 
-void fill_random(KvPool& pool, uint32_t seed) {
-  std::mt19937 gen(seed);
-  Bytes page(pool.page_bytes());
-  for (int32_t p = 0; p < pool.num_pages(); ++p) {
-    for (std::byte& b : page) b = static_cast<std::byte>(gen() & 0xff);
-    pool.copy_page_in(make_page_id(p), page);
-  }
-}
-
-std::vector<PageId> pages(std::initializer_list<int32_t> ids) {
-  std::vector<PageId> out;
-  for (int32_t id : ids) out.push_back(make_page_id(id));
-  return out;
-}
-
 // Device page i goes to host page kPages - 1 - i, two pages a job.
 TransferJob to_host_job(int32_t first) {
   return TransferJob{TransferDirection::kDeviceToHost, pages({first, first + 1}),

@@ -1,0 +1,233 @@
+#include "memory/stream_transfer_engine.h"
+
+#include <algorithm>
+#include <iterator>
+#include <string>
+#include <utility>
+
+#include "common/check.h"
+
+namespace strata {
+
+namespace {
+
+// Appends a copy, merged into the last one when it continues it on both sides.
+void append(std::vector<CopySpan>& out, std::byte* dst, const std::byte* src, size_t bytes) {
+  if (!out.empty()) {
+    CopySpan& last = out.back();
+    if (last.dst + last.bytes == dst && last.src + last.bytes == src) {
+      last.bytes += bytes;
+      return;
+    }
+  }
+  out.push_back(CopySpan{dst, src, bytes});
+}
+
+}  // namespace
+
+StreamTransferEngine::StreamTransferEngine(CopyDevice& device, const KvBlockLayout& device_blocks,
+                                           const KvBlockLayout& host_blocks,
+                                           StreamTransferOptions options, const Clock& clock)
+    : device_(device),
+      device_blocks_(device_blocks),
+      host_blocks_(host_blocks),
+      options_(options),
+      clock_(clock) {
+  STRATA_CHECK_MSG(device_blocks.num_layers == host_blocks.num_layers &&
+                       device_blocks.block_bytes == host_blocks.block_bytes &&
+                       device_blocks.num_layers >= 1 && device_blocks.block_bytes > 0,
+                   "device pool and host pool have different page shapes");
+  STRATA_CHECK(device_blocks.base != nullptr && host_blocks.base != nullptr);
+}
+
+StreamTransferEngine::~StreamTransferEngine() {
+  // The pools' memory is freed after this: no copy may still be writing into it.
+  for (auto& [ticket, job] : jobs_) {
+    for (CopyEvent e : job.events) {
+      (void)device_.wait(e);
+      device_.release(e);
+    }
+  }
+}
+
+void StreamTransferEngine::check_job(const TransferJob& job) const {
+  STRATA_CHECK_MSG(job.device_pages.size() == job.host_pages.size(),
+                   "transfer job with " + std::to_string(job.device_pages.size()) +
+                       " device pages and " + std::to_string(job.host_pages.size()) +
+                       " host pages");
+  for (PageId page : job.device_pages) {
+    STRATA_CHECK_MSG(page_index(page) >= 0 && page_index(page) < device_blocks_.num_pages,
+                     "transfer job names device page " + std::to_string(page_index(page)));
+  }
+  for (PageId page : job.host_pages) {
+    STRATA_CHECK_MSG(page_index(page) >= 0 && page_index(page) < host_blocks_.num_pages,
+                     "transfer job names host page " + std::to_string(page_index(page)));
+  }
+}
+
+void StreamTransferEngine::check_issued(TransferTicket ticket) const {
+  STRATA_CHECK_MSG(ticket >= 1 && ticket < next_ticket_,
+                   "transfer ticket " + std::to_string(ticket) + " was never issued");
+}
+
+std::vector<CopySpan> StreamTransferEngine::spans(const TransferJob& job, int32_t layer) const {
+  const bool to_host = job.direction == TransferDirection::kDeviceToHost;
+  const int32_t first = layer < 0 ? 0 : layer;
+  const int32_t last = layer < 0 ? device_blocks_.num_layers - 1 : layer;
+  std::vector<CopySpan> out;
+  out.reserve(job.device_pages.size() * 2 * static_cast<size_t>(last - first + 1));
+  for (int32_t l = first; l <= last; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (size_t i = 0; i < job.device_pages.size(); ++i) {
+        std::byte* dev = device_blocks_.block(l, job.device_pages[i], kv);
+        std::byte* host = host_blocks_.block(l, job.host_pages[i], kv);
+        if (to_host) {
+          append(out, host, dev, device_blocks_.block_bytes);
+        } else {
+          append(out, dev, host, device_blocks_.block_bytes);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void StreamTransferEngine::order_after_conflicts(const TransferJob& job, CopyQueue queue,
+                                                 Job& into) {
+  for (auto& [ticket, other] : jobs_) {
+    if (other.queue == queue || other.events.empty() || !shares_a_page(other.job, job)) continue;
+    const Status s = device_.queue_wait(queue, other.events.back());
+    if (!s && !into.error) into.error = s.error().message;
+  }
+}
+
+void StreamTransferEngine::enqueue(Job& job, std::span<const CopySpan> batch) {
+  if (job.error) return;  // an earlier batch was refused: nothing after it runs
+  Result<CopyEvent> e = device_.enqueue(job.queue, batch);
+  if (!e) {
+    job.error = "the device refused a copy: " + e.error().message;
+    return;
+  }
+  job.events.push_back(*e);
+  ++stats_.batches;
+  stats_.spans += batch.size();
+}
+
+TransferTicket StreamTransferEngine::submit(TransferJob job) {
+  check_job(job);
+  const TransferTicket ticket = next_ticket_++;
+  Job j;
+  j.queue =
+      job.direction == TransferDirection::kHostToDevice ? CopyQueue::kLoad : CopyQueue::kBackup;
+  j.enqueued_ms = clock_.now_ms();
+  order_after_conflicts(job, j.queue, j);
+  if (j.queue == CopyQueue::kLoad && job.layer_by_layer) {
+    for (int32_t l = 0; l < device_blocks_.num_layers; ++l) enqueue(j, spans(job, l));
+  } else {
+    enqueue(j, spans(job, -1));
+  }
+  j.job = std::move(job);
+  jobs_.emplace(ticket, std::move(j));
+  return ticket;
+}
+
+bool StreamTransferEngine::poll(std::map<TransferTicket, Job>::iterator it) {
+  Job& job = it->second;
+  bool all_resolved = true;
+  for (CopyEvent e : job.events) {
+    const Result<bool> r = device_.ready(e);
+    if (!r) {
+      if (!job.error) job.error = "a copy failed: " + r.error().message;
+    } else if (!*r) {
+      all_resolved = false;
+    }
+  }
+  if (!all_resolved) return false;
+  finish(it);
+  return true;
+}
+
+void StreamTransferEngine::finish(std::map<TransferTicket, Job>::iterator it) {
+  Job& job = it->second;
+  for (CopyEvent e : job.events) device_.release(e);
+  TransferOutcome out{it->first, TransferResult::kLanded, {}};
+  ++stats_.jobs;
+  if (job.error) {
+    out.result = TransferResult::kFailed;
+    out.error = *job.error;
+    ++stats_.failed;
+  } else {
+    const uint64_t pages = job.job.device_pages.size();
+    const uint64_t bytes =
+        pages * 2 * static_cast<uint64_t>(device_blocks_.num_layers) * device_blocks_.block_bytes;
+    if (job.queue == CopyQueue::kBackup) {
+      stats_.pages_to_host += pages;
+      stats_.bytes_to_host += bytes;
+    } else {
+      stats_.pages_to_device += pages;
+      stats_.bytes_to_device += bytes;
+    }
+  }
+  resolved_.push_back(std::move(out));
+  jobs_.erase(it);
+}
+
+bool StreamTransferEngine::done(TransferTicket ticket) {
+  check_issued(ticket);
+  const auto it = jobs_.find(ticket);
+  return it == jobs_.end() || poll(it);
+}
+
+Status StreamTransferEngine::wait(TransferTicket ticket) {
+  check_issued(ticket);
+  const auto it = jobs_.find(ticket);
+  if (it == jobs_.end()) {
+    for (const TransferOutcome& o : resolved_) {
+      if (o.ticket == ticket && o.result == TransferResult::kFailed) {
+        return make_error(ErrorCode::kInternal, o.error);
+      }
+    }
+    return {};
+  }
+  for (CopyEvent e : it->second.events) (void)device_.wait(e);  // errors: from ready(), below
+  STRATA_CHECK(poll(it));
+  const TransferOutcome& out = resolved_.back();
+  if (out.result == TransferResult::kFailed) return make_error(ErrorCode::kInternal, out.error);
+  return {};
+}
+
+Status StreamTransferEngine::wait_layer(TransferTicket ticket, int32_t layer) {
+  STRATA_CHECK_MSG(layer >= 0 && layer < device_blocks_.num_layers,
+                   "wait_layer for layer " + std::to_string(layer));
+  check_issued(ticket);
+  const auto it = jobs_.find(ticket);
+  if (it == jobs_.end()) return wait(ticket);  // resolved: its outcome only
+  const Job& job = it->second;
+  if (job.error) return make_error(ErrorCode::kInternal, *job.error);
+  const bool per_layer = job.queue == CopyQueue::kLoad && job.job.layer_by_layer;
+  const CopyEvent e = per_layer ? job.events[static_cast<size_t>(layer)] : job.events.back();
+  return device_.compute_wait(e);
+}
+
+std::vector<TransferOutcome> StreamTransferEngine::take_completed() {
+  const int64_t now = clock_.now_ms();
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    const auto next = std::next(it);
+    if (!poll(it)) {
+      Job& job = it->second;
+      if (!job.stall_reported && now - job.enqueued_ms >= options_.stall_timeout_ms) {
+        job.stall_reported = true;
+        ++stats_.stalled;
+        resolved_.push_back(TransferOutcome{
+            it->first, TransferResult::kStalled,
+            "copies in flight for " + std::to_string(now - job.enqueued_ms) + " ms"});
+      }
+    }
+    it = next;
+  }
+  std::vector<TransferOutcome> out;
+  out.swap(resolved_);
+  return out;
+}
+
+}  // namespace strata
