@@ -134,7 +134,18 @@ bool ToolSessions::holds_device() const {
 }
 
 void ToolSessions::settle_restore(Session& s) {
-  if (s.state != ToolSessionState::kRestoring || !path_all(s, true)) return;
+  if (s.state != ToolSessionState::kRestoring) return;
+  if (!path_all(s, true)) {
+    if (path_loading(s)) return;  // the restore's copies are still in flight
+    // A copy of the restore failed (its device pages went back, the host copy stays): as for
+    // a restore refused at tool_end (caveat 1), the host copy is no longer protected and the
+    // session is OFFLOADED again, same epoch, so that a later tool_end or the next request
+    // recovers it.
+    STRATA_LOG_WARN("tool session '{}': its restore's copy failed; it is offloaded again", s.id);
+    release(s);
+    set_state(s, ToolSessionState::kOffloaded);
+    return;
+  }
   // Restored: the host copy is no longer protected, but the device copy stays locked
   // until the session's next request arrives (at most resume_hold_ms), so that other
   // traffic cannot evict what the agent is about to use.
@@ -186,6 +197,14 @@ bool ToolSessions::path_all(const Session& s, bool on_device) const {
     if (on_device ? !n->on_device() : !n->on_host()) return false;
   }
   return true;
+}
+
+bool ToolSessions::path_loading(const Session& s) const {
+  const RadixNode* node = tree_.node_of(s.last_hash);
+  for (const RadixNode* n = node; n != nullptr && n != tree_.root(); n = n->parent) {
+    if (n->loading) return true;
+  }
+  return false;
 }
 
 std::string ToolSessions::tier_of(const Session& s) const {

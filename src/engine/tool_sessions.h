@@ -96,11 +96,15 @@ class ToolSessions {
   // Drops records beyond the cap and idle past the TTL (least recently used first).
   void trim();
   void set_state(Session& s, ToolSessionState state);
-  void release(Session& s);         // drops protection and restore lock
-  void drop_hold(Session& s);       // a restored session's device lock, if any
-  void settle_restore(Session& s);  // RESTORING -> RUNNABLE (held) once all on the device
+  void release(Session& s);    // drops protection and restore lock
+  void drop_hold(Session& s);  // a restored session's device lock, if any
+  // RESTORING -> RUNNABLE (held) once all on the device; -> OFFLOADED when a copy of the
+  // restore failed.
+  void settle_restore(Session& s);
   std::string tier_of(const Session& s) const;
   bool path_all(const Session& s, bool on_device) const;
+  // Whether a node of the session's path has a host -> device copy in flight.
+  bool path_loading(const Session& s) const;
   ToolSessionView view(const Session& s) const;
 
   RadixTree& tree_;

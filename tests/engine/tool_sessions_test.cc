@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "../memory/fake_copy_device.h"
 #include "engine/engine.h"
 #include "engine/engine_test_access.h"
 #include "engine_test_util.h"
@@ -105,6 +106,47 @@ TEST_F(ToolSessionTest, OffloadAndRestoreGiveADeviceHitWithIdenticalOutput) {
   const Outcome second = run(*e, turn2, "agent");
   EXPECT_GE(second.usage.cached_device, 496);
   EXPECT_EQ(second.usage.cached_host, 0);
+  auto fresh = start();
+  EXPECT_EQ(run(*fresh, turn2).tokens, second.tokens);
+  expect_consistent(*e);
+}
+
+// A restore whose copy fails (a GPU's copy can; here a copy device that fails on command,
+// tests/memory/fake_copy_device.h): the session does not stay RESTORING, its host copy is
+// no longer protected, it is OFFLOADED again with the same epoch, and a later tool_end
+// recovers it; the next turn's output is a fresh engine's.
+TEST_F(ToolSessionTest, ARestoreWhoseCopyFailsIsOffloadedAgainAndRecovers) {
+  FakeCopyDevice device;  // outlives the engine
+  auto e = start();
+  device.set_auto(true);
+  const Status use = engine_call(*e, [&](EngineState& s) {
+                       return s.use_copy_device(device, /*stall_timeout_ms=*/10'000);
+                     }).get();
+  ASSERT_TRUE(use) << use.error().message;
+  const auto turn1 = prompt(500, 1);
+  const Outcome first = run(*e, turn1, "agent");
+  ASSERT_TRUE(tool_start(*e, "agent").has_value());
+  EXPECT_EQ(settle(*e, "agent").state, ToolSessionState::kOffloaded);
+  flood(*e, 12, 100);
+  ASSERT_EQ(settle(*e, "agent").tier, "host");
+  device.fail_all(true);
+  ASSERT_TRUE(tool_end(*e, "agent", 1).has_value());  // the restore starts; its copy fails
+  ToolSessionView v = settle(*e, "agent");
+  EXPECT_EQ(v.state, ToolSessionState::kOffloaded);
+  EXPECT_EQ(v.epoch, 1u);
+  EXPECT_EQ(host_protected(*e), 0);
+  EXPECT_GT(e->counters().copy_faults, 0u);
+  expect_consistent(*e);
+  device.fail_all(false);
+  ASSERT_TRUE(tool_end(*e, "agent", 1).has_value());
+  v = settle(*e, "agent");
+  EXPECT_EQ(v.state, ToolSessionState::kRunnable);
+  EXPECT_EQ(v.tier, "device");
+  std::vector<int32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
+  const auto more = prompt(20, 2);
+  turn2.insert(turn2.end(), more.begin(), more.end());
+  const Outcome second = run(*e, turn2, "agent");
   auto fresh = start();
   EXPECT_EQ(run(*fresh, turn2).tokens, second.tokens);
   expect_consistent(*e);
