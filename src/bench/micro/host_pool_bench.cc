@@ -2,7 +2,11 @@
 // the same number of bytes in the same run:
 //   - restore (host -> device, copy_to_device and layer by layer), the latency on a hit in
 //     the host tier; the target is >= 80 % of memcpy for layer_first and page_first_direct;
-//   - offload (device -> host, copy_from_device), the write-back cost.
+//   - offload (device -> host, copy_from_device), the write-back cost;
+//   - the stream transfer engine (a GPU's, memory/stream_transfer_engine.h) over a device
+//     that copies each span with memcpy when it is enqueued: its spans against memcpy, and
+//     over a device that copies nothing: its own cost (building and merging the spans,
+//     events, polling) per batch of 256 pages.
 // Shape: a Qwen3-8B-like page (28 layers, 8 KV heads, head_dim 128, page 16, BF16, paired
 // layout): 1.75 MiB a page, 256 pages = 448 MiB a batch, far beyond the caches. Host
 // pages are a fixed shuffle (as the radix tree hands them out); all memory is touched
@@ -22,6 +26,7 @@
 
 #include "memory/host_kv_pool.h"
 #include "memory/kv_pool.h"
+#include "memory/stream_transfer_engine.h"
 
 namespace strata {
 namespace {
@@ -179,6 +184,61 @@ void BM_Offload(benchmark::State& state, HostLayout layout) {
                      [&] { host.copy_from_device(*f.device, f.device_pages, f.host_pages); });
 }
 
+// A copy device whose batches land when enqueued: each span copied with memcpy (or not at
+// all), every event ready at once.
+class InlineCopyDevice final : public CopyDevice {
+ public:
+  explicit InlineCopyDevice(bool copy) : copy_(copy) {}
+  Result<CopyEvent> enqueue(CopyQueue, std::span<const CopySpan> spans) override {
+    if (copy_) {
+      for (const CopySpan& sp : spans) std::memcpy(sp.dst, sp.src, sp.bytes);
+    }
+    spans_ += spans.size();
+    return next_++;
+  }
+  Result<bool> ready(CopyEvent) override { return true; }
+  Status wait(CopyEvent) override { return {}; }
+  Status queue_wait(CopyQueue, CopyEvent) override { return {}; }
+  Status compute_wait(CopyEvent) override { return {}; }
+  void release(CopyEvent) override {}
+  uint64_t spans() const { return spans_; }
+
+ private:
+  bool copy_;
+  CopyEvent next_ = 1;
+  uint64_t spans_ = 0;
+};
+
+// One restore of the batch through the stream engine, submitted and polled to its outcome.
+void stream_restore(StreamTransferEngine& engine, bool by_layer) {
+  Fixture& f = fixture();
+  const TransferTicket t = engine.submit(
+      TransferJob{TransferDirection::kHostToDevice, f.device_pages, f.host_pages, by_layer});
+  if (!engine.wait(t)) std::abort();
+  benchmark::DoNotOptimize(engine.take_completed());
+}
+
+void BM_StreamRestore(benchmark::State& state, HostLayout layout) {
+  Fixture& f = fixture();
+  InlineCopyDevice device(/*copy=*/true);
+  StreamTransferEngine engine(device, f.device->block_layout(), *f.host(layout).block_layout());
+  run_against_memcpy(state, [&] { stream_restore(engine, state.range(0) != 0); });
+  state.counters["spans_per_batch"] =
+      static_cast<double>(device.spans()) / static_cast<double>(state.iterations());
+}
+
+void BM_StreamEngineOverhead(benchmark::State& state, HostLayout layout) {
+  Fixture& f = fixture();
+  InlineCopyDevice device(/*copy=*/false);
+  StreamTransferEngine engine(device, f.device->block_layout(), *f.host(layout).block_layout());
+  for (auto _ : state) stream_restore(engine, state.range(0) != 0);
+  state.counters["spans_per_batch"] =
+      static_cast<double>(device.spans()) / static_cast<double>(state.iterations());
+  state.counters["ns_per_page"] = benchmark::Counter(
+      static_cast<double>(kPages),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MemcpyBlocks)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Restore, layer_first, HostLayout::kLayerFirst)->Unit(benchmark::kMillisecond);
@@ -195,6 +255,24 @@ BENCHMARK_CAPTURE(BM_Offload, layer_first, HostLayout::kLayerFirst)->Unit(benchm
 BENCHMARK_CAPTURE(BM_Offload, page_first, HostLayout::kPageFirst)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Offload, page_first_direct, HostLayout::kPageFirstDirect)
     ->Unit(benchmark::kMillisecond);
+
+// Arg 0: the whole batch at once; 1: layer by layer (one batch and event per layer).
+BENCHMARK_CAPTURE(BM_StreamRestore, layer_first, HostLayout::kLayerFirst)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_StreamRestore, page_first_direct, HostLayout::kPageFirstDirect)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_StreamEngineOverhead, layer_first, HostLayout::kLayerFirst)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_StreamEngineOverhead, page_first_direct, HostLayout::kPageFirstDirect)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace strata
