@@ -262,6 +262,9 @@ TEST_F(EventSubscriberTest, AReplayThatTimesOutMarksTheWorkerStale) {
   worker_.publish(seq_++, store_payload(tokens_, 0, 2), /*deliver=*/false);
   worker_.publish(seq_++, store_payload(tokens_, 2, 4));
   ASSERT_TRUE(wait_for([&] { return sub_->stats().replays_failed == 1; }));
+  // The failure is counted before the worker is marked stale: wait for the mark too (a CI
+  // run saw the count without it).
+  ASSERT_TRUE(wait_for([&] { return !stale_reasons().empty(); }));
   EXPECT_TRUE(index_.is_stale(kWorker));
   ASSERT_EQ(stale_reasons().size(), 1u);
   EXPECT_NE(stale_reasons()[0].find("timed out"), std::string::npos) << stale_reasons()[0];
