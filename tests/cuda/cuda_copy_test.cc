@@ -37,11 +37,18 @@ TEST(CudaCopyDeviceTest, PathNamesParse) {
   EXPECT_EQ(copy_path_name(CopyPath::kKernel), "kernel");
 }
 
-TEST(CudaCopyDeviceTest, WithoutAUsableGpuCreationSaysWhy) {
-  if (probe_device(0)) GTEST_SKIP() << "a GPU is present";
+// Creation succeeds exactly where a usable GPU is, and says why where none is.
+TEST(CudaCopyDeviceTest, CreationFollowsTheProbe) {
+  const auto probe = probe_device(0);
   const auto d = CudaCopyDevice::create(nullptr, CopyPath::kDirect);
-  ASSERT_FALSE(d);
-  EXPECT_FALSE(d.error().message.empty());
+  if (probe) {
+    ASSERT_TRUE(d) << d.error().message;
+    EXPECT_EQ((*d)->path(), CopyPath::kDirect);
+  } else {
+    ASSERT_FALSE(d);
+    EXPECT_FALSE(d.error().message.empty());
+    EXPECT_NE(d.error().code, ErrorCode::kInvalidArgument) << d.error().message;
+  }
 }
 
 // The device pool: KvPool's arrangement (kv_pool.h) in GPU memory.
