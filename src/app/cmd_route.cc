@@ -50,6 +50,20 @@ void add_session_binding_flags(CLI::App& cmd, router::SessionTableOptions& o) {
                  "Rejections (429/503) within 30 s that move a session");
 }
 
+// Bindings shared by router replicas (router/shared_sessions.h).
+void add_session_store_flags(CLI::App& cmd, router::SharedSessionOptions& o) {
+  cmd.add_option("--session-store", o.url,
+                 "redis://[:password@]host[:port][/db]: share session bindings with the other "
+                 "router replicas in front of the same workers (docs/router.md)");
+  cmd.add_option("--session-store-namespace", o.name_space,
+                 "Keys strata:router:<namespace>:session:*; replicas of one cluster share it")
+      ->capture_default_str();
+  cmd.add_option("--session-store-timeout-ms", o.timeout_ms,
+                 "Longest wait for the store per call (then routed on this router's own "
+                 "bindings)")
+      ->capture_default_str();
+}
+
 // The cost of sending a request to a worker (router/cost.h).
 void add_cost_flags(CLI::App& cmd, router::CostWeights& w) {
   cmd.add_option("--cost-device", w.device, "Credit per cached device token");
@@ -105,6 +119,7 @@ void add_route_command(CLI::App& app, int& exit_code) {
                   "--pd: a prefill worker with more prompt tokens waiting than this is "
                   "overloaded (>= 0)");
   add_session_binding_flags(*cmd, r.sessions);
+  add_session_store_flags(*cmd, r.shared_sessions);
   cmd->add_option("--max-response-bindings", r.responses.max_responses,
                   "Responses API: stored responses whose worker the router remembers (the "
                   "least recently used is forgotten first)")

@@ -128,6 +128,7 @@ Status validate(const RouterOptions& o) {
   if (auto st = http::validate(o.http); !st) return st;
   if (auto st = validate(o.weights); !st) return st;
   if (auto st = validate(o.sessions); !st) return st;
+  if (auto st = validate(o.shared_sessions); !st) return st;
   if (auto st = validate(o.responses); !st) return st;
   if (auto st = validate(o.turn_records); !st) return st;
   if (auto st = validate(o.breaker); !st) return st;
@@ -240,7 +241,14 @@ RouterMetrics::RouterMetrics()
                        .Help("Responses API: pauses before trying again a worker that holds the "
                              "response and did not answer")
                        .Register(*registry)
-                       .Add({})) {}
+                       .Add({})),
+      session_store(prometheus::BuildCounter()
+                        .Name("strata_router_session_store_total")
+                        .Help("--session-store: calls to the bindings shared with other "
+                              "replicas, by outcome (lookups, found, binds, races_lost: a new "
+                              "session another replica bound first; errors: the store did not "
+                              "answer and this router routed on its own bindings)")
+                        .Register(*registry)) {}
 
 Router::Impl::Impl(RouterOptions o, const Tokenizer& t, const ChatTemplate* c, std::string model)
     : options(std::move(o)),
@@ -1106,7 +1114,7 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
   out.probe = w.breaker.admit(now).probe;
   if (!req.session.empty() && (!binding || binding->worker != w.id || binding->migrate)) {
     if (!binding) ++w.new_sessions;
-    (void)sessions.bind(req.session, w.id, now);
+    out.session_bound = sessions.bind(req.session, w.id, now).has_value();
   }
   metrics.decisions.Add({{"reason", out.reason}, {"worker", w.url}}).Increment();
   // Predict-on-route: siblings of this request (an agent's fan-out) find these blocks
@@ -1217,6 +1225,18 @@ void Router::Impl::finished(const RouteChoice& c, bool started) {
   wake_queue();
 }
 
+bool Router::Impl::adopt_shared_binding(const std::string& session, const std::string& url) {
+  std::lock_guard lock(mutex);
+  const int64_t now = now_ms();
+  for (const auto& [id, w] : workers) {
+    if (w->url != url) continue;
+    const std::optional<SessionBinding> local = sessions.peek(session, now);
+    if (!local || local->worker != id) (void)sessions.bind(session, id, now);
+    return true;
+  }
+  return false;
+}
+
 void Router::Impl::outcome(const RouteChoice& c, UpstreamOutcome o, const std::string& session,
                            uint64_t probe) {
   std::lock_guard lock(mutex);
@@ -1244,6 +1264,12 @@ Result<std::unique_ptr<Router>> Router::create(RouterOptions options, const Toke
                                                const ChatTemplate* chat, std::string model_name) {
   if (auto st = validate(options); !st) return std::unexpected(st.error());
   auto impl = std::make_unique<Impl>(std::move(options), tokenizer, chat, std::move(model_name));
+  if (!impl->options.shared_sessions.url.empty()) {
+    auto store = SharedSessions::create(impl->options.shared_sessions,
+                                        impl->options.sessions.ttl_ms, SteadyClock::instance());
+    if (!store) return std::unexpected(store.error());
+    impl->shared_sessions = std::move(*store);
+  }
   for (const std::string& url : impl->options.workers) {
     auto w = impl->add_worker(url, nullptr);
     if (!w) return make_error(w.error().code, "--worker " + url + ": " + w.error().message);

@@ -8,7 +8,8 @@
 // upstream, x-strata-prefill-worker on the answer).
 //
 // Pieces: the prefix index (prefix_index.h) fed by one event subscriber per worker
-// (event_subscriber.h); sticky session bindings (session_table.h); a circuit breaker per
+// (event_subscriber.h); sticky session bindings (session_table.h), shared with other router
+// replicas through Redis when asked (shared_sessions.h); a circuit breaker per
 // worker (circuit_breaker.h); the bounded fair queue used when every worker is saturated
 // (admission_queue.h); which worker stored each response of the Responses API
 // (response_table.h); the worker registry, its load polling and stale-index rebuilds; the
@@ -35,6 +36,7 @@
 #include "router/pd_choice.h"
 #include "router/response_table.h"
 #include "router/session_table.h"
+#include "router/shared_sessions.h"
 #include "router/turn_records.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
@@ -61,6 +63,8 @@ struct RouterOptions {
   Policy policy = Policy::kDefault;
   CostWeights weights;
   SessionTableOptions sessions;
+  // --session-store: bindings shared with other replicas through Redis (shared_sessions.h).
+  SharedSessionOptions shared_sessions;
   ResponseTableOptions responses;  // which worker stored each response (Responses API)
   // The exact tokens each worker keeps for the sessions and stored responses routed there
   // (turn_records.h): --max-turn-records, --max-turn-record-mb.

@@ -266,6 +266,8 @@ awaitable<void> relay_session(Router::Impl& r, http::Exchange& ex) {
         router_error(400, "'session_id' (1 to 256 characters) is required", "invalid_argument"));
     co_return;
   }
+  // --session-store: a session another replica bound is relayed to its worker too.
+  (void)co_await read_shared_binding(r, ex, session);
   std::shared_ptr<Worker> w;
   {
     std::lock_guard lock(r.mutex);
@@ -378,6 +380,17 @@ http::Response metrics(Router::Impl& r) {
     if (auto it = r.workers.find(s.worker); it != r.workers.end()) {
       r.metrics.worker_gauges.Add({{"worker", it->second->url}, {"what", "index_blocks"}})
           .Set(static_cast<double>(s.blocks));
+    }
+  }
+  if (r.shared_sessions) {
+    std::lock_guard lock(r.mutex);  // one reader at a time moves the counters
+    const SharedSessionStats st = r.shared_sessions->stats();
+    for (const auto& [what, v] :
+         {std::pair{"lookups", st.lookups}, std::pair{"found", st.found},
+          std::pair{"binds", st.binds}, std::pair{"races_lost", st.races_lost},
+          std::pair{"errors", st.errors}}) {
+      prometheus::Counter& c = r.metrics.session_store.Add({{"what", what}});
+      c.Increment(static_cast<double>(v) - c.Value());  // the store's own tallies
     }
   }
   prometheus::TextSerializer ser;

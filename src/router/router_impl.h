@@ -147,6 +147,7 @@ struct RouterMetrics {
   prometheus::Counter& pd_remote_without_transfer;        // remote, but usage had no kv_transfer
   prometheus::Family<prometheus::Counter>& response_lookups;  // {result}: found, not_found
   prometheus::Counter& holder_waits;  // pauses before trying a response's worker again
+  prometheus::Family<prometheus::Counter>& session_store;  // {what}: SharedSessionStats
   RouterMetrics();
 };
 
@@ -157,7 +158,8 @@ struct RouteChoice {
   int64_t prompt_tokens = 0;
   int64_t charged_prefill = 0;  // added to the worker's inflight_prefill_tokens
   bool all_saturated = false;
-  uint64_t probe = 0;  // the breaker's half-open probe number (CircuitBreaker::admit)
+  bool session_bound = false;  // choose() bound the request's session here (new or moved)
+  uint64_t probe = 0;          // the breaker's half-open probe number (CircuitBreaker::admit)
   // --pd, a remote prefill: the prefill worker, its PD id (sent to the decode worker as
   // x-strata-prefill-peer), and the prompt tokens charged to its inflight_prefill_tokens
   // until the first byte. Null / "" / 0 when the decode worker prefills locally.
@@ -205,7 +207,10 @@ struct Router::Impl {
   std::mutex mutex;
   std::map<WorkerId, std::shared_ptr<Worker>> workers;  // GUARDED_BY(mutex)
   SessionTable sessions;                                // GUARDED_BY(mutex)
-  ResponseTable responses;                              // GUARDED_BY(mutex)
+  // --session-store: the bindings every replica shares (null: this router's table alone).
+  // Set at creation, then constant; thread-safe itself.
+  std::unique_ptr<SharedSessions> shared_sessions;
+  ResponseTable responses;  // GUARDED_BY(mutex)
   // Searches for unbound response ids under way, by id (find_response_holder).
   std::map<std::string, std::shared_ptr<HolderSearch>, std::less<>>
       response_searches;         // GUARDED_BY(mutex)
@@ -277,6 +282,10 @@ struct Router::Impl {
   // remote prefill fills out.prefill* and charges the prefill worker. Caller holds mutex.
   void choose_prefill_worker(RouteChoice& out, const std::map<WorkerId, WorkerMatch>& matches,
                              const std::map<int, std::vector<uint64_t>>& hashes, int64_t now);
+  // --session-store: takes the shared binding of `session` (a worker URL) into this router's
+  // table, bound to the worker of that URL unless it is bound there already. false: the URL
+  // is none of this router's workers (the binding is then left as it is).
+  bool adopt_shared_binding(const std::string& session, const std::string& url);
   // The request reached its first token (prefill done) or ended; undoes choose()'s charge.
   void first_token(const RouteChoice& c);
   void finished(const RouteChoice& c, bool started);
@@ -292,6 +301,26 @@ struct Router::Impl {
 
 // Sends the exchange's request as it is to any eligible worker, answering with its answer.
 boost::asio::awaitable<void> forward_any(Router::Impl& r, http::Exchange& ex);
+
+// --session-store (shared_sessions.h): what the store said of a request's session before it
+// was routed.
+struct SharedBinding {
+  bool asked = false;              // there is a store and the request has a session
+  bool answered = false;           // the store answered (else: routed on this router's table)
+  std::optional<std::string> url;  // the worker the session is bound to there
+};
+// Reads the session's shared binding (refreshing its TTL) off the I/O thread and adopts it
+// (Impl::adopt_shared_binding). Nothing asked without a store or a session.
+boost::asio::awaitable<SharedBinding> read_shared_binding(Router::Impl& r, http::Exchange& ex,
+                                                          const std::string& session);
+// After choose() sent the session to c.worker: writes that binding for the other replicas
+// when it changed here or the store had another; a new session is written only if absent,
+// and when another replica bound it first meanwhile its binding is adopted (later turns
+// follow it; this request goes where it was sent).
+boost::asio::awaitable<void> publish_shared_binding(Router::Impl& r, http::Exchange& ex,
+                                                    const std::string& session,
+                                                    const SharedBinding& before,
+                                                    const RouteChoice& c);
 
 // Routes (router_routes.cc, router_admin_routes.cc).
 void add_router_routes(http::Server& server, Router::Impl& r);

@@ -598,6 +598,9 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
   rr.session = p->session;
   rr.tenant = tenant_of(req);
   rr.pd_local_only = p->pd_local_only;
+  // --session-store: where the other router replicas bound the session, adopted first.
+  const SharedBinding shared = co_await read_shared_binding(r, ex, rr.session);
+  if (ex.abandoned()) co_return;
   // A Responses request that builds on a stored response goes to the worker that stored it
   // (bound, or found by asking the workers), or nowhere.
   const std::optional<StoredBase> base = stored_base(*p);
@@ -641,6 +644,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     }
     if (attempt > 0) r.metrics.retries.Increment();
     ++attempt;
+    co_await publish_shared_binding(r, ex, rr.session, shared, *c);
     if (!counted) {
       counted = true;
       r.metrics.prompt_tokens.Increment(static_cast<double>(c->prompt_tokens));
@@ -813,6 +817,31 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
 }
 
 }  // namespace
+
+awaitable<SharedBinding> read_shared_binding(Router::Impl& r, http::Exchange& ex,
+                                             const std::string& session) {
+  SharedBinding out;
+  if (!r.shared_sessions || session.empty()) co_return out;
+  out.asked = true;
+  auto found = co_await ex.offload([&] { return r.shared_sessions->lookup(session); });
+  if (!found) co_return out;  // counted and logged by the store
+  out.answered = true;
+  out.url = std::move(*found);
+  if (out.url) r.adopt_shared_binding(session, *out.url);
+  co_return out;
+}
+
+awaitable<void> publish_shared_binding(Router::Impl& r, http::Exchange& ex,
+                                       const std::string& session, const SharedBinding& before,
+                                       const RouteChoice& c) {
+  if (!before.asked) co_return;
+  const std::string& url = c.worker->url;
+  if (!c.session_bound && !(before.answered && before.url != url)) co_return;
+  const bool only_if_absent = !before.url;
+  auto holds =
+      co_await ex.offload([&] { return r.shared_sessions->bind(session, url, only_if_absent); });
+  if (holds && *holds != url) r.adopt_shared_binding(session, *holds);
+}
 
 // Sends a request to any eligible worker as it is (round robin over them), answering with
 // the worker's answer. Used for the endpoints whose answer does not depend on the worker.

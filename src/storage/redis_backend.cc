@@ -15,60 +15,13 @@ namespace strata {
 
 namespace {
 
-timeval to_timeval(int64_t ms) {
-  return timeval{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
-}
-
-struct ReplyDeleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
-
-// Blocks SIGPIPE in this thread for its scope and swallows one raised meanwhile, so that
-// writing to a server that went away fails with EPIPE instead of killing the process.
-// (hiredis writes with write(2), not send(MSG_NOSIGNAL).)
-class SigpipeGuard {
- public:
-  SigpipeGuard() {
-    sigemptyset(&pipe_set_);
-    sigaddset(&pipe_set_, SIGPIPE);
-    sigset_t pending;
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-    pthread_sigmask(SIG_BLOCK, &pipe_set_, &old_mask_);
-  }
-  ~SigpipeGuard() {
-    if (!was_pending_) {
-      sigset_t pending;
-      sigpending(&pending);
-      if (sigismember(&pending, SIGPIPE) == 1) {
-        const timespec no_wait{0, 0};
-        while (sigtimedwait(&pipe_set_, nullptr, &no_wait) < 0 && errno == EINTR) {
-        }
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
-  }
-  SigpipeGuard(const SigpipeGuard&) = delete;
-  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
-
- private:
-  sigset_t pipe_set_;
-  sigset_t old_mask_;
-  bool was_pending_ = false;
-};
-
-std::string_view reply_text(const redisReply& r) {
-  return std::string_view(r.str, r.len);
-}
-
 Status io_error(const std::string& message) {
   return make_error(ErrorCode::kIoError, message);
 }
 
 // A Redis error reply for one item: out of memory is the store being full.
 Status error_reply(const redisReply& r) {
-  const std::string text(reply_text(r));
+  const std::string text(redis_reply_text(r));
   const ErrorCode code =
       text.starts_with("OOM") ? ErrorCode::kResourceExhausted : ErrorCode::kIoError;
   return make_error(code, "redis storage: " + text);
@@ -81,28 +34,34 @@ RedisBackend::RedisBackend(const StorageConfig& config, const Clock& clock)
       clock_(clock),
       key_prefix_("strata:" + config.name_space + ":"),
       namespace_hash_(storage_namespace_hash(config.name_space)),
-      log_throttle_(clock) {}
+      log_throttle_(clock),
+      conn_(RedisEndpoint{.host = config.host,
+                          .port = config.port,
+                          .db = config.db,
+                          .password = config.password,
+                          .timeout_ms = config.timeout_ms},
+            clock, "redis storage") {}
 
-RedisBackend::~RedisBackend() {
-  if (context_ != nullptr) redisFree(context_);
-}
+RedisBackend::~RedisBackend() = default;
 
 Result<std::unique_ptr<RedisBackend>> RedisBackend::create(const StorageConfig& config,
                                                            const Clock& clock) {
   if (auto s = validate_storage_namespace(config.name_space); !s) {
     return std::unexpected(s.error());
   }
-  if (config.host.empty() || config.port < 1 || config.port > 65535 || config.db < 0 ||
-      config.timeout_ms < 1) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "redis storage: need a host, a port in [1, 65535], db >= 0 and "
-                      "timeout_ms >= 1");
+  if (auto s = validate(RedisEndpoint{.host = config.host,
+                                      .port = config.port,
+                                      .db = config.db,
+                                      .timeout_ms = config.timeout_ms},
+                        "redis storage");
+      !s) {
+    return std::unexpected(s.error());
   }
   std::unique_ptr<RedisBackend> backend(new RedisBackend(config, clock));
   Status connected;
   {
     std::lock_guard lock(backend->mutex_);
-    connected = backend->connect();
+    connected = backend->conn_.connect();
   }
   if (connected) {
     STRATA_LOG_INFO("redis storage: connected to {}:{} db {}, keys {}*", config.host, config.port,
@@ -117,90 +76,15 @@ std::string RedisBackend::redis_key(uint64_t key) const {
   return key_prefix_ + storage_key_hex(key);
 }
 
-Status RedisBackend::ensure_connected() {
-  if (context_ != nullptr) return {};
-  if (clock_.now_ms() < next_connect_ms_) {
-    return io_error("redis storage: " + config_.host + ":" + std::to_string(config_.port) +
-                    " unreachable; waiting before reconnecting");
-  }
-  return connect();
-}
-
-Status RedisBackend::connect() {
-  const std::string where = config_.host + ":" + std::to_string(config_.port);
-  const int64_t connect_timeout_ms = std::min<int64_t>(config_.timeout_ms, 500);
-  redisContext* c =
-      redisConnectWithTimeout(config_.host.c_str(), config_.port, to_timeval(connect_timeout_ms));
-  if (c == nullptr || c->err != 0) {
-    const std::string why = c != nullptr ? c->errstr : "out of memory";
-    if (c != nullptr) redisFree(c);
-    next_connect_ms_ = clock_.now_ms() + kReconnectBackoffMs;
-    return io_error("redis storage: cannot connect to " + where + ": " + why);
-  }
-  redisSetTimeout(c, to_timeval(config_.timeout_ms));
-  context_ = c;
-
-  std::vector<std::vector<std::string>> setup;
-  if (!config_.password.empty()) setup.push_back({"AUTH", config_.password});
-  if (config_.db != 0) setup.push_back({"SELECT", std::to_string(config_.db)});
-  std::string refused;
-  const Status sent = round_trip(
-      setup.size(),
-      [&](redisContext* ctx, size_t i) {
-        std::vector<const char*> argv;
-        std::vector<size_t> lens;
-        for (const std::string& a : setup[i]) {
-          argv.push_back(a.data());
-          lens.push_back(a.size());
-        }
-        redisAppendCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data());
-      },
-      [&](size_t i, const redisReply& r) {
-        if (r.type == REDIS_REPLY_ERROR && refused.empty()) {
-          refused = setup[i][0] + ": " + std::string(reply_text(r));
-        }
-      });
-  if (!sent) return sent;
-  if (!refused.empty()) {
-    drop_connection();
-    return io_error("redis storage: " + where + " refused " + refused);
-  }
-  return {};
-}
-
-Status RedisBackend::round_trip(size_t n, const AppendFn& append, const ReplyFn& on_reply) {
-  STRATA_CHECK(context_ != nullptr);
-  SigpipeGuard guard;
-  for (size_t i = 0; i < n; ++i) append(context_, i);
-  for (size_t i = 0; i < n; ++i) {
-    void* raw = nullptr;
-    if (redisGetReply(context_, &raw) != REDIS_OK || raw == nullptr) {
-      const std::string why = context_->err != 0 ? context_->errstr : "no reply";
-      drop_connection();
-      return io_error("redis storage: " + config_.host + ":" + std::to_string(config_.port) + ": " +
-                      why);
-    }
-    const ReplyPtr reply(static_cast<redisReply*>(raw));
-    on_reply(i, *reply);
-  }
-  return {};
-}
-
-void RedisBackend::drop_connection() {
-  if (context_ != nullptr) redisFree(context_);
-  context_ = nullptr;
-  next_connect_ms_ = clock_.now_ms() + kReconnectBackoffMs;
-}
-
 std::vector<bool> RedisBackend::exists(std::span<const uint64_t> keys) {
   StorageCounters::add(counters_.exists_calls);
   if (keys.empty()) return {};
   std::vector<bool> found(keys.size(), false);
   std::vector<bool> answered(keys.size(), false);
   std::lock_guard lock(mutex_);
-  Status s = ensure_connected();
+  Status s = conn_.ensure_connected();
   if (s) {
-    s = round_trip(
+    s = conn_.round_trip(
         keys.size(),
         [&](redisContext* ctx, size_t i) {
           const std::string k = redis_key(keys[i]);
@@ -228,9 +112,9 @@ std::vector<Status> RedisBackend::get(std::span<const uint64_t> keys,
   std::vector<bool> answered(keys.size(), false);
   std::vector<uint64_t> damaged;
   std::lock_guard lock(mutex_);
-  Status s = ensure_connected();
+  Status s = conn_.ensure_connected();
   if (s) {
-    s = round_trip(
+    s = conn_.round_trip(
         keys.size(),
         [&](redisContext* ctx, size_t i) {
           const std::string k = redis_key(keys[i]);
@@ -269,7 +153,7 @@ std::vector<Status> RedisBackend::get(std::span<const uint64_t> keys,
     results[i] = std::unexpected(s.error());
   }
   if (!s) log_failure(s.error().message);
-  if (!damaged.empty() && context_ != nullptr) delete_keys(damaged);
+  if (!damaged.empty() && conn_.connected()) delete_keys(damaged);
   return results;
 }
 
@@ -281,11 +165,11 @@ std::vector<Status> RedisBackend::set(std::span<const uint64_t> keys,
   std::vector<bool> answered(keys.size(), false);
   std::vector<size_t> missing;  // items Redis lacks, in order
   std::lock_guard lock(mutex_);
-  Status s = ensure_connected();
+  Status s = conn_.ensure_connected();
   // Only values Redis lacks travel: ask first, then send those with NX, which also
   // settles a race with another instance writing the same block meanwhile.
   if (s) {
-    s = round_trip(
+    s = conn_.round_trip(
         keys.size(),
         [&](redisContext* ctx, size_t i) {
           const std::string k = redis_key(keys[i]);
@@ -309,7 +193,7 @@ std::vector<Status> RedisBackend::set(std::span<const uint64_t> keys,
       bytes += values[missing[end]].size();
       ++end;
     }
-    s = round_trip(
+    s = conn_.round_trip(
         end - begin,
         [&](redisContext* ctx, size_t j) {
           const size_t i = missing[begin + j];
@@ -356,7 +240,7 @@ void RedisBackend::frame_into_scratch(uint64_t key, std::span<const std::byte> v
 
 void RedisBackend::delete_keys(std::span<const uint64_t> keys) {
   // Best effort: after a failure the value is found damaged again on a later read.
-  const Status s = round_trip(
+  const Status s = conn_.round_trip(
       keys.size(),
       [&](redisContext* ctx, size_t i) {
         const std::string k = redis_key(keys[i]);

@@ -31,6 +31,7 @@
 
 #include "common/clock.h"
 #include "common/result.h"
+#include "storage/redis_connection.h"
 #include "storage/storage_backend.h"
 
 struct redisContext;
@@ -40,7 +41,7 @@ namespace strata {
 
 class RedisBackend final : public StorageBackend {
  public:
-  static constexpr int64_t kReconnectBackoffMs = 200;
+  static constexpr int64_t kReconnectBackoffMs = RedisConnection::kReconnectBackoffMs;
   static constexpr size_t kMaxPipelineBytes = size_t{64} << 20;
 
   // Makes the backend and tries to connect once; an unreachable server is logged, not an
@@ -65,22 +66,8 @@ class RedisBackend final : public StorageBackend {
   std::string redis_key(uint64_t key) const;
 
  private:
-  // Appends command i of a pipeline to the connection's output buffer.
-  using AppendFn = std::function<void(redisContext*, size_t)>;
-  // Takes reply i of a pipeline (never an I/O failure; error replies do come here).
-  using ReplyFn = std::function<void(size_t, const redisReply&)>;
-
   RedisBackend(const StorageConfig& config, const Clock& clock);
 
-  Status ensure_connected();  // requires mutex_
-  Status connect();           // requires mutex_
-  // Sends n commands in one write and reads their n replies in order. On an I/O failure
-  // it drops the connection and returns kIoError; replies read before it were handed
-  // over. Requires mutex_.
-  Status round_trip(size_t n, const AppendFn& append, const ReplyFn& on_reply);
-  // Frees the connection and starts the reconnect back-off. Not logged here: every
-  // caller hands the failure on as a Status that gets logged. Requires mutex_.
-  void drop_connection();
   void delete_keys(std::span<const uint64_t> keys);  // requires mutex_, best effort
   void frame_into_scratch(uint64_t key, std::span<const std::byte> value);  // requires mutex_
   void log_failure(const std::string& message);
@@ -92,10 +79,9 @@ class RedisBackend final : public StorageBackend {
   StorageCounters counters_;
   LogThrottle log_throttle_;
 
-  std::mutex mutex_;                 // one caller at a time on the connection
-  redisContext* context_ = nullptr;  // GUARDED_BY(mutex_), owned; null while disconnected
-  int64_t next_connect_ms_ = 0;      // GUARDED_BY(mutex_), no reconnect before this time
-  std::vector<std::byte> scratch_;   // GUARDED_BY(mutex_), a framed value being sent
+  std::mutex mutex_;                // one caller at a time on the connection
+  RedisConnection conn_;            // GUARDED_BY(mutex_)
+  std::vector<std::byte> scratch_;  // GUARDED_BY(mutex_), a framed value being sent
 };
 
 }  // namespace strata
