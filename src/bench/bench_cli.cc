@@ -249,6 +249,19 @@ void add_cluster(CLI::App& bench, int& exit_code) {
   cmd->add_option("--trace-limit", o->trace_limit,
                   "Replay only the trace's first N requests (0: all)")
       ->capture_default_str();
+  cmd->add_flag("--trace-sessions", o->trace_sessions,
+                "Send each trace request's prefix family as its session_id (the format has no "
+                "sessions), so that session bindings apply");
+  cmd->add_option("--routers", o->routers,
+                  "Router replicas in front of the same workers, requests through each in turn "
+                  "(> 1 needs --session-store)")
+      ->capture_default_str();
+  cmd->add_option("--session-store", o->session_store,
+                  "redis://HOST:PORT the spawned routers share session bindings through");
+  cmd->add_option("--kill-router-at", o->kill_router_at,
+                  "Trace: kill the first router replica (SIGKILL) when arrivals reach this "
+                  "fraction of their span; its clients go through the others (0: never)")
+      ->capture_default_str();
   cmd->add_option("--worker-threads", o->worker_threads, "Each worker's --threads")
       ->capture_default_str();
   cmd->add_option("--policies", o->policies,

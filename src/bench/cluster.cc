@@ -1,5 +1,7 @@
 #include "bench/cluster.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -18,6 +20,7 @@
 #include "bench/svg_chart.h"
 #include "bench/traffic.h"
 #include "router/prefix_index.h"
+#include "storage/redis_connection.h"
 
 namespace strata::bench {
 
@@ -85,11 +88,16 @@ class PhaseLog {
   std::vector<RoutedRequest> requests_;  // GUARDED_BY(mutex_)
 };
 
-// Sends one streamed chat request through the router and records what came back.
+// Sends one streamed chat request through the router and records what came back. With
+// router replicas (--routers), the request goes through the replica it is given (an L4
+// balancer's round robin) and, when that one refuses the connection or breaks the answer
+// (killed), again through the next, as a client behind such a balancer would.
 class Sender {
  public:
   Sender(ServerClient client, std::string model, int32_t max_tokens)
-      : client_(std::move(client)), model_(std::move(model)), max_tokens_(max_tokens) {}
+      : Sender(std::vector<ServerClient>{std::move(client)}, std::move(model), max_tokens) {}
+  Sender(std::vector<ServerClient> replicas, std::string model, int32_t max_tokens)
+      : replicas_(std::move(replicas)), model_(std::move(model)), max_tokens_(max_tokens) {}
 
   // `reply` (may be null) receives the generated text.
   RoutedRequest send(const PhaseLog& log, ojson messages, const std::string& session_id,
@@ -101,17 +109,32 @@ class Sender {
 
   // A streamed completion of `prompt` token ids: `max_tokens` of them, whatever the
   // model would end with (ignore_eos).
+  // `session_id` "": none. `replica`: the router replica to try first.
   RoutedRequest send_tokens(const PhaseLog& log, const std::vector<int32_t>& prompt,
-                            int64_t max_tokens) const {
+                            int64_t max_tokens, const std::string& session_id = "",
+                            size_t replica = 0) const {
     ojson body{{"model", model_},          {"prompt", prompt},
                {"max_tokens", max_tokens}, {"ignore_eos", true},
                {"stream", true},           {"stream_options", {{"include_usage", true}}}};
-    return send_body(log, body, true, nullptr);
+    if (!session_id.empty()) body["session_id"] = session_id;
+    const double start_s = monotonic_s() - log.t0_s();
+    RoutedRequest r;
+    for (size_t k = 0; k < replicas_.size(); ++k) {
+      r = send_body(log, body, true, nullptr, (replica + k) % replicas_.size());
+      // A resent request's latency counts from its first send.
+      if (r.ok) r.ttft_s += r.start_s - start_s;
+      r.start_s = start_s;
+      r.router_failovers = static_cast<int32_t>(k);
+      const bool router_gone = !r.ok && (r.status == 0 || r.broken_stream);
+      if (!router_gone || replicas_.size() == 1) break;
+    }
+    return r;
   }
 
  private:
   RoutedRequest send_body(const PhaseLog& log, const ojson& body, bool completion,
-                          std::string* reply) const {
+                          std::string* reply, size_t replica = 0) const {
+    const ServerClient& client_ = replicas_[replica];
     RoutedRequest r;
     r.start_s = monotonic_s() - log.t0_s();
     AnswerHead head;
@@ -135,19 +158,30 @@ class Sender {
     return r;
   }
 
-  const ServerClient client_;
+  const std::vector<ServerClient> replicas_;
   const std::string model_;
   const int32_t max_tokens_;
 };
 
-Result<RouterCounters> read_router_counters(const ServerClient& router) {
-  auto m = router.get("/metrics");
-  if (!m) return std::unexpected(m.error());
-  if (m->status != 200) {
-    return make_error(ErrorCode::kFailedPrecondition,
-                      cat("GET /metrics of the router answered HTTP ", std::to_string(m->status)));
+// The counters of every router replica that answers, summed (a killed one's are gone).
+Result<RouterCounters> read_router_counters(const std::vector<ServerClient>& routers) {
+  std::string all;
+  std::string last_error = "no router";
+  bool any = false;
+  for (const ServerClient& router : routers) {
+    auto m = router.get("/metrics");
+    if (!m) {
+      last_error = m.error().message;
+    } else if (m->status != 200) {
+      last_error = cat("GET /metrics of the router answered HTTP ", std::to_string(m->status));
+    } else {
+      all += m->body;
+      all += "\n";
+      any = true;
+    }
   }
-  return parse_router_metrics(m->body);
+  if (!any) return make_error(ErrorCode::kFailedPrecondition, last_error);
+  return parse_router_metrics(all);
 }
 
 // The cluster as the router lists it (GET /workers).
@@ -279,7 +313,9 @@ class ClusterRun {
   ProgressDisplay progress_;
   ClusterRecord record_;
   std::unique_ptr<Fleet> fleet_;
-  ServerClient router_{"http://127.0.0.1:1"};
+  ServerClient router_{"http://127.0.0.1:1"};  // the first replica: set-up, listings
+  std::vector<ServerClient> replicas_;         // every router replica (--routers)
+  int64_t phase_number_ = 0;                   // phases opened: session-store namespaces
   ClusterView view_;
   std::string model_;
   bool workloads_made_ = false;
@@ -308,6 +344,14 @@ Status ClusterRun::open(const std::string& workload, const std::string& policy) 
     for (const std::string& a : split_args(o_.target.server_args)) fo.worker_args.push_back(a);
     fo.router_args = *args;
     for (const std::string& a : split_args(o_.router_args)) fo.router_args.push_back(a);
+    fo.routers = o_.routers;
+    if (!o_.session_store.empty()) {
+      // Each phase's replicas share bindings among themselves only: a namespace per phase.
+      fo.router_args.insert(
+          fo.router_args.end(),
+          {"--session-store", o_.session_store, "--session-store-namespace",
+           cat("bench-", std::to_string(::getpid()), "-", std::to_string(++phase_number_))});
+    }
     fo.log_dir = std::filesystem::path(o_.run.out_dir) / "logs";
     fo.log_prefix = cat(workload, "-", policy);
     fo.start_timeout_s = o_.target.start_timeout_s;
@@ -316,8 +360,13 @@ Status ClusterRun::open(const std::string& workload, const std::string& policy) 
     if (!f) return std::unexpected(f.error());
     fleet_ = std::move(*f);
     router_ = ServerClient(fleet_->router_url(), o_.target.api_key);
+    replicas_.clear();
+    for (const std::string& url : fleet_->router_urls()) {
+      replicas_.emplace_back(url, o_.target.api_key);
+    }
   } else {
     router_ = ServerClient(o_.target.url, o_.target.api_key);
+    replicas_ = {router_};
   }
   auto joined = wait_workers_joined(router_, 0, o_.join_timeout_s);
   if (!joined) return std::unexpected(joined.error());
@@ -468,7 +517,7 @@ Status ClusterRun::run_shared_prefix(const std::string& policy,
     PhaseRecord phase = new_phase(kSharedPrefix, policy, args);
     phase.rate_per_s = shared_.shape.rates_per_s[level];
     phase.arrival_span_s = requests.empty() ? 0 : requests.back().arrival_s;
-    auto before = read_router_counters(router_);
+    auto before = read_router_counters(replicas_);
     if (!before) return std::unexpected(before.error());
     PhaseLog log(monotonic_s());
     std::vector<std::thread> threads;
@@ -490,7 +539,7 @@ Status ClusterRun::run_shared_prefix(const std::string& policy,
     for (std::thread& t : threads) t.join();
     phase.requests = log.requests();
     for (const RoutedRequest& r : phase.requests) phase.wall_s = std::max(phase.wall_s, r.end_s);
-    auto after = read_router_counters(router_);
+    auto after = read_router_counters(replicas_);
     if (!after) return std::unexpected(after.error());
     phase.router = *after - *before;
     if (interrupted()) phase.error = "interrupted";
@@ -508,7 +557,7 @@ Status ClusterRun::run_agentic(const std::string& workload, const std::string& p
   PhaseRecord phase = new_phase(workload, policy, args);
   phase.sessions_planned = static_cast<int64_t>(w.sessions.size());
   phase.arrival_span_s = w.sessions.back().arrival_s;
-  auto before = read_router_counters(router_);
+  auto before = read_router_counters(replicas_);
   if (!before) return std::unexpected(before.error());
   PhaseLog log(monotonic_s());
   const double kill_s = o_.kill_at * o_.failure_duration_s;
@@ -554,7 +603,7 @@ Status ClusterRun::run_agentic(const std::string& workload, const std::string& p
   }
   phase.requests = log.requests();
   for (const RoutedRequest& r : phase.requests) phase.wall_s = std::max(phase.wall_s, r.end_s);
-  auto after = read_router_counters(router_);
+  auto after = read_router_counters(replicas_);
   if (!after) return std::unexpected(after.error());
   phase.router = *after - *before;
   phase.error = interrupted() ? std::string("interrupted") : tick_error;
@@ -563,13 +612,14 @@ Status ClusterRun::run_agentic(const std::string& workload, const std::string& p
 }
 
 Status ClusterRun::run_trace(const std::string& policy, const std::vector<std::string>& args) {
-  const Sender sender(router_, model_, o_.max_tokens);
+  const Sender sender(replicas_, model_, o_.max_tokens);
   const std::vector<TraceRequest>& requests = trace_.requests;
   const double first_ms = requests.front().timestamp_ms;
   PhaseRecord phase = new_phase(kTrace, policy, args);
   phase.sessions_planned = trace_.families.count;
   phase.arrival_span_s = (requests.back().timestamp_ms - first_ms) / 1000 * o_.time_scale;
-  auto before = read_router_counters(router_);
+  phase.routers = static_cast<int32_t>(replicas_.size());
+  auto before = read_router_counters(replicas_);
   if (!before) return std::unexpected(before.error());
   PhaseLog log(monotonic_s());
   // Open loop: each request on its own thread at its time, whatever is in flight.
@@ -577,10 +627,23 @@ Status ClusterRun::run_trace(const std::string& policy, const std::vector<std::s
   threads.reserve(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const TraceRequest& q = requests[i];
-    if (!sleep_until(log.t0_s() + (q.timestamp_ms - first_ms) / 1000 * o_.time_scale)) break;
+    const double at_s = (q.timestamp_ms - first_ms) / 1000 * o_.time_scale;
+    if (!sleep_until(log.t0_s() + at_s)) break;
+    // --kill-router-at: replica 1 dies (SIGKILL) mid-run; its clients go to the others.
+    if (fleet_ && o_.kill_router_at > 0 && phase.killed_router_at_s < 0 &&
+        at_s >= o_.kill_router_at * phase.arrival_span_s) {
+      if (auto st = fleet_->kill_router(0); !st) {
+        phase.error = st.error().message;
+        break;
+      }
+      phase.killed_router_at_s = monotonic_s() - log.t0_s();
+    }
     threads.emplace_back([&, i] {
       const TraceRequest& r = requests[i];
-      RoutedRequest out = sender.send_tokens(log, trace_.tokens->prompt(r), r.output_tokens);
+      const std::string session =
+          o_.trace_sessions ? cat("family-", std::to_string(trace_.families.family[i])) : "";
+      RoutedRequest out = sender.send_tokens(log, trace_.tokens->prompt(r), r.output_tokens,
+                                             session, i % replicas_.size());
       out.session = trace_.families.family[i];
       out.turn = trace_.families.first[i] ? 0 : 1;
       out.reusable_tokens = trace_.ideal.hit_tokens_per_request[i];
@@ -601,7 +664,7 @@ Status ClusterRun::run_trace(const std::string& policy, const std::vector<std::s
   for (std::thread& t : threads) t.join();
   phase.requests = log.requests();
   for (const RoutedRequest& r : phase.requests) phase.wall_s = std::max(phase.wall_s, r.end_s);
-  auto after = read_router_counters(router_);
+  auto after = read_router_counters(replicas_);
   if (!after) return std::unexpected(after.error());
   phase.router = *after - *before;
   if (interrupted()) phase.error = "interrupted";
@@ -647,7 +710,11 @@ int ClusterRun::run() {
         {"block_tokens", o_.trace_block_tokens},
         {"time_scale", o_.time_scale},
         {"limit", o_.trace_limit},
-        {"requests_read", static_cast<int64_t>(trace_.requests.size())}}},
+        {"requests_read", static_cast<int64_t>(trace_.requests.size())},
+        {"sessions", o_.trace_sessions}}},
+      {"routers", o_.routers},
+      {"session_store", o_.session_store},
+      {"kill_router_at", o_.kill_router_at},
       {"simulate", o_.simulate_profile},
       {"seed", o_.run.seed},
       {"quick", o_.run.quick},
@@ -799,6 +866,24 @@ Status validate(const ClusterOptions& o) {
     return bad("--kill-at and --restart-at need 0 < kill < restart < 1");
   }
   if (!(o.join_timeout_s > 0)) return bad("--join-timeout-s must be > 0");
+  if (o.routers < 1 || o.routers > 16) return bad("--routers must be in [1, 16]");
+  if (o.routers > 1 && !o.target.spawn) return bad("--routers needs --spawn");
+  if (o.routers > 1 && o.session_store.empty()) {
+    return bad(
+        "--routers above 1 needs --session-store redis://HOST:PORT (the replicas share "
+        "session bindings through it)");
+  }
+  if (!o.session_store.empty()) {
+    if (auto e = parse_redis_url(o.session_store); !e) {
+      return bad("--session-store: " + e.error().message);
+    }
+  }
+  if (!(o.kill_router_at >= 0) || !(o.kill_router_at < 1)) {
+    return bad("--kill-router-at must be in [0, 1)");
+  }
+  if (o.kill_router_at > 0 && o.routers < 2) return bad("--kill-router-at needs --routers >= 2");
+  if (o.kill_router_at > 0 && !trace) return bad("--kill-router-at applies to the trace workload");
+  if (o.trace_sessions && !trace) return bad("--trace-sessions needs --trace");
   return {};
 }
 

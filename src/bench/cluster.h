@@ -83,6 +83,16 @@ struct ClusterOptions {
   int64_t trace_block_tokens = kMooncakeBlockTokens;  // tokens per hash id, >= 1
   double time_scale = 1;                              // arrivals times this, in (0, 1000]
   int64_t trace_limit = 0;                            // the first N requests; 0: all
+  // --trace-sessions: each request carries its prefix family as session_id, so that the
+  // default policy's session bindings apply (Mooncake's format has no sessions).
+  bool trace_sessions = false;
+  // Router replicas (issue 33): --routers N spawned `strata route` in front of the same
+  // workers, each request through one of them in turn; --session-store URL (a Redis every
+  // replica shares bindings through; needed for N > 1) and --kill-router-at F (the first
+  // replica killed when the trace's arrivals reach F of their span; 0: never).
+  int32_t routers = 1;  // in [1, 16]
+  std::string session_store;
+  double kill_router_at = 0;  // in [0, 1)
   ClusterTargets targets;
 };
 

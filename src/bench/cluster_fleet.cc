@@ -63,24 +63,29 @@ Result<std::unique_ptr<Fleet>> Fleet::start(const FleetOptions& o) {
     f->kv_replay_.push_back(w->kv_events_replay_endpoint());
     f->restarts_.push_back(0);
   }
-  SpawnOptions ro;
-  ro.strata_bin = o.strata_bin;
-  ro.command = "route";
-  ro.model_dir = o.model_dir;
-  for (const std::string& url : f->worker_urls_) {
-    ro.extra_args.push_back("--worker");
-    ro.extra_args.push_back(url);
+  if (o.routers < 1) return make_error(ErrorCode::kInvalidArgument, "a fleet needs >= 1 router");
+  for (int32_t j = 0; j < o.routers; ++j) {
+    SpawnOptions ro;
+    ro.strata_bin = o.strata_bin;
+    ro.command = "route";
+    ro.model_dir = o.model_dir;
+    for (const std::string& url : f->worker_urls_) {
+      ro.extra_args.push_back("--worker");
+      ro.extra_args.push_back(url);
+    }
+    ro.extra_args.insert(ro.extra_args.end(), o.router_args.begin(), o.router_args.end());
+    const std::string suffix = o.routers > 1 ? "-router-" + std::to_string(j + 1) : "-router";
+    ro.log_path = o.log_dir / (o.log_prefix + suffix + ".log");
+    ro.start_timeout_s = o.start_timeout_s;
+    auto r = ServerProcess::start(ro);
+    if (!r) return std::unexpected(r.error());
+    f->router_urls_.push_back((*r)->url());
+    f->routers_.push_back(std::move(*r));
   }
-  ro.extra_args.insert(ro.extra_args.end(), o.router_args.begin(), o.router_args.end());
-  ro.log_path = o.log_dir / (o.log_prefix + "-router.log");
-  ro.start_timeout_s = o.start_timeout_s;
-  auto r = ServerProcess::start(ro);
-  if (!r) return std::unexpected(r.error());
-  f->router_url_ = (*r)->url();
-  f->router_ = std::move(*r);
-  auto joined =
-      wait_workers_joined(ServerClient(f->router_url_), f->worker_urls_.size(), o.join_timeout_s);
-  if (!joined) return std::unexpected(joined.error());
+  for (const std::string& url : f->router_urls_) {
+    auto joined = wait_workers_joined(ServerClient(url), f->worker_urls_.size(), o.join_timeout_s);
+    if (!joined) return std::unexpected(joined.error());
+  }
   return f;
 }
 
@@ -129,10 +134,20 @@ Status Fleet::restart_worker(size_t i) {
                     "restarting worker " + std::to_string(i + 1) + ": " + last);
 }
 
+Status Fleet::kill_router(size_t i) {
+  if (i >= routers_.size() || !routers_[i]) {
+    return make_error(ErrorCode::kInvalidArgument, "no running router " + std::to_string(i));
+  }
+  ::kill(routers_[i]->pid(), SIGKILL);
+  (void)routers_[i]->stop(5);  // reaps it
+  routers_[i].reset();
+  return {};
+}
+
 void Fleet::stop() {
-  if (router_) {
-    (void)router_->stop();
-    router_.reset();
+  for (auto& r : routers_) {
+    if (r) (void)r->stop();
+    r.reset();
   }
   // SIGTERM to every worker first, so that they shut down together.
   for (auto& w : workers_) {

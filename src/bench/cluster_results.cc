@@ -119,6 +119,9 @@ ojson figures_json(const PhaseRecord& p, const PolicyFigures& f) {
           {"router_queue", {{"queued", f.queued}, {"mean_s", f.queue_mean_s}}},
           {"router_retries", f.retries},
           {"router_rejected", f.rejected},
+          {"router_replicas", p.routers},
+          {"router_failovers", f.router_failovers},
+          {"router_killed_at_s", p.killed_router_at_s >= 0 ? ojson(p.killed_router_at_s) : ojson()},
           {"streams_broken", static_cast<int64_t>(p.router.streams_broken)},
           {"computed_tokens_per_worker", f.computed_tokens_per_worker},
           {"router_decision",
@@ -284,6 +287,7 @@ PolicyFigures summarize_phase(const PhaseRecord& p) {
         q.start_s >= p.restarted_at_s) {
       first_back_s = std::min(first_back_s, q.start_s);
     }
+    f.router_failovers += q.router_failovers;
     if (!q.ok) {
       ++f.failed_requests;
       const bool excused = !killed.empty() && q.worker == killed && q.broken_stream &&
@@ -316,6 +320,7 @@ PolicyFigures summarize_phase(const PhaseRecord& p) {
   f.queue_mean_s = fraction(p.router.queue_seconds_sum, p.router.queue_seconds_count);
   f.retries = static_cast<int64_t>(p.router.retries);
   f.rejected = static_cast<int64_t>(p.router.rejected);
+  f.replicas = p.routers;
   f.decisions = static_cast<int64_t>(p.router.decision_seconds_count);
   f.decision_mean_s =
       f.decisions > 0 ? p.router.decision_seconds_sum / p.router.decision_seconds_count : kNaN;
@@ -549,7 +554,8 @@ Table trace_table(const std::vector<PolicyFigures>& figures) {
               "Families/worker",
               "Prefill tok/worker",
               "Queued / 429 / moved",
-              "Decision p50 / p99"};
+              "Decision p50 / p99",
+              "Replicas (failovers)"};
   const auto range = [](const std::vector<int64_t>& v, const char* format) {
     const MinMeanMax m = min_mean_max(v);
     return format_fixed(m.min, format) + "–" + format_fixed(m.max, format) + " (" +
@@ -570,7 +576,8 @@ Table trace_table(const std::vector<PolicyFigures>& figures) {
          range(f.computed_tokens_per_worker, "%.0f"),
          std::to_string(f.queued) + " / " + std::to_string(f.rejected) + " / " +
              std::to_string(f.retries),
-         bound_us(f.decision_p50_s) + " / " + bound_us(f.decision_p99_s)});
+         bound_us(f.decision_p50_s) + " / " + bound_us(f.decision_p99_s),
+         std::to_string(f.replicas) + " (" + std::to_string(f.router_failovers) + ")"});
   }
   return t;
 }

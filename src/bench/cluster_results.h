@@ -44,6 +44,9 @@ struct RoutedRequest {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // usage.prompt_tokens_details.cached_tokens
   int64_t completion_tokens = 0;
+  // Router replicas (--routers): sent again through another replica after the first
+  // refused the connection or broke before the answer's end (it was killed).
+  int32_t router_failovers = 0;
   int64_t reusable_tokens = 0;  // shared-prefix: what a perfect placement finds cached;
                                 // trace: what one infinite cache would hit (the ideal)
   std::string error;
@@ -87,7 +90,9 @@ struct PhaseRecord {
   int64_t sessions_planned = 0;
   std::vector<std::string> workers;     // URLs, in the router's order
   std::vector<RoutedRequest> requests;  // in the order they ended
-  RouterCounters router;
+  RouterCounters router;                // summed over the router replicas alive at the phase's end
+  int32_t routers = 1;                  // router replicas in front of the workers
+  double killed_router_at_s = -1;       // --kill-router-at: when replica 1 was killed; -1: not
   // Failure workload: the killed worker (index into workers), when it was killed, and
   // when its restart answered /health, since the phase started; -1: not done.
   int32_t killed_worker = -1;
@@ -114,8 +119,10 @@ struct PolicyFigures {
   std::vector<int64_t> sessions_per_worker;  // sessions by the worker of their first turn
   double queue_mean_s = 0;                   // router queue, over requests that waited
   int64_t queued = 0;
-  int64_t retries = 0;   // moved: sent again to another worker before their first byte
-  int64_t rejected = 0;  // answered 429 by the router
+  int64_t retries = 0;           // moved: sent again to another worker before their first byte
+  int64_t rejected = 0;          // answered 429 by the router
+  int64_t router_failovers = 0;  // requests sent again through another router replica
+  int32_t replicas = 1;          // router replicas (PhaseRecord::routers)
   // Prompt tokens computed (not cached) by worker, successful requests: the prefill load.
   std::vector<int64_t> computed_tokens_per_worker;
   // The router's decisions over the phase: count, mean, and the bucket bounds of the

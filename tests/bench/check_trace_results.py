@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Checks the results.json of a `strata bench cluster --trace` run (CTest bench_cluster_trace).
 
-Usage: check_trace_results.py RESULTS_JSON TRACE EXPECTED_REQUESTS POLICY[,POLICY...]
+Usage: check_trace_results.py RESULTS_JSON TRACE EXPECTED_REQUESTS POLICY[,POLICY...] [REPLICAS[,killed]]
 
 The trace workload is there in the shape of the other workloads, one entry per policy;
 every request answered, its prompt as long as the trace's input_length and its answer as
 long as its output_length (ignore_eos); the ideal hit above zero (the tiny trace shares
-prefixes). No time is asserted.
+prefixes). With REPLICAS, each phase ran behind that many router replicas (and with
+",killed", the first was killed mid-run, yet no request failed). No time is asserted.
 """
 import json
 import sys
@@ -18,8 +19,12 @@ def fail(message):
 
 
 def main():
-    if len(sys.argv) != 5:
+    if len(sys.argv) not in (5, 6):
         fail(__doc__)
+    replicas, killed = 1, False
+    if len(sys.argv) == 6:
+        parts = sys.argv[5].split(",")
+        replicas, killed = int(parts[0]), parts[1:] == ["killed"]
     with open(sys.argv[1]) as f:
         results = json.load(f)
     with open(sys.argv[2]) as f:
@@ -59,7 +64,17 @@ def main():
         for key in ("router_queue", "router_rejected", "router_retries", "router_decision"):
             if key not in p:
                 fail("%s: %s is missing" % (name, key))
-        if p["router_decision"]["count"] < expected:
+        if p["router_replicas"] != replicas:
+            fail("%s: %r router replicas, expected %d" % (name, p["router_replicas"], replicas))
+        if killed and (p["router_killed_at_s"] is None or p["router_failovers"] < 1):
+            fail("%s: a replica should have been killed and requests sent through the others: "
+                 "killed at %r, %d failovers" % (name, p["router_killed_at_s"],
+                                                 p["router_failovers"]))
+        if not killed and p["router_failovers"] != 0:
+            fail("%s: %d failovers without a killed replica" % (name, p["router_failovers"]))
+        if killed:
+            pass  # the killed replica's decisions are gone with it
+        elif p["router_decision"]["count"] < expected:
             fail("%s: the router timed %d decisions" % (name, p["router_decision"]["count"]))
     for phase in results["phases"]:
         lines = sorted(r["line"] for r in phase["requests"])
