@@ -252,6 +252,9 @@ void add_cluster(CLI::App& bench, int& exit_code) {
   cmd->add_flag("--trace-sessions", o->trace_sessions,
                 "Send each trace request's prefix family as its session_id (the format has no "
                 "sessions), so that session bindings apply");
+  cmd->add_flag("--retry-refused", o->retry_refused,
+                "Trace: send a request refused with 429/503 again after its Retry-After (at "
+                "most 20 times), as a client would");
   cmd->add_option("--routers", o->routers,
                   "Router replicas in front of the same workers, requests through each in turn "
                   "(> 1 needs --session-store)")

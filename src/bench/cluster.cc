@@ -96,8 +96,12 @@ class Sender {
  public:
   Sender(ServerClient client, std::string model, int32_t max_tokens)
       : Sender(std::vector<ServerClient>{std::move(client)}, std::move(model), max_tokens) {}
-  Sender(std::vector<ServerClient> replicas, std::string model, int32_t max_tokens)
-      : replicas_(std::move(replicas)), model_(std::move(model)), max_tokens_(max_tokens) {}
+  Sender(std::vector<ServerClient> replicas, std::string model, int32_t max_tokens,
+         bool retry_refused = false)
+      : replicas_(std::move(replicas)),
+        model_(std::move(model)),
+        max_tokens_(max_tokens),
+        retry_refused_(retry_refused) {}
 
   // `reply` (may be null) receives the generated text.
   RoutedRequest send(const PhaseLog& log, ojson messages, const std::string& session_id,
@@ -119,15 +123,29 @@ class Sender {
     if (!session_id.empty()) body["session_id"] = session_id;
     const double start_s = monotonic_s() - log.t0_s();
     RoutedRequest r;
-    for (size_t k = 0; k < replicas_.size(); ++k) {
-      r = send_body(log, body, true, nullptr, (replica + k) % replicas_.size());
+    int32_t failovers = 0;
+    int32_t refused = 0;
+    for (size_t k = replica;;) {
+      r = send_body(log, body, true, nullptr, k % replicas_.size());
       // A resent request's latency counts from its first send.
       if (r.ok) r.ttft_s += r.start_s - start_s;
       r.start_s = start_s;
-      r.router_failovers = static_cast<int32_t>(k);
       const bool router_gone = !r.ok && (r.status == 0 || r.broken_stream);
-      if (!router_gone || replicas_.size() == 1) break;
+      const bool was_refused = !r.ok && (r.status == 429 || r.status == 503);
+      if (router_gone && failovers + 1 < static_cast<int32_t>(replicas_.size())) {
+        ++failovers;
+        ++k;
+      } else if (was_refused && retry_refused_ && refused < kMaxRefusedRetries) {
+        // As a client would: wait what the answer asked (1 s when it did not say), again.
+        ++refused;
+        const double wait_s = r.retry_after_s > 0 ? std::min(r.retry_after_s, 30.0) : 1.0;
+        if (!sleep_until(monotonic_s() + wait_s)) break;
+      } else {
+        break;
+      }
     }
+    r.router_failovers = failovers;
+    r.refused_retries = refused;
     return r;
   }
 
@@ -143,6 +161,9 @@ class Sender {
     r.end_s = monotonic_s() - log.t0_s();
     r.status = head.status;
     r.worker = head.header("x-strata-worker");
+    if (const std::string ra = head.header("retry-after"); !ra.empty()) {
+      r.retry_after_s = std::strtod(ra.c_str(), nullptr);
+    }
     if (!answer) {
       r.error = answer.error().message;
       r.broken_stream = head.status == 200;
@@ -158,10 +179,30 @@ class Sender {
     return r;
   }
 
+  static constexpr int32_t kMaxRefusedRetries = 20;
+
   const std::vector<ServerClient> replicas_;
   const std::string model_;
   const int32_t max_tokens_;
+  const bool retry_refused_;
 };
+
+// Each worker's strata_kv_evicted_pages_total (-1 where it did not answer).
+std::vector<int64_t> read_worker_evictions(const std::vector<std::string>& workers,
+                                           const std::string& api_key) {
+  std::vector<int64_t> out;
+  for (const std::string& url : workers) {
+    int64_t v = -1;
+    if (auto m = ServerClient(url, api_key, 10).get("/metrics"); m && m->status == 200) {
+      const std::string key = "\nstrata_kv_evicted_pages_total ";
+      if (const size_t at = m->body.find(key); at != std::string::npos) {
+        v = std::strtoll(m->body.c_str() + at + key.size(), nullptr, 10);
+      }
+    }
+    out.push_back(v);
+  }
+  return out;
+}
 
 // The counters of every router replica that answers, summed (a killed one's are gone).
 Result<RouterCounters> read_router_counters(const std::vector<ServerClient>& routers) {
@@ -612,8 +653,10 @@ Status ClusterRun::run_agentic(const std::string& workload, const std::string& p
 }
 
 Status ClusterRun::run_trace(const std::string& policy, const std::vector<std::string>& args) {
-  const Sender sender(replicas_, model_, o_.max_tokens);
+  const Sender sender(replicas_, model_, o_.max_tokens, o_.retry_refused);
   const std::vector<TraceRequest>& requests = trace_.requests;
+  const std::vector<int64_t> evicted_before =
+      read_worker_evictions(view_.workers, o_.target.api_key);
   const double first_ms = requests.front().timestamp_ms;
   PhaseRecord phase = new_phase(kTrace, policy, args);
   phase.sessions_planned = trace_.families.count;
@@ -667,6 +710,12 @@ Status ClusterRun::run_trace(const std::string& policy, const std::vector<std::s
   auto after = read_router_counters(replicas_);
   if (!after) return std::unexpected(after.error());
   phase.router = *after - *before;
+  const std::vector<int64_t> evicted_after =
+      read_worker_evictions(view_.workers, o_.target.api_key);
+  for (size_t w = 0; w < evicted_after.size() && w < evicted_before.size(); ++w) {
+    const bool read = evicted_after[w] >= 0 && evicted_before[w] >= 0;
+    phase.evicted_pages_per_worker.push_back(read ? evicted_after[w] - evicted_before[w] : -1);
+  }
   if (interrupted()) phase.error = "interrupted";
   record_.phases.push_back(std::move(phase));
   return {};
@@ -711,7 +760,8 @@ int ClusterRun::run() {
         {"time_scale", o_.time_scale},
         {"limit", o_.trace_limit},
         {"requests_read", static_cast<int64_t>(trace_.requests.size())},
-        {"sessions", o_.trace_sessions}}},
+        {"sessions", o_.trace_sessions},
+        {"retry_refused", o_.retry_refused}}},
       {"routers", o_.routers},
       {"session_store", o_.session_store},
       {"kill_router_at", o_.kill_router_at},
@@ -884,6 +934,7 @@ Status validate(const ClusterOptions& o) {
   if (o.kill_router_at > 0 && o.routers < 2) return bad("--kill-router-at needs --routers >= 2");
   if (o.kill_router_at > 0 && !trace) return bad("--kill-router-at applies to the trace workload");
   if (o.trace_sessions && !trace) return bad("--trace-sessions needs --trace");
+  if (o.retry_refused && !trace) return bad("--retry-refused applies to the trace workload");
   return {};
 }
 

@@ -86,6 +86,9 @@ struct ClusterOptions {
   // --trace-sessions: each request carries its prefix family as session_id, so that the
   // default policy's session bindings apply (Mooncake's format has no sessions).
   bool trace_sessions = false;
+  // --retry-refused: a trace request answered 429/503 is sent again after its Retry-After
+  // (at most 20 times), as a client would; without it, a refusal is the request's end.
+  bool retry_refused = false;
   // Router replicas (issue 33): --routers N spawned `strata route` in front of the same
   // workers, each request through one of them in turn; --session-store URL (a Redis every
   // replica shares bindings through; needed for N > 1) and --kill-router-at F (the first

@@ -122,6 +122,8 @@ ojson figures_json(const PhaseRecord& p, const PolicyFigures& f) {
           {"router_replicas", p.routers},
           {"router_failovers", f.router_failovers},
           {"router_killed_at_s", p.killed_router_at_s >= 0 ? ojson(p.killed_router_at_s) : ojson()},
+          {"refused_retries", f.refused_retries},
+          {"evicted_pages_per_worker", p.evicted_pages_per_worker},
           {"streams_broken", static_cast<int64_t>(p.router.streams_broken)},
           {"computed_tokens_per_worker", f.computed_tokens_per_worker},
           {"router_decision",
@@ -177,6 +179,8 @@ ojson requests_json(const PhaseRecord& p) {
       j["turn"] = q.turn;
     }
     if (q.broken_stream) j["broken_stream"] = true;
+    if (q.router_failovers > 0) j["router_failovers"] = q.router_failovers;
+    if (q.refused_retries > 0) j["refused_retries"] = q.refused_retries;
     if (!q.error.empty()) j["error"] = q.error;
     out.push_back(std::move(j));
   }
@@ -288,6 +292,7 @@ PolicyFigures summarize_phase(const PhaseRecord& p) {
       first_back_s = std::min(first_back_s, q.start_s);
     }
     f.router_failovers += q.router_failovers;
+    f.refused_retries += q.refused_retries;
     if (!q.ok) {
       ++f.failed_requests;
       const bool excused = !killed.empty() && q.worker == killed && q.broken_stream &&
@@ -321,6 +326,7 @@ PolicyFigures summarize_phase(const PhaseRecord& p) {
   f.retries = static_cast<int64_t>(p.router.retries);
   f.rejected = static_cast<int64_t>(p.router.rejected);
   f.replicas = p.routers;
+  f.evicted_pages_per_worker = p.evicted_pages_per_worker;
   f.decisions = static_cast<int64_t>(p.router.decision_seconds_count);
   f.decision_mean_s =
       f.decisions > 0 ? p.router.decision_seconds_sum / p.router.decision_seconds_count : kNaN;
@@ -555,7 +561,8 @@ Table trace_table(const std::vector<PolicyFigures>& figures) {
               "Prefill tok/worker",
               "Queued / 429 / moved",
               "Decision p50 / p99",
-              "Replicas (failovers)"};
+              "Replicas (failovers)",
+              "Evicted pages/worker"};
   const auto range = [](const std::vector<int64_t>& v, const char* format) {
     const MinMeanMax m = min_mean_max(v);
     return format_fixed(m.min, format) + "–" + format_fixed(m.max, format) + " (" +
@@ -577,7 +584,9 @@ Table trace_table(const std::vector<PolicyFigures>& figures) {
          std::to_string(f.queued) + " / " + std::to_string(f.rejected) + " / " +
              std::to_string(f.retries),
          bound_us(f.decision_p50_s) + " / " + bound_us(f.decision_p99_s),
-         std::to_string(f.replicas) + " (" + std::to_string(f.router_failovers) + ")"});
+         std::to_string(f.replicas) + " (" + std::to_string(f.router_failovers) + ")",
+         f.evicted_pages_per_worker.empty() ? std::string("-")
+                                            : range(f.evicted_pages_per_worker, "%.0f")});
   }
   return t;
 }

@@ -47,6 +47,9 @@ struct RoutedRequest {
   // Router replicas (--routers): sent again through another replica after the first
   // refused the connection or broke before the answer's end (it was killed).
   int32_t router_failovers = 0;
+  // --retry-refused: answers 429/503 waited out (their Retry-After) and sent again.
+  int32_t refused_retries = 0;
+  double retry_after_s = 0;     // the last refusal's Retry-After (0: none)
   int64_t reusable_tokens = 0;  // shared-prefix: what a perfect placement finds cached;
                                 // trace: what one infinite cache would hit (the ideal)
   std::string error;
@@ -93,6 +96,9 @@ struct PhaseRecord {
   RouterCounters router;                // summed over the router replicas alive at the phase's end
   int32_t routers = 1;                  // router replicas in front of the workers
   double killed_router_at_s = -1;       // --kill-router-at: when replica 1 was killed; -1: not
+  // Trace: each worker's strata_kv_evicted_pages_total over the phase (the workers' order;
+  // -1 where a worker did not answer); empty when they were not read.
+  std::vector<int64_t> evicted_pages_per_worker;
   // Failure workload: the killed worker (index into workers), when it was killed, and
   // when its restart answered /health, since the phase started; -1: not done.
   int32_t killed_worker = -1;
@@ -123,6 +129,8 @@ struct PolicyFigures {
   int64_t rejected = 0;          // answered 429 by the router
   int64_t router_failovers = 0;  // requests sent again through another router replica
   int32_t replicas = 1;          // router replicas (PhaseRecord::routers)
+  int64_t refused_retries = 0;   // --retry-refused: refusals waited out and sent again
+  std::vector<int64_t> evicted_pages_per_worker;  // trace (PhaseRecord's)
   // Prompt tokens computed (not cached) by worker, successful requests: the prefill load.
   std::vector<int64_t> computed_tokens_per_worker;
   // The router's decisions over the phase: count, mean, and the bucket bounds of the

@@ -38,6 +38,10 @@ StreamTransferEngine::StreamTransferEngine(CopyDevice& device, const KvBlockLayo
                        device_blocks.num_layers >= 1 && device_blocks.block_bytes > 0,
                    "device pool and host pool have different page shapes");
   STRATA_CHECK(device_blocks.base != nullptr && host_blocks.base != nullptr);
+  for (auto& queue : latest_) {
+    queue[0].assign(static_cast<size_t>(device_blocks.num_pages), 0);
+    queue[1].assign(static_cast<size_t>(host_blocks.num_pages), 0);
+  }
 }
 
 StreamTransferEngine::~StreamTransferEngine() {
@@ -92,12 +96,48 @@ std::vector<CopySpan> StreamTransferEngine::spans(const TransferJob& job, int32_
   return out;
 }
 
+namespace {
+
+size_t queue_slot(CopyQueue queue) {
+  return queue == CopyQueue::kLoad ? 0 : 1;
+}
+
+}  // namespace
+
 void StreamTransferEngine::order_after_conflicts(const TransferJob& job, CopyQueue queue,
                                                  Job& into) {
-  for (auto& [ticket, other] : jobs_) {
-    if (other.queue == queue || other.events.empty() || !shares_a_page(other.job, job)) continue;
-    const Status s = device_.queue_wait(queue, other.events.back());
+  const auto& other = latest_[1 - queue_slot(queue)];
+  std::vector<TransferTicket> conflicts;
+  for (int pool = 0; pool < 2; ++pool) {
+    for (PageId page : pool == 0 ? job.device_pages : job.host_pages) {
+      const TransferTicket t = other[pool][static_cast<size_t>(page_index(page))];
+      if (t != 0) conflicts.push_back(t);
+    }
+  }
+  std::sort(conflicts.begin(), conflicts.end());
+  conflicts.erase(std::unique(conflicts.begin(), conflicts.end()), conflicts.end());
+  for (TransferTicket ticket : conflicts) {  // in submission order
+    const Job& before = jobs_.at(ticket);
+    const Status s = device_.queue_wait(queue, before.events.back());
     if (!s && !into.error) into.error = s.error().message;
+  }
+}
+
+void StreamTransferEngine::index_pages(TransferTicket ticket, const Job& job) {
+  if (job.events.empty()) return;  // refused outright: it copies nothing
+  auto& latest = latest_[queue_slot(job.queue)];
+  for (PageId page : job.job.device_pages)
+    latest[0][static_cast<size_t>(page_index(page))] = ticket;
+  for (PageId page : job.job.host_pages) latest[1][static_cast<size_t>(page_index(page))] = ticket;
+}
+
+void StreamTransferEngine::unindex_pages(TransferTicket ticket, const Job& job) {
+  auto& latest = latest_[queue_slot(job.queue)];
+  for (int pool = 0; pool < 2; ++pool) {
+    for (PageId page : pool == 0 ? job.job.device_pages : job.job.host_pages) {
+      TransferTicket& t = latest[pool][static_cast<size_t>(page_index(page))];
+      if (t == ticket) t = 0;
+    }
   }
 }
 
@@ -127,7 +167,8 @@ TransferTicket StreamTransferEngine::submit(TransferJob job) {
     enqueue(j, spans(job, -1));
   }
   j.job = std::move(job);
-  jobs_.emplace(ticket, std::move(j));
+  const auto placed = jobs_.emplace(ticket, std::move(j)).first;
+  index_pages(ticket, placed->second);
   return ticket;
 }
 
@@ -169,6 +210,7 @@ void StreamTransferEngine::finish(std::map<TransferTicket, Job>::iterator it) {
     }
   }
   resolved_.push_back(std::move(out));
+  unindex_pages(it->first, job);
   jobs_.erase(it);
 }
 

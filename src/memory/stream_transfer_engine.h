@@ -107,8 +107,12 @@ class StreamTransferEngine final : public KvTransfers {
   void check_issued(TransferTicket ticket) const;
   // Spans of the job's blocks in `layer` (all layers when layer < 0), merged.
   std::vector<CopySpan> spans(const TransferJob& job, int32_t layer) const;
-  // Makes `queue` wait for the unfinished jobs of the other queue that share a page with `job`.
+  // Makes `queue` wait for the unfinished jobs of the other queue that share a page with `job`
+  // (found through latest_: O(the job's pages), whatever is in flight).
   void order_after_conflicts(const TransferJob& job, CopyQueue queue, Job& into);
+  // Adds or removes an unfinished job in latest_.
+  void index_pages(TransferTicket ticket, const Job& job);
+  void unindex_pages(TransferTicket ticket, const Job& job);
   void enqueue(Job& job, std::span<const CopySpan> spans);
   // Polls the job's events; true once they have all landed or one failed (then the job is
   // finished: outcome recorded, events released, forgotten).
@@ -121,7 +125,12 @@ class StreamTransferEngine final : public KvTransfers {
   StreamTransferOptions options_;
   const Clock& clock_;
 
-  std::map<TransferTicket, Job> jobs_;     // unresolved, by ticket (submission order)
+  std::map<TransferTicket, Job> jobs_;  // unresolved, by ticket (submission order)
+  // [queue][0: device pool, 1: host pool][page index]: the latest unresolved job of the queue
+  // that touches the page and has enqueued copies (0: none). A queue runs its batches in
+  // order, so waiting for that job's last event waits for every earlier job of the queue on
+  // the page too; a job the device refused outright copies nothing and is not recorded.
+  std::vector<TransferTicket> latest_[2][2];
   std::vector<TransferOutcome> resolved_;  // since the last take_completed()
   TransferTicket next_ticket_ = 1;
   Stats stats_;

@@ -146,6 +146,29 @@ TEST_P(StreamTransferEngineTest, AJobThatSharesAPageWithTheOtherQueueStartsAfter
   EXPECT_TRUE(engine_->done(write));
 }
 
+TEST_P(StreamTransferEngineTest, AJobWaitsForTheConflictingJobsInFlightOnly) {
+  // Twelve backups in flight on pages of their own; a load whose only shared page is the
+  // host page of the eighth waits for that one (and, on its queue, those before it), not for
+  // the four after it.
+  std::vector<TransferTicket> ups;
+  for (int32_t j = 0; j < 12; ++j) ups.push_back(engine_->submit(backup(pages({j}), pages({j}))));
+  const TransferTicket down = engine_->submit(load(pages({20}), pages({7})));
+  for (int32_t j = 0; j < 7; ++j) ASSERT_TRUE(copies_.land(CopyQueue::kBackup)) << j;
+  EXPECT_FALSE(copies_.land(CopyQueue::kLoad));
+  ASSERT_TRUE(copies_.land(CopyQueue::kBackup));  // the eighth
+  EXPECT_TRUE(copies_.land(CopyQueue::kLoad));
+  EXPECT_TRUE(engine_->done(down));
+  EXPECT_FALSE(engine_->done(ups[8]));
+
+  // A job that has resolved orders nothing: a load of its page starts at once.
+  EXPECT_TRUE(engine_->done(ups[0]));
+  const TransferTicket again = engine_->submit(load(pages({0}), pages({21})));
+  EXPECT_TRUE(copies_.land(CopyQueue::kLoad));
+  EXPECT_TRUE(engine_->done(again));
+  copies_.land_all();
+  for (TransferTicket t : ups) EXPECT_TRUE(engine_->done(t));
+}
+
 TEST_P(StreamTransferEngineTest, ALayerByLayerLoadLetsComputeWaitForEachLayer) {
   const uint64_t batches_before = copies_.batches();
   const TransferTicket t = engine_->submit(load(pages({4, 5}), pages({1, 2}), true));

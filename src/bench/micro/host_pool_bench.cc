@@ -239,6 +239,71 @@ void BM_StreamEngineOverhead(benchmark::State& state, HostLayout layout) {
       benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
+// A copy device whose events land only when told (land_all): copies stay in flight.
+class HeldCopyDevice final : public CopyDevice {
+ public:
+  Result<CopyEvent> enqueue(CopyQueue, std::span<const CopySpan>) override { return next_++; }
+  Result<bool> ready(CopyEvent e) override { return e < landed_below_; }
+  Status wait(CopyEvent) override { return {}; }
+  Status queue_wait(CopyQueue, CopyEvent) override {
+    ++queue_waits_;
+    return {};
+  }
+  Status compute_wait(CopyEvent) override { return {}; }
+  void release(CopyEvent) override {}
+  void land_all() { landed_below_ = next_; }
+  uint64_t queue_waits() const { return queue_waits_; }
+
+ private:
+  CopyEvent next_ = 1;
+  CopyEvent landed_below_ = 1;
+  uint64_t queue_waits_ = 0;
+};
+
+// The cost of submitting a 16-page load while range(0) backups of 16 pages each are in
+// flight, one of them sharing a page with the load (so it is ordered after that one): the
+// conflict check of submit() (an index of the pages in flight, not a scan of every job).
+void BM_StreamSubmitWithJobsInFlight(benchmark::State& state) {
+  constexpr int32_t kJobPages = 16;
+  const auto in_flight = static_cast<int32_t>(state.range(0));
+  const int32_t pages = (in_flight + 2) * kJobPages;
+  const KvPoolShape shape{4, 2, 64, pages, 16, KvDtype::kBF16};
+  auto device_pool = KvPool::create(shape);
+  auto host_pool = HostKvPool::create(shape, HostLayout::kLayerFirst);
+  if (!device_pool || !host_pool) std::abort();
+  HeldCopyDevice device;
+  StreamTransferEngine engine(device, (*device_pool)->block_layout(),
+                              *(*host_pool)->block_layout());
+  auto run = [&](int32_t first) {
+    std::vector<PageId> p;
+    for (int32_t i = 0; i < kJobPages; ++i) p.push_back(make_page_id(first + i));
+    return p;
+  };
+  for (int32_t j = 0; j < in_flight; ++j) {
+    (void)engine.submit(TransferJob{TransferDirection::kDeviceToHost, run(j * kJobPages),
+                                    run(j * kJobPages), false});
+  }
+  // The load's device pages are fresh; its host pages overlap the last backup's by one.
+  const int32_t fresh = in_flight * kJobPages;
+  std::vector<PageId> host = run(fresh + kJobPages);
+  if (in_flight > 0) host.back() = make_page_id(fresh - 1);
+  const uint64_t waits_before = device.queue_waits();
+  uint64_t submits = 0;
+  for (auto _ : state) {
+    const TransferTicket t =
+        engine.submit(TransferJob{TransferDirection::kHostToDevice, run(fresh), host, false});
+    state.PauseTiming();
+    ++submits;
+    // Land only this load (the backups stay in flight): its event is the newest.
+    device.land_all();
+    if (!engine.done(t)) std::abort();
+    state.ResumeTiming();
+  }
+  state.counters["queue_waits_per_submit"] =
+      static_cast<double>(device.queue_waits() - waits_before) / static_cast<double>(submits);
+  state.counters["in_flight"] = static_cast<double>(engine.in_flight());
+}
+
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MemcpyBlocks)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Restore, layer_first, HostLayout::kLayerFirst)->Unit(benchmark::kMillisecond);
@@ -273,6 +338,7 @@ BENCHMARK_CAPTURE(BM_StreamEngineOverhead, page_first_direct, HostLayout::kPageF
     ->Arg(0)
     ->Arg(1)
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_StreamSubmitWithJobsInFlight)->Arg(0)->Arg(16)->Arg(256)->Arg(1024);
 
 }  // namespace
 }  // namespace strata

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The two failure modes of the seed 003_* (issue 33), reproduced on simulated workers
+# (profiles/h100-qwen3-8b.json) with `strata bench cluster`, and the default policy against them:
+#
+# Q2 (a cold worker never gets a session): the agentic workload, every session opening with
+#   one shared boilerplate prompt, under `default-no-floor` (the default policy with
+#   --load-floor-bonus 0: the cached boilerplate pulls each new session onto a warm worker)
+#   and `default` (the load floor spreads new sessions). Reported: sessions per worker.
+# Q1 (a saturated worker evicting in storms): a trace replayed faster than the workers'
+#   small KV pools hold, under `precise` (no backpressure: every request is sent at once) and
+#   `default` (backpressure: the router queues, then answers 429 with Retry-After, which the
+#   client honours, --retry-refused). Reported: pages evicted per worker, refusals, requests
+#   lost.
+# Writes out/bench-seed-003/<q>-s<SEED>/ and prints one line per policy and seed.
+#
+# Environment (all optional):
+#   SEEDS        seeds                                     (default: "1 2 3")
+#   Q2_WORKERS   workers of Q2                             (default: 4)
+#   Q2_SESSIONS  sessions of Q2                            (default: 24)
+#   Q1_WORKERS   workers of Q1                             (default: 8)
+#   Q1_KV        each Q1 worker's --worker-kv-tokens       (default: 60000)
+#   Q1_LIMIT     Q1's --trace-limit                        (default: 400)
+#   Q1_SCALE     Q1's --time-scale                         (default: 0.1)
+#   TRACE        Q1's trace   (default: ../shared/traces/mooncake_synthetic_trace.jsonl)
+#   BUILD_DIR    build folder                              (default: build)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+read -r -a seeds <<<"${SEEDS:-1 2 3}"
+strata=${STRATA:-${BUILD_DIR:-build}/strata}
+trace=${TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
+status=0
+scripts/make-sim-model.sh || exit 2
+mkdir -p out/bench-seed-003
+
+common=(bench cluster --spawn --simulate profiles/h100-qwen3-8b.json --model models/qwen3-8b-sim)
+
+report() {  # results.json q seed
+  python3 - "$@" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for w in r["workloads"]:
+    for p in w["policies"]:
+        ev = p.get("evicted_pages_per_worker") or []
+        print("%s seed %s %-16s sessions/worker %-16s hit %5.1f %%  evicted pages/worker %-24s "
+              "max %6s  429 %3d  retried %3d  queued %3d  failed %d of %d  TTFT p99 %.2f s"
+              % (sys.argv[2], sys.argv[3], p["name"], p.get("sessions_per_worker"),
+                 100 * p["cache_hit_fraction"], ev if len(ev) <= 8 else "%d workers" % len(ev),
+                 max(ev) if ev else "-", p["router_rejected"], p.get("refused_retries", 0),
+                 p["router_queue"]["queued"], p["failed_requests"], p["requests"],
+                 p["ttft_s"]["p99"] or float("nan")))
+PY
+}
+
+for seed in "${seeds[@]}"; do
+  dir=out/bench-seed-003/q2-s$seed
+  rm -rf "$dir"
+  "$strata" "${common[@]}" --workers "${Q2_WORKERS:-4}" --workloads agentic \
+    --sessions "${Q2_SESSIONS:-24}" --policies default-no-floor,default --seed "$seed" \
+    --out "$dir" >"$dir.log" 2>&1 || { status=1; echo "== Q2 seed $seed: exit $? ($dir.log)"; }
+  [[ -f $dir/results.json ]] && report "$dir/results.json" Q2 "$seed"
+
+  dir=out/bench-seed-003/q1-s$seed
+  rm -rf "$dir"
+  "$strata" "${common[@]}" --workers "${Q1_WORKERS:-8}" --worker-kv-tokens "${Q1_KV:-60000}" \
+    --trace "$trace" --trace-limit "${Q1_LIMIT:-400}" --time-scale "${Q1_SCALE:-0.1}" \
+    --policies precise,default --retry-refused --seed "$seed" \
+    --out "$dir" >"$dir.log" 2>&1 || { status=1; echo "== Q1 seed $seed: exit $? ($dir.log)"; }
+  [[ -f $dir/results.json ]] && report "$dir/results.json" Q1 "$seed"
+done
+exit $status
