@@ -14,6 +14,7 @@
 #   SEEDS     seeds                         (default: "1 2 3")
 #   LIMIT     --trace-limit                 (default: 1000)
 #   TRACE     the trace                     (default: ../shared/traces/mooncake_synthetic_trace.jsonl)
+#   CONFIGS   which runs                    (default: "one-router three-replicas three-one-killed")
 #   BUILD_DIR build folder                  (default: build)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -70,10 +71,13 @@ PY
 
 mkdir -p out/bench-router-replicas
 echo "== $workers simulated workers, $limit requests of $trace at time scale $scale (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+configs=" ${CONFIGS:-one-router three-replicas three-one-killed} "
 for seed in "${seeds[@]}"; do
-  run one-router "$seed"
-  run three-replicas "$seed" --routers 3 --session-store "redis://127.0.0.1:$port"
-  run three-one-killed "$seed" --routers 3 --session-store "redis://127.0.0.1:$port" \
-    --kill-router-at 0.5
+  [[ $configs == *" one-router "* ]] && run one-router "$seed"
+  [[ $configs == *" three-replicas "* ]] &&
+    run three-replicas "$seed" --routers 3 --session-store "redis://127.0.0.1:$port"
+  [[ $configs == *" three-one-killed "* ]] &&
+    run three-one-killed "$seed" --routers 3 --session-store "redis://127.0.0.1:$port" \
+      --kill-router-at 0.5
 done
 exit $status

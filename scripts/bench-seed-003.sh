@@ -18,9 +18,10 @@
 #   Q2_WORKERS   workers of Q2                             (default: 4)
 #   Q2_SESSIONS  sessions of Q2                            (default: 24)
 #   Q1_WORKERS   workers of Q1                             (default: 8)
-#   Q1_KV        each Q1 worker's --worker-kv-tokens       (default: 60000)
+#   Q1_KV        each Q1 worker's --worker-kv-tokens       (default: 200000)
 #   Q1_LIMIT     Q1's --trace-limit                        (default: 400)
-#   Q1_SCALE     Q1's --time-scale                         (default: 0.1)
+#   Q1_SCALE     Q1's --time-scale                         (default: 0.05)
+#   Q1_ROUTER    Q1's router arguments                     (default: "--queue-timeout-s 5")
 #   TRACE        Q1's trace   (default: ../shared/traces/mooncake_synthetic_trace.jsonl)
 #   BUILD_DIR    build folder                              (default: build)
 set -uo pipefail
@@ -62,9 +63,10 @@ for seed in "${seeds[@]}"; do
 
   dir=out/bench-seed-003/q1-s$seed
   rm -rf "$dir"
-  "$strata" "${common[@]}" --workers "${Q1_WORKERS:-8}" --worker-kv-tokens "${Q1_KV:-60000}" \
-    --trace "$trace" --trace-limit "${Q1_LIMIT:-400}" --time-scale "${Q1_SCALE:-0.1}" \
-    --policies precise,default --retry-refused --seed "$seed" \
+  "$strata" "${common[@]}" --workers "${Q1_WORKERS:-8}" --worker-kv-tokens "${Q1_KV:-200000}" \
+    --trace "$trace" --trace-limit "${Q1_LIMIT:-400}" --time-scale "${Q1_SCALE:-0.05}" \
+    --policies precise,default --retry-refused --router-arg="${Q1_ROUTER:---queue-timeout-s 5}" \
+    --seed "$seed" \
     --out "$dir" >"$dir.log" 2>&1 || { status=1; echo "== Q1 seed $seed: exit $? ($dir.log)"; }
   [[ -f $dir/results.json ]] && report "$dir/results.json" Q1 "$seed"
 done

@@ -1,6 +1,8 @@
 #include "cuda/cuda_copy_device.h"
 
 #include <fmt/format.h>
+#include <chrono>
+#include <thread>
 
 #include <algorithm>
 #include <unordered_map>
@@ -269,11 +271,18 @@ Result<bool> CudaCopyDevice::ready(CopyEvent event) {
   return std::unexpected(cuda_error(e, "a KV copy"));
 }
 
-Status CudaCopyDevice::wait(CopyEvent event) {
-  if (const cudaError_t e = cudaEventSynchronize(impl_->live.at(event).event); e != cudaSuccess) {
-    return std::unexpected(cuda_error(e, "waiting for a KV copy"));
+Result<bool> CudaCopyDevice::wait(CopyEvent event, int64_t timeout_ms) {
+  // cudaEventSynchronize cannot be bounded: the event is queried until it is done or the
+  // time is up (a yield between queries; copies take microseconds to milliseconds).
+  const cudaEvent_t ev = impl_->live.at(event).event;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) return std::unexpected(cuda_error(e, "waiting for a KV copy"));
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
-  return {};
 }
 
 Status CudaCopyDevice::queue_wait(CopyQueue queue, CopyEvent event) {
@@ -337,7 +346,7 @@ Result<CopyEvent> CudaCopyDevice::enqueue(CopyQueue, std::span<const CopySpan>) 
 Result<bool> CudaCopyDevice::ready(CopyEvent) {
   return std::unexpected(no_cuda_copies());
 }
-Status CudaCopyDevice::wait(CopyEvent) {
+Result<bool> CudaCopyDevice::wait(CopyEvent, int64_t) {
   return std::unexpected(no_cuda_copies());
 }
 Status CudaCopyDevice::queue_wait(CopyQueue, CopyEvent) {

@@ -63,7 +63,7 @@ class CudaCopyDevice final : public CopyDevice {
 
   Result<CopyEvent> enqueue(CopyQueue queue, std::span<const CopySpan> spans) override;
   Result<bool> ready(CopyEvent event) override;
-  Status wait(CopyEvent event) override;
+  Result<bool> wait(CopyEvent event, int64_t timeout_ms) override;
   Status queue_wait(CopyQueue queue, CopyEvent event) override;
   Status compute_wait(CopyEvent event) override;
   void release(CopyEvent event) override;

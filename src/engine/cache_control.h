@@ -150,7 +150,9 @@ class CacheControl {
   std::future<Result<CacheNodeContent>> node(uint64_t id);
   // tool_start answers once the offload landed (OFFLOADED); tool_end once the restore
   // landed (RUNNABLE), after making room by retracting running requests or waiting for
-  // room for up to 10 s (then kOutOfPages). `on_ready` (may be empty) is called on the
+  // room for up to 10 s (then kOutOfPages); a restore whose copy stalls (a GPU's copy not
+  // done by its stall deadline) is answered then, RESTORING: the next request computes
+  // what has not landed. `on_ready` (may be empty) is called on the
   // scheduler thread when the future becomes ready: an HTTP handler's waker.
   std::future<Result<ToolSessionView>> tool_start(std::string session_id,
                                                   std::function<void()> on_ready = {});

@@ -180,6 +180,23 @@ void Scheduler::land_loads() {
   last_session_tick_ms_ = clock_->now_ms();
 }
 
+bool Scheduler::only_stalled_copies() const {
+  if (pending_transfers_.empty()) return false;
+  for (const auto& [ticket, pending] : pending_transfers_) {
+    if (!pending.stalled) return false;
+  }
+  return true;
+}
+
+bool Scheduler::loads_stalled() const {
+  for (const auto& [ticket, pending] : pending_transfers_) {
+    if (pending.stalled && pending.request.direction == TransferDirection::kHostToDevice) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void Scheduler::unpark(uint64_t seq_id) {
   for (size_t i = 0; i < parked_.size(); ++i) {
     if (parked_[i]->id != seq_id) continue;
@@ -218,6 +235,7 @@ void Scheduler::on_transfer(const TransferOutcome& outcome) {
   if (it == pending_transfers_.end()) return;
   if (outcome.result == TransferResult::kStalled) {
     ++counters_.copies_stalled;
+    it->second.stalled = true;
     STRATA_LOG_WARN("a KV copy of {} pages is stalled ({})", it->second.request.hashes.size(),
                     outcome.error);
     if (it->second.waiting_seq != 0) unpark(std::exchange(it->second.waiting_seq, 0));
@@ -478,7 +496,10 @@ std::optional<Result<ToolSessionView>> Scheduler::advance(SessionWaiter& w, Engi
   if (!view) return view;
   const bool moving =
       view->state == ToolSessionState::kOffloading || view->state == ToolSessionState::kRestoring;
-  if (moving && now_ms < w.deadline_ms) return std::nullopt;
+  // A restore whose copy stalled is answered at once, RESTORING: the agent's next request
+  // computes what has not landed (the stalled pages stay with the copy until it resolves).
+  const bool stalled = view->state == ToolSessionState::kRestoring && loads_stalled();
+  if (moving && !stalled && now_ms < w.deadline_ms) return std::nullopt;
   view->moved_tokens = w.moved_tokens;
   return view;
 }
@@ -838,9 +859,9 @@ Scheduler::Admission Scheduler::try_admit(Seq& seq) {
       return Admission::kParked;
     }
     STRATA_CHECK(tree_->release(hold).has_value());
-    if (tree_->io_pending()) {
+    if (tree_->io_pending() && !only_stalled_copies()) {
       // Backups in flight free device pages when they land (write_back, pinned blocks):
-      // wait for them rather than recompute what the host holds.
+      // wait for them rather than recompute what the host holds (not for stalled ones).
       seq.load_tried = false;
       return Admission::kNoRoom;
     }
@@ -965,8 +986,12 @@ int32_t Scheduler::make_room_for_restore(int64_t pages) {
 }
 
 bool Scheduler::pages_will_return() const {
-  return !running_.empty() || io_busy() || tree_->io_pending() || !remote_.empty() ||
-         !pd_sending_.empty() || !quarantine_.empty();
+  // Stalled copies give their pages back only when they resolve, which may be never: a
+  // request does not wait for them (it may fail for want of room instead of hanging).
+  const bool copies =
+      (!pending_transfers_.empty() || tree_->io_pending()) && !only_stalled_copies();
+  return !running_.empty() || copies || !pending_storage_.empty() || !parked_.empty() ||
+         !remote_.empty() || !pd_sending_.empty() || !quarantine_.empty();
 }
 
 bool Scheduler::release_queued_holds() {
@@ -1098,7 +1123,9 @@ void Scheduler::admit() {
       if (preempt_for(seq)) continue;
       // FIFO: wait while something that gives pages back by itself is under way (running
       // requests, copies, storage reads, P/D rooms and sends, a restored session's hold).
-      if (pages_will_return() || sessions_->holds_device()) break;
+      // (A session whose restore stalled holds its pages until the copy resolves: not waited
+      // for.)
+      if (pages_will_return() || (sessions_->holds_device() && !loads_stalled())) break;
       // Nothing will: the prompt fits the pool (checked at submit), so only holds that
       // wait for this request to go first, or pins, can be in the way.
       if (release_queued_holds()) continue;

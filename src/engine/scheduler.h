@@ -241,7 +241,12 @@ class Scheduler {
   struct PendingTransfer {
     TransferRequest request;
     uint64_t waiting_seq = 0;  // a parked request waiting for this load, or 0
+    bool stalled = false;      // reported kStalled: nobody waits for it any more
   };
+  // A load (host -> device) in flight was reported stalled.
+  bool loads_stalled() const;
+  // Copies are in flight and every one of them was reported stalled: nothing to wait for.
+  bool only_stalled_copies() const;
   std::unordered_map<TransferTicket, PendingTransfer> pending_transfers_;
   // Tests (EngineState::set_copy_gate): asked for each finished copy at each poll; false
   // keeps it in flight (in held_copies_) until a later poll, as a busy machine would.

@@ -11,8 +11,9 @@
 //   event that is ready when the batch (and all before it on the queue) has landed, or an
 //   error when the device refused the batch (nothing of it runs).
 // - ready() never blocks: true once landed, false while in flight, an error when the copy
-//   failed (the bytes at the destination are then undefined). wait() blocks the calling
-//   thread until the event is ready or failed.
+//   failed (the bytes at the destination are then undefined). wait(e, timeout_ms) blocks the
+//   calling thread until the event is ready (true) or failed (an error), or for at most
+//   timeout_ms (false: still in flight; a copy that hangs cannot hang its caller).
 // - queue_wait(queue, e): work enqueued on `queue` afterwards starts only once `e` is ready
 //   (a cross-queue dependency, without blocking the caller).
 // - compute_wait(e): the device's compute (the forward pass) that is issued afterwards starts
@@ -51,7 +52,7 @@ class CopyDevice {
   virtual ~CopyDevice() = default;
   virtual Result<CopyEvent> enqueue(CopyQueue queue, std::span<const CopySpan> spans) = 0;
   virtual Result<bool> ready(CopyEvent event) = 0;
-  virtual Status wait(CopyEvent event) = 0;
+  virtual Result<bool> wait(CopyEvent event, int64_t timeout_ms) = 0;
   virtual Status queue_wait(CopyQueue queue, CopyEvent event) = 0;
   virtual Status compute_wait(CopyEvent event) = 0;
   virtual void release(CopyEvent event) = 0;

@@ -49,7 +49,9 @@ class KvTransfers {
   virtual ~KvTransfers() = default;
   // Queues the job's copies; never waits for one.
   virtual TransferTicket submit(TransferJob job) = 0;
-  // Blocks until the job has resolved; its error if it failed.
+  // Blocks until the job has resolved; its error if it failed. An engine whose copies can
+  // stall gives up at the job's stall deadline with kTimeout (the job stays in flight and
+  // take_outcomes() reports it kStalled).
   virtual Status wait_resolved(TransferTicket ticket) = 0;
   // The outcomes since the last call (non-blocking).
   virtual std::vector<TransferOutcome> take_outcomes() = 0;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/log.h"
 
 namespace strata {
 
@@ -48,7 +49,14 @@ StreamTransferEngine::~StreamTransferEngine() {
   // The pools' memory is freed after this: no copy may still be writing into it.
   for (auto& [ticket, job] : jobs_) {
     for (CopyEvent e : job.events) {
-      (void)device_.wait(e);
+      while (true) {
+        const Result<bool> r = device_.wait(e, options_.stall_timeout_ms);
+        if (!r || *r) break;  // failed or landed
+        STRATA_LOG_WARN(
+            "a KV copy is still in flight after {} ms; waiting for it before its "
+            "pools are freed",
+            options_.stall_timeout_ms);
+      }
       device_.release(e);
     }
   }
@@ -231,7 +239,17 @@ Status StreamTransferEngine::wait(TransferTicket ticket) {
     }
     return {};
   }
-  for (CopyEvent e : it->second.events) (void)device_.wait(e);  // errors: from ready(), below
+  for (CopyEvent e : it->second.events) {
+    // Bounded by the stall timeout: a copy that hangs leaves the job in flight (reported
+    // kStalled by take_completed) and its waiter free. Errors come from ready(), below.
+    const int64_t left = it->second.enqueued_ms + options_.stall_timeout_ms - clock_.now_ms();
+    const Result<bool> r = device_.wait(e, std::max<int64_t>(left, 0));
+    if (r && !*r) {
+      return make_error(ErrorCode::kTimeout, "a KV copy is still in flight after " +
+                                                 std::to_string(options_.stall_timeout_ms) +
+                                                 " ms (stalled)");
+    }
+  }
   STRATA_CHECK(poll(it));
   const TransferOutcome& out = resolved_.back();
   if (out.result == TransferResult::kFailed) return make_error(ErrorCode::kInternal, out.error);

@@ -77,7 +77,9 @@ class StreamTransferEngine final : public KvTransfers {
   // Whether the job has resolved (landed or failed). Polls the device; never blocks.
   bool done(TransferTicket ticket);
   // Blocks until the job has resolved; its error if it failed. A ticket that
-  // take_completed() has already returned answers at once, successfully.
+  // take_completed() has already returned answers at once, successfully. Blocks at most
+  // until the job's stall deadline (stall_timeout_ms after it was enqueued): kTimeout then,
+  // the job still in flight.
   Status wait(TransferTicket ticket);
   Status wait_resolved(TransferTicket ticket) override { return wait(ticket); }
   // Makes the device's compute that is issued afterwards wait for layers [0, layer] of a

@@ -152,6 +152,51 @@ TEST_F(ToolSessionTest, ARestoreWhoseCopyFailsIsOffloadedAgainAndRecovers) {
   expect_consistent(*e);
 }
 
+// A restore whose copy hangs (the load queue is stuck; backups go on): tool_end answers at
+// the stall deadline, RESTORING, instead of holding the scheduler thread or its caller; the
+// agent's next request computes what has not landed; the copy's pages stay with it until it
+// lands.
+TEST_F(ToolSessionTest, ARestoreWhoseCopyHangsIsAnsweredAtTheStallAndTheAgentGoesOn) {
+  FakeCopyDevice device;  // outlives the engine
+  // 128 device pages: room for the next turn beside the stalled restore's 31.
+  auto e = start(3'600'000, 2048);
+  device.set_auto(true);
+  const Status use = engine_call(*e, [&](EngineState& s) {
+                       return s.use_copy_device(device, /*stall_timeout_ms=*/200);
+                     }).get();
+  ASSERT_TRUE(use) << use.error().message;
+  const auto turn1 = prompt(500, 1);
+  const Outcome first = run(*e, turn1, "agent");
+  ASSERT_TRUE(e->cache().tool_start("agent", {}).get().has_value());
+  ASSERT_EQ(settle(*e, "agent").state, ToolSessionState::kOffloaded);
+  flood(*e, 24, 100);
+  ASSERT_EQ(settle(*e, "agent").tier, "host");
+  device.hang(CopyQueue::kLoad, true);
+  const Result<ToolSessionView> answer = e->cache().tool_end("agent", 1, {}).get();
+  ASSERT_TRUE(answer.has_value()) << answer.error().message;
+  EXPECT_EQ(answer->state, ToolSessionState::kRestoring);
+  // The counters are published after the scheduler's iteration: read them once it has ended.
+  bool counted = false;
+  for (int i = 0; i < 2000 && !counted; ++i) {
+    counted = e->counters().copies_stalled > 0;
+    if (!counted) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(counted);
+
+  std::vector<int32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
+  const auto more = prompt(20, 2);
+  turn2.insert(turn2.end(), more.begin(), more.end());
+  const Outcome second = run(*e, turn2, "agent");
+  auto fresh = start();
+  EXPECT_EQ(run(*fresh, turn2).tokens, second.tokens);
+
+  // The copy lands late: its pages come back, the cache stays whole.
+  device.hang(CopyQueue::kLoad, false);
+  EXPECT_NE(settle(*e, "agent").state, ToolSessionState::kRestoring);
+  expect_consistent(*e);
+}
+
 TEST_F(ToolSessionTest, BadCallsAreRefusedAndChangeNothing) {
   auto e = start();
   EXPECT_EQ(tool_start(*e, "nobody").error().code, ErrorCode::kNotFound);

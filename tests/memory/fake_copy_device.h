@@ -15,12 +15,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "memory/copy_device.h"
@@ -56,6 +59,7 @@ class FakeCopyDevice final : public CopyDevice {
     b.fail = fail_next_ || fail_all_;
     fail_next_ = false;
     state_[b.event] = State::kQueued;
+    queue_of_[b.event] = queue;
     queues_[q(queue)].push_back(std::move(b));
     ++batches_;
     return queues_[q(queue)].back().event;
@@ -71,14 +75,28 @@ class FakeCopyDevice final : public CopyDevice {
   }
 
   // Lands everything up to the event on its queue (and what that waits for), as the device
-  // would in time; an error if the event's copy failed.
-  Status wait(CopyEvent event) override {
+  // would in time; an error if the event's copy failed. An event of a hung queue (hang())
+  // does not land: it sleeps out the timeout (at most 1 s) and answers false, as a copy
+  // that is stuck would.
+  Result<bool> wait(CopyEvent event, int64_t timeout_ms) override {
+    {
+      std::lock_guard<std::recursive_mutex> lock(mutex_);
+      check_live(event);
+      if (!hung_[q(queue_of_.at(event))]) {
+        land_through(event);
+        return ready(event);
+      }
+    }
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::clamp<int64_t>(timeout_ms, 0, 1000)));
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    check_live(event);
-    land_through(event);
-    const Result<bool> r = ready(event);
-    if (!r) return std::unexpected(r.error());
-    return {};
+    return ready(event);
+  }
+  // A stuck queue: nothing of it lands (land(), land_all(), auto and wait() pass it by) until
+  // hang(queue, false); the other queue goes on.
+  void hang(CopyQueue queue, bool on) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    hung_[q(queue)] = on;
   }
 
   Status queue_wait(CopyQueue queue, CopyEvent event) override {
@@ -106,7 +124,7 @@ class FakeCopyDevice final : public CopyDevice {
   bool land(CopyQueue queue) {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     std::deque<Batch>& batches = queues_[q(queue)];
-    if (batches.empty()) return false;
+    if (batches.empty() || hung_[q(queue)]) return false;
     for (CopyEvent e : batches.front().after) {
       if (state_.at(e) == State::kQueued) return false;
     }
@@ -183,6 +201,8 @@ class FakeCopyDevice final : public CopyDevice {
   CopyEvent next_event_ = 1;
   uint64_t batches_ = 0;
   bool refuse_next_ = false;
+  bool hung_[2] = {false, false};
+  std::map<CopyEvent, CopyQueue> queue_of_;
   bool fail_next_ = false;
   bool fail_all_ = false;
   bool auto_ = false;

@@ -197,7 +197,7 @@ class InlineCopyDevice final : public CopyDevice {
     return next_++;
   }
   Result<bool> ready(CopyEvent) override { return true; }
-  Status wait(CopyEvent) override { return {}; }
+  Result<bool> wait(CopyEvent, int64_t) override { return true; }
   Status queue_wait(CopyQueue, CopyEvent) override { return {}; }
   Status compute_wait(CopyEvent) override { return {}; }
   void release(CopyEvent) override {}
@@ -244,7 +244,7 @@ class HeldCopyDevice final : public CopyDevice {
  public:
   Result<CopyEvent> enqueue(CopyQueue, std::span<const CopySpan>) override { return next_++; }
   Result<bool> ready(CopyEvent e) override { return e < landed_below_; }
-  Status wait(CopyEvent) override { return {}; }
+  Result<bool> wait(CopyEvent, int64_t) override { return true; }
   Status queue_wait(CopyQueue, CopyEvent) override {
     ++queue_waits_;
     return {};
