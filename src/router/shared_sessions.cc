@@ -76,10 +76,8 @@ Status SharedSessions::failed(Status s) {
   return s;
 }
 
-Result<std::optional<std::string>> SharedSessions::lookup(std::string_view session) {
-  const std::vector<std::vector<std::string>> commands{{"GET", key(session)},
-                                                       {"PEXPIRE", key(session), ttl_ms_}};
-  std::optional<std::string> url;
+Status SharedSessions::pipeline(const std::vector<std::vector<std::string>>& commands,
+                                const std::function<bool(size_t, const redisReply&)>& on_reply) {
   std::string bad;
   std::lock_guard lock(mutex_);
   Status s = conn_.ensure_connected();
@@ -89,15 +87,25 @@ Result<std::optional<std::string>> SharedSessions::lookup(std::string_view sessi
         [&](size_t i, const redisReply& r) {
           if (r.type == REDIS_REPLY_ERROR) {
             bad = std::string(redis_reply_text(r));
-          } else if (i == 0 && r.type == REDIS_REPLY_STRING) {
-            url = std::string(redis_reply_text(r));
-          } else if (i == 0 && r.type != REDIS_REPLY_NIL) {
-            bad = "a binding that is not a string";
+          } else if (!on_reply(i, r) && bad.empty()) {
+            bad = "an unexpected reply to " + commands[i][0];
           }
         });
   }
   if (s && !bad.empty()) s = make_error(ErrorCode::kIoError, "session store: " + bad);
-  if (!s) return std::unexpected(failed(std::move(s)).error());
+  return s ? s : failed(std::move(s));
+}
+
+Result<std::optional<std::string>> SharedSessions::lookup(std::string_view session) {
+  std::optional<std::string> url;
+  const Status s = pipeline({{"GET", key(session)}, {"PEXPIRE", key(session), ttl_ms_}},
+                            [&](size_t i, const redisReply& r) {
+                              if (i != 0 || r.type == REDIS_REPLY_NIL) return true;
+                              if (r.type != REDIS_REPLY_STRING) return false;  // not a binding
+                              url = std::string(redis_reply_text(r));
+                              return true;
+                            });
+  if (!s) return std::unexpected(s.error());
   ++lookups_;
   if (url) ++found_;
   return url;
@@ -112,22 +120,11 @@ Result<std::string> SharedSessions::bind(std::string_view session, std::string_v
     commands.push_back({"GET", key(session)});  // what holds after the SET
   }
   std::optional<std::string> holds;
-  std::string bad;
-  std::lock_guard lock(mutex_);
-  Status s = conn_.ensure_connected();
-  if (s) {
-    s = conn_.round_trip(
-        commands.size(), [&](redisContext* c, size_t i) { redis_append_argv(c, commands[i]); },
-        [&](size_t i, const redisReply& r) {
-          if (r.type == REDIS_REPLY_ERROR) {
-            bad = std::string(redis_reply_text(r));
-          } else if (i == 1 && r.type == REDIS_REPLY_STRING) {
-            holds = std::string(redis_reply_text(r));
-          }
-        });
-  }
-  if (s && !bad.empty()) s = make_error(ErrorCode::kIoError, "session store: " + bad);
-  if (!s) return std::unexpected(failed(std::move(s)).error());
+  const Status s = pipeline(commands, [&](size_t i, const redisReply& r) {
+    if (i == 1 && r.type == REDIS_REPLY_STRING) holds = std::string(redis_reply_text(r));
+    return true;
+  });
+  if (!s) return std::unexpected(s.error());
   ++binds_;
   // The binding expired between the two commands (a TTL far shorter than a round trip):
   // ours was written.

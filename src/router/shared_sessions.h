@@ -25,11 +25,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -77,6 +79,11 @@ class SharedSessions {
   SharedSessions(const SharedSessionOptions& options, RedisEndpoint endpoint, int64_t ttl_ms,
                  const Clock& clock);
   Status failed(Status s);  // counts and logs (throttled) a failed call
+  // Sends `commands` in one round trip; `on_reply` sees each reply that is not an error and
+  // returns false for one it cannot take. An error reply, such a reply or a failed round
+  // trip is a kIoError, counted and logged (failed()).
+  Status pipeline(const std::vector<std::vector<std::string>>& commands,
+                  const std::function<bool(size_t, const redisReply&)>& on_reply);
 
   const std::string prefix_;  // "strata:router:<ns>:session:"
   const std::string ttl_ms_;  // PX argument

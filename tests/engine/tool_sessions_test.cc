@@ -40,6 +40,13 @@ class ToolSessionTest : public ::testing::Test {
   }
 
   static std::vector<int32_t> prompt(int n, int salt) { return test_prompt(n, salt); }
+  // The agent's next turn: the last prompt, the model's answer, 20 tokens of tool result.
+  static std::vector<int32_t> next_turn(std::vector<int32_t> turn, const Outcome& answer) {
+    turn.insert(turn.end(), answer.tokens.begin(), answer.tokens.end());
+    const auto more = prompt(20, 2);
+    turn.insert(turn.end(), more.begin(), more.end());
+    return turn;
+  }
   static Outcome run(Engine& e, std::vector<int32_t> p, std::string session = {},
                      int32_t max_tokens = 8) {
     return run_greedy(e, std::move(p), max_tokens, std::move(session));
@@ -99,10 +106,7 @@ TEST_F(ToolSessionTest, OffloadAndRestoreGiveADeviceHitWithIdenticalOutput) {
   EXPECT_EQ(v.tier, "device");
   EXPECT_EQ(host_protected(*e), 0);
   // The next turn extends the session: its whole history is a device hit.
-  std::vector<int32_t> turn2 = turn1;
-  turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
-  const auto more = prompt(20, 2);
-  turn2.insert(turn2.end(), more.begin(), more.end());
+  const std::vector<int32_t> turn2 = next_turn(turn1, first);
   const Outcome second = run(*e, turn2, "agent");
   EXPECT_GE(second.usage.cached_device, 496);
   EXPECT_EQ(second.usage.cached_host, 0);
@@ -142,10 +146,7 @@ TEST_F(ToolSessionTest, ARestoreWhoseCopyFailsIsOffloadedAgainAndRecovers) {
   v = settle(*e, "agent");
   EXPECT_EQ(v.state, ToolSessionState::kRunnable);
   EXPECT_EQ(v.tier, "device");
-  std::vector<int32_t> turn2 = turn1;
-  turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
-  const auto more = prompt(20, 2);
-  turn2.insert(turn2.end(), more.begin(), more.end());
+  const std::vector<int32_t> turn2 = next_turn(turn1, first);
   const Outcome second = run(*e, turn2, "agent");
   auto fresh = start();
   EXPECT_EQ(run(*fresh, turn2).tokens, second.tokens);
@@ -183,10 +184,7 @@ TEST_F(ToolSessionTest, ARestoreWhoseCopyHangsIsAnsweredAtTheStallAndTheAgentGoe
   }
   EXPECT_TRUE(counted);
 
-  std::vector<int32_t> turn2 = turn1;
-  turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
-  const auto more = prompt(20, 2);
-  turn2.insert(turn2.end(), more.begin(), more.end());
+  const std::vector<int32_t> turn2 = next_turn(turn1, first);
   const Outcome second = run(*e, turn2, "agent");
   auto fresh = start();
   EXPECT_EQ(run(*fresh, turn2).tokens, second.tokens);
