@@ -1112,7 +1112,13 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
   ++w.active_requests;
   ++w.requests;
   out.probe = w.breaker.admit(now).probe;
-  if (!req.session.empty() && (!binding || binding->worker != w.id || binding->migrate)) {
+  // One refusal by the session's worker moves only this request; repeated ones mark the
+  // binding to migrate, and then the session moves with it (session_table.h).
+  out.detour =
+      binding && !binding->migrate && binding->worker != w.id &&
+      std::find(req.refused.begin(), req.refused.end(), binding->worker) != req.refused.end();
+  if (!req.session.empty() && !out.detour &&
+      (!binding || binding->worker != w.id || binding->migrate)) {
     if (!binding) ++w.new_sessions;
     out.session_bound = sessions.bind(req.session, w.id, now).has_value();
   }

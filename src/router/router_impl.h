@@ -159,7 +159,10 @@ struct RouteChoice {
   int64_t charged_prefill = 0;  // added to the worker's inflight_prefill_tokens
   bool all_saturated = false;
   bool session_bound = false;  // choose() bound the request's session here (new or moved)
-  uint64_t probe = 0;          // the breaker's half-open probe number (CircuitBreaker::admit)
+  // A retry away from the session's worker after it refused the request (429/503) once:
+  // the session stays bound there (session_table.h, Migration), here or in the shared store.
+  bool detour = false;
+  uint64_t probe = 0;  // the breaker's half-open probe number (CircuitBreaker::admit)
   // --pd, a remote prefill: the prefill worker, its PD id (sent to the decode worker as
   // x-strata-prefill-peer), and the prompt tokens charged to its inflight_prefill_tokens
   // until the first byte. Null / "" / 0 when the decode worker prefills locally.
@@ -176,6 +179,7 @@ struct RouteRequest {
   std::string session;          // "" when none
   std::string tenant;
   std::vector<WorkerId> exclude;  // tried already
+  std::vector<WorkerId> refused;  // of them: those that answered 429/503 (backpressure)
   bool pd_local_only = false;     // salted or with log-probabilities: never a remote prefill
   // Only this worker may take the request (a Responses request continuing a response it
   // stored); nullopt: any. choose() returns nullopt when it is not eligible.

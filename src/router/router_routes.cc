@@ -629,6 +629,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
           co_await wait_for_holder(r, ex, base->response_id, *rr.only_worker, holder_deadline,
                                    holder_backoff)) {
         rr.exclude.clear();
+        rr.refused.clear();
         continue;
       }
       if (ex.abandoned()) co_return;
@@ -674,6 +675,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
           last_error = worker_url + ": " + resp.error().message;
         } else {
           last_refusal = std::move(*resp);
+          rr.refused.push_back(c->worker->id);
         }
         rr.exclude.push_back(c->worker->id);
         STRATA_LOG_DEBUG("route: worker {} failed before its answer ({}); retrying elsewhere",
@@ -715,6 +717,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
       } else {
         last_refusal = http::ClientResponse{
             .status = es->status(), .headers = es->headers(), .body = es->body()};
+        rr.refused.push_back(c->worker->id);
       }
       rr.exclude.push_back(c->worker->id);
       continue;
@@ -834,7 +837,7 @@ awaitable<SharedBinding> read_shared_binding(Router::Impl& r, http::Exchange& ex
 awaitable<void> publish_shared_binding(Router::Impl& r, http::Exchange& ex,
                                        const std::string& session, const SharedBinding& before,
                                        const RouteChoice& c) {
-  if (!before.asked) co_return;
+  if (!before.asked || c.detour) co_return;
   const std::string& url = c.worker->url;
   if (!c.session_bound && !(before.answered && before.url != url)) co_return;
   const bool only_if_absent = !before.url;

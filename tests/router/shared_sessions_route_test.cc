@@ -38,6 +38,14 @@ class ReplicaFakeWorker {
       co_await ex.respond(std::move(out));
     });
     server_->route("POST", "/v1/completions", [this](http::Exchange& ex) -> awaitable<void> {
+      if (refuse_next.load() > 0) {
+        --refuse_next;
+        http::Response busy{.status = 429,
+                            .body = R"({"error":{"message":"busy"}})",
+                            .headers = {{"Retry-After", "1"}}};
+        co_await ex.respond(std::move(busy));
+        co_return;
+      }
       ++completions;
       http::Response out{.body = R"({"choices":[{"text":"x"}],"usage":{"prompt_tokens":1,)"
                                  R"("completion_tokens":1}})"};
@@ -57,6 +65,7 @@ class ReplicaFakeWorker {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(server_->port()); }
 
   std::atomic<int> completions{0}, tool_calls{0};
+  std::atomic<int> refuse_next{0};  // completions answered 429 before the next 200
 
  private:
   std::unique_ptr<http::Server> server_;
@@ -175,6 +184,48 @@ TEST_F(SharedSessionsRouteTest, AToolCallThroughTheOtherReplicaReachesTheSession
       http_call(b, "POST", "/session/tool_start", R"({"session_id":"nobody"})",
                 "Authorization: Bearer k\r\nContent-Type: application/json\r\n");
   EXPECT_EQ(unknown.status, 404) << unknown.body;
+}
+
+// One 429 from the session's worker moves only that request (session_table.h, Migration):
+// the next turn goes back to the worker, and the shared binding is not overwritten. A
+// second refusal within the window migrates the session, in the store too.
+TEST_F(SharedSessionsRouteTest, OneRefusalMovesTheRequestAndTwoMoveTheSession) {
+  const int a = start_replica();
+  const int b = start_replica();
+  ASSERT_TRUE(a && b);
+  const std::string key = "strata:router:test-cluster:session:agent-9";
+  const HttpAnswer first = turn(a, "agent-9", 0);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string home = first.header("x-strata-worker");
+  ReplicaFakeWorker* home_worker = nullptr;
+  for (auto& w : workers_) {
+    if (w->url() == home) home_worker = w.get();
+  }
+  ASSERT_NE(home_worker, nullptr) << home;
+
+  home_worker->refuse_next = 1;
+  const HttpAnswer detour = turn(a, "agent-9", 100);
+  ASSERT_EQ(detour.status, 200) << detour.body;
+  EXPECT_NE(detour.header("x-strata-worker"), home);
+  EXPECT_EQ(detour.header("x-strata-attempts"), "2");
+  EXPECT_EQ(redis_command(redis_.port(), {"GET", key}), home);
+  for (int port : {a, b}) {
+    const HttpAnswer back = turn(port, "agent-9", 200);
+    ASSERT_EQ(back.status, 200) << back.body;
+    EXPECT_EQ(back.header("x-strata-worker"), home) << "through replica " << port;
+    EXPECT_EQ(back.header("x-strata-route"), "sticky");
+  }
+
+  // A second refusal to replica a within its 30 s window: the session moves.
+  home_worker->refuse_next = 1;
+  const HttpAnswer moved = turn(a, "agent-9", 300);
+  ASSERT_EQ(moved.status, 200) << moved.body;
+  const std::string new_home = moved.header("x-strata-worker");
+  EXPECT_NE(new_home, home);
+  EXPECT_EQ(redis_command(redis_.port(), {"GET", key}), new_home);
+  const HttpAnswer after = turn(b, "agent-9", 400);
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(after.header("x-strata-worker"), new_home);
 }
 
 TEST_F(SharedSessionsRouteTest, ADeadStoreLeavesEachReplicaRoutingOnItsOwnBindings) {
