@@ -1,11 +1,14 @@
 #include "bench/bench_cli.h"
 
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "bench/agentic_trace.h"
 #include "bench/cluster.h"
 #include "bench/depth_sweep.h"
 #include "bench/load.h"
@@ -377,6 +380,91 @@ void add_cluster(CLI::App& bench, int& exit_code) {
   });
 }
 
+// Writes an agentic trace (agentic_trace.h) for `bench cluster --trace`; prints its shape.
+int write_agentic_trace(const AgenticTraceOptions& o, const std::string& path) {
+  if (auto ok = validate(o); !ok) {
+    std::fprintf(stderr, "strata bench make-trace: %s\n", ok.error().message.c_str());
+    return 2;
+  }
+  const std::vector<AgenticTraceLine> lines = make_agentic_trace(o);
+  {
+    std::ofstream out(path, std::ios::trunc);
+    write_trace_jsonl(out, lines);
+    out.flush();
+    if (!out) {
+      std::fprintf(stderr, "strata bench make-trace: cannot write %s\n", path.c_str());
+      return 2;
+    }
+  }
+  std::vector<TraceRequest> requests;
+  int64_t output_tokens = 0;
+  for (const AgenticTraceLine& l : lines) {
+    requests.push_back(l.request);
+    output_tokens += l.request.output_tokens;
+  }
+  const TraceIdeal ideal = trace_ideal_hit(requests, o.block_tokens, 1);
+  const double span_s = requests.back().timestamp_ms / 1000.0;
+  std::printf(
+      "%s: %lld sessions, %zu calls over %.1f s (%.1f calls/s), %lld prompt tokens (mean "
+      "%.0f), %lld output tokens; ideal hit %.1f %% of prompt tokens\n",
+      path.c_str(), static_cast<long long>(o.sessions), lines.size(), span_s,
+      span_s > 0 ? static_cast<double>(lines.size()) / span_s : 0.0,
+      static_cast<long long>(ideal.prompt_tokens),
+      static_cast<double>(ideal.prompt_tokens) / static_cast<double>(lines.size()),
+      static_cast<long long>(output_tokens), 100.0 * ideal.token_fraction());
+  return 0;
+}
+
+void add_make_trace(CLI::App& bench, int& exit_code) {
+  auto o = std::make_shared<AgenticTraceOptions>();
+  auto path = std::make_shared<std::string>();
+  CLI::App* cmd = bench.add_subcommand(
+      "make-trace",
+      "Write an agentic trace in Mooncake's format (plus session_id) for `bench cluster "
+      "--trace`: agent sessions on shared system prompts whose prompts grow call by call "
+      "(docs/benchmarks.md)");
+  cmd->add_option("--out", *path, "The trace file to write (JSON lines)")->required();
+  cmd->add_option("--sessions", o->sessions, "Agent sessions")->capture_default_str();
+  cmd->add_option("--session-rate", o->session_rate_per_s,
+                  "New sessions per second (Poisson arrivals)")
+      ->capture_default_str();
+  cmd->add_option("--templates", o->templates,
+                  "Distinct system prompts with tool schemas, shared by the sessions")
+      ->capture_default_str();
+  cmd->add_option("--template-skew", o->template_skew,
+                  "Zipf exponent of the sessions' choice of template (0: uniform)")
+      ->capture_default_str();
+  cmd->add_option("--template-tokens-min", o->template_tokens_min)->capture_default_str();
+  cmd->add_option("--template-tokens-max", o->template_tokens_max)->capture_default_str();
+  cmd->add_option("--task-tokens-min", o->task_tokens_min, "The user's task, own to a session")
+      ->capture_default_str();
+  cmd->add_option("--task-tokens-max", o->task_tokens_max)->capture_default_str();
+  cmd->add_option("--calls-min", o->calls_min, "Model calls per session")->capture_default_str();
+  cmd->add_option("--calls-max", o->calls_max)->capture_default_str();
+  cmd->add_option("--output-tokens-min", o->output_tokens_min, "Each call's completion")
+      ->capture_default_str();
+  cmd->add_option("--output-tokens-max", o->output_tokens_max)->capture_default_str();
+  cmd->add_option("--tool-tokens-min", o->tool_tokens_min,
+                  "Each tool result, appended before the next call")
+      ->capture_default_str();
+  cmd->add_option("--tool-tokens-max", o->tool_tokens_max)->capture_default_str();
+  cmd->add_option("--tool-seconds", o->tool_seconds_mean,
+                  "Mean run time of a tool between two calls (exponential)")
+      ->capture_default_str();
+  cmd->add_option("--seconds-per-output-token", o->seconds_per_output_token,
+                  "Expected answer time per output token, before the tool runs")
+      ->capture_default_str();
+  cmd->add_option("--max-prompt-tokens", o->max_prompt_tokens,
+                  "A session ends before a call whose prompt would be longer")
+      ->capture_default_str();
+  cmd->add_option("--block-tokens", o->block_tokens,
+                  "Tokens per hash id (replay with the same --trace-block-tokens)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of every draw")->capture_default_str();
+  cmd->footer("Exit code: 0 written, 2 an error.");
+  cmd->callback([o, path, &exit_code] { exit_code = write_agentic_trace(*o, *path); });
+}
+
 }  // namespace
 
 void add_bench_scenarios(CLI::App& bench, int& exit_code) {
@@ -384,6 +472,7 @@ void add_bench_scenarios(CLI::App& bench, int& exit_code) {
   add_tool_calls(bench, exit_code);
   add_load(bench, exit_code);
   add_cluster(bench, exit_code);
+  add_make_trace(bench, exit_code);
 }
 
 }  // namespace strata::bench

@@ -1,7 +1,8 @@
 // The command line of the scenarios that run over HTTP: `strata bench depth-sweep`,
 // `strata bench tool-calls`, `strata bench load` and `strata bench cluster`, with the
 // options they share (--url or --spawn --model with --server-arg, --out, --seed, --quick,
-// --check). The in-process scenarios (`forward`, `tiers`) register themselves;
+// --check), and `strata bench make-trace` (an agentic trace for `cluster --trace`,
+// agentic_trace.h). The in-process scenarios (`forward`, `tiers`) register themselves;
 // bench_command.h gathers them all under the `bench` command.
 //
 // Threads: registration and the callbacks run on the main thread (CLI11).

@@ -85,6 +85,17 @@ Result<TraceRequest> parse_trace_line(std::string_view text, int64_t line, int64
     }
     r.hash_ids.push_back(id.get<int64_t>());
   }
+  if (const auto session = j.find("session_id"); session != j.end()) {
+    if (session->is_string()) {
+      r.session = session->get<std::string>();
+    } else if (session->is_number_integer()) {
+      r.session = session->dump();
+    } else {
+      return line_error(line, "'session_id' must be a string or an integer, got " +
+                                  session->dump().substr(0, 40));
+    }
+    if (r.session.empty()) return line_error(line, "'session_id' must not be empty");
+  }
   return r;
 }
 
@@ -187,13 +198,19 @@ TraceIdeal trace_ideal_hit(std::span<const TraceRequest> requests, int64_t block
 
 TraceFamilies trace_families(std::span<const TraceRequest> requests) {
   TraceFamilies f;
-  std::unordered_map<int64_t, int64_t> index;  // first hash id -> family
+  std::unordered_map<int64_t, int64_t> by_block;        // first hash id -> family
+  std::unordered_map<std::string, int64_t> by_session;  // session_id -> family
   for (const TraceRequest& r : requests) {
-    const int64_t key = r.hash_ids.empty() ? -1 : r.hash_ids.front();
-    auto [it, inserted] = index.try_emplace(key, f.count);
-    if (inserted) ++f.count;
-    f.family.push_back(it->second);
-    f.first.push_back(inserted);
+    const auto add = [&f](auto emplaced) {
+      if (emplaced.second) ++f.count;
+      f.family.push_back(emplaced.first->second);
+      f.first.push_back(emplaced.second);
+    };
+    if (r.session.empty()) {
+      add(by_block.try_emplace(r.hash_ids.empty() ? -1 : r.hash_ids.front(), f.count));
+    } else {
+      add(by_session.try_emplace(r.session, f.count));
+    }
   }
   return f;
 }

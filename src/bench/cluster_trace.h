@@ -8,7 +8,9 @@
 // - hash_ids: the prompt's blocks of `block_tokens` tokens (512 in Mooncake's traces), as
 //   small integers: two requests share a prefix exactly as far as their lists agree from
 //   the start. The last block is cut to input_length, so ceil(input_length / block_tokens)
-//   ids are needed; ids beyond those are ignored.
+//   ids are needed; ids beyond those are ignored;
+// - session_id (optional, not Mooncake's): a string or integer naming the request's
+//   session; our agentic traces carry it (agentic_trace.h). Other fields are ignored.
 //
 // Replay. Every hash id becomes a block of token ids drawn from a vocabulary with a
 // generator seeded by (seed, id) (TraceTokens): equal ids give equal blocks, different ids
@@ -49,6 +51,7 @@ struct TraceRequest {
   // ceil(input_tokens / block_tokens) ids, the prompt's blocks in order (extra ids of the
   // line dropped).
   std::vector<int64_t> hash_ids;
+  std::string session;  // the line's session_id, as a string; empty without one
 };
 
 // One line (without its newline). kInvalidArgument naming "line N" and the field on a
@@ -97,11 +100,12 @@ struct TraceIdeal {
 TraceIdeal trace_ideal_hit(std::span<const TraceRequest> requests, int64_t block_tokens,
                            int64_t page_tokens);
 
-// The prefix families of a trace: requests whose first hash id is equal form one (a
-// conversation's turns, an agent's calls, users of one system prompt). For each request,
-// its family's index (in order of first appearance) and whether it is the family's first
-// request. A family stands for a session in the per-worker balance (its first request's
-// worker owns it), since the format has no session ids.
+// The prefix families of a trace: requests of one session_id form one; requests without
+// one form one when their first hash id is equal (a conversation's turns, an agent's
+// calls, users of one system prompt). For each request, its family's index (in order of
+// first appearance) and whether it is the family's first request. A family stands for a
+// session in the per-worker balance (its first request's worker owns it), since
+// Mooncake's format has no session ids.
 struct TraceFamilies {
   std::vector<int64_t> family;  // per request
   std::vector<bool> first;      // per request
