@@ -187,6 +187,19 @@ class Sender {
   const bool retry_refused_;
 };
 
+// The CPU seconds processes used between two readings, summed over those read both times;
+// -1 when none was.
+double cpu_delta(const std::vector<double>& before, const std::vector<double>& after) {
+  double sum = 0;
+  bool any = false;
+  for (size_t i = 0; i < before.size() && i < after.size(); ++i) {
+    if (before[i] < 0 || after[i] < 0) continue;
+    sum += after[i] - before[i];
+    any = true;
+  }
+  return any ? sum : -1;
+}
+
 // Each worker's strata_kv_evicted_pages_total (-1 where it did not answer).
 std::vector<int64_t> read_worker_evictions(const std::vector<std::string>& workers,
                                            const std::string& api_key) {
@@ -664,6 +677,7 @@ Status ClusterRun::run_trace(const std::string& policy, const std::vector<std::s
   phase.routers = static_cast<int32_t>(replicas_.size());
   auto before = read_router_counters(replicas_);
   if (!before) return std::unexpected(before.error());
+  const Fleet::CpuSeconds cpu_before = fleet_ ? fleet_->cpu_seconds() : Fleet::CpuSeconds{};
   PhaseLog log(monotonic_s());
   // Open loop: each request on its own thread at its time, whatever is in flight.
   std::vector<std::thread> threads;
@@ -715,6 +729,11 @@ Status ClusterRun::run_trace(const std::string& policy, const std::vector<std::s
   for (size_t w = 0; w < evicted_after.size() && w < evicted_before.size(); ++w) {
     const bool read = evicted_after[w] >= 0 && evicted_before[w] >= 0;
     phase.evicted_pages_per_worker.push_back(read ? evicted_after[w] - evicted_before[w] : -1);
+  }
+  if (fleet_) {
+    const Fleet::CpuSeconds cpu_after = fleet_->cpu_seconds();
+    phase.router_cpu_s = cpu_delta(cpu_before.routers, cpu_after.routers);
+    phase.worker_cpu_s = cpu_delta(cpu_before.workers, cpu_after.workers);
   }
   if (interrupted()) phase.error = "interrupted";
   record_.phases.push_back(std::move(phase));

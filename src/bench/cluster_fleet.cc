@@ -144,6 +144,13 @@ Status Fleet::kill_router(size_t i) {
   return {};
 }
 
+Fleet::CpuSeconds Fleet::cpu_seconds() const {
+  CpuSeconds out;
+  for (const auto& r : routers_) out.routers.push_back(r ? r->cpu_seconds() : -1);
+  for (const auto& w : workers_) out.workers.push_back(w ? w->cpu_seconds() : -1);
+  return out;
+}
+
 void Fleet::stop() {
   for (auto& r : routers_) {
     if (r) (void)r->stop();

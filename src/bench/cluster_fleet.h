@@ -61,6 +61,14 @@ class Fleet {
   // The routers first (their running requests end), then the workers. Idempotent.
   void stop();
 
+  // CPU seconds so far of each router replica and each worker (ServerProcess::cpu_seconds;
+  // -1 for one killed or unreadable).
+  struct CpuSeconds {
+    std::vector<double> routers;
+    std::vector<double> workers;
+  };
+  CpuSeconds cpu_seconds() const;
+
  private:
   Fleet() = default;
   FleetOptions options_;

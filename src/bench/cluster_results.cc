@@ -124,6 +124,8 @@ ojson figures_json(const PhaseRecord& p, const PolicyFigures& f) {
           {"router_killed_at_s", p.killed_router_at_s >= 0 ? ojson(p.killed_router_at_s) : ojson()},
           {"refused_retries", f.refused_retries},
           {"evicted_pages_per_worker", p.evicted_pages_per_worker},
+          {"router_cpu_s", p.router_cpu_s >= 0 ? ojson(p.router_cpu_s) : ojson()},
+          {"worker_cpu_s", p.worker_cpu_s >= 0 ? ojson(p.worker_cpu_s) : ojson()},
           {"streams_broken", static_cast<int64_t>(p.router.streams_broken)},
           {"computed_tokens_per_worker", f.computed_tokens_per_worker},
           {"router_decision",
@@ -327,6 +329,8 @@ PolicyFigures summarize_phase(const PhaseRecord& p) {
   f.rejected = static_cast<int64_t>(p.router.rejected);
   f.replicas = p.routers;
   f.evicted_pages_per_worker = p.evicted_pages_per_worker;
+  f.router_cpu_s = p.router_cpu_s;
+  f.worker_cpu_s = p.worker_cpu_s;
   f.decisions = static_cast<int64_t>(p.router.decision_seconds_count);
   f.decision_mean_s =
       f.decisions > 0 ? p.router.decision_seconds_sum / p.router.decision_seconds_count : kNaN;
@@ -562,7 +566,8 @@ Table trace_table(const std::vector<PolicyFigures>& figures) {
               "Queued / 429 / moved",
               "Decision p50 / p99",
               "Replicas (failovers)",
-              "Evicted pages/worker"};
+              "Evicted pages/worker",
+              "CPU s: routers / workers"};
   const auto range = [](const std::vector<int64_t>& v, const char* format) {
     const MinMeanMax m = min_mean_max(v);
     return format_fixed(m.min, format) + "–" + format_fixed(m.max, format) + " (" +
@@ -586,7 +591,10 @@ Table trace_table(const std::vector<PolicyFigures>& figures) {
          bound_us(f.decision_p50_s) + " / " + bound_us(f.decision_p99_s),
          std::to_string(f.replicas) + " (" + std::to_string(f.router_failovers) + ")",
          f.evicted_pages_per_worker.empty() ? std::string("-")
-                                            : range(f.evicted_pages_per_worker, "%.0f")});
+                                            : range(f.evicted_pages_per_worker, "%.0f"),
+         f.router_cpu_s < 0 ? std::string("-")
+                            : format_fixed(f.router_cpu_s, "%.1f") + " / " +
+                                  format_fixed(f.worker_cpu_s, "%.1f")});
   }
   return t;
 }

@@ -99,6 +99,11 @@ struct PhaseRecord {
   // Trace: each worker's strata_kv_evicted_pages_total over the phase (the workers' order;
   // -1 where a worker did not answer); empty when they were not read.
   std::vector<int64_t> evicted_pages_per_worker;
+  // Trace with --spawn: CPU seconds the router replicas and the workers used over the
+  // phase (processes alive at both ends; -1: not measured). On a shared host, what the
+  // cluster's processes took from one another.
+  double router_cpu_s = -1;
+  double worker_cpu_s = -1;
   // Failure workload: the killed worker (index into workers), when it was killed, and
   // when its restart answered /health, since the phase started; -1: not done.
   int32_t killed_worker = -1;
@@ -131,6 +136,8 @@ struct PolicyFigures {
   int32_t replicas = 1;          // router replicas (PhaseRecord::routers)
   int64_t refused_retries = 0;   // --retry-refused: refusals waited out and sent again
   std::vector<int64_t> evicted_pages_per_worker;  // trace (PhaseRecord's)
+  double router_cpu_s = -1;                       // trace (PhaseRecord's)
+  double worker_cpu_s = -1;                       // trace (PhaseRecord's)
   // Prompt tokens computed (not cached) by worker, successful requests: the prefill load.
   std::vector<int64_t> computed_tokens_per_worker;
   // The router's decisions over the phase: count, mean, and the bucket bounds of the

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "bench/http_client.h"
@@ -203,6 +204,26 @@ bool ServerProcess::alive() {
     return false;
   }
   return true;
+}
+
+double ServerProcess::cpu_seconds() const {
+  if (pid_ <= 0) return -1;
+  std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return -1;
+  // After "pid (comm) ": fields 3 on; utime and stime are fields 14 and 15 (proc(5)). The
+  // command may hold spaces and parentheses: read from the last ')'.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int k = 3; k <= 15 && fields >> field; ++k) {
+    if (k == 14) utime = std::stoull(field);
+    if (k == 15) stime = std::stoull(field);
+  }
+  if (!fields) return -1;
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 Status ServerProcess::stop(double timeout_s) {

@@ -51,6 +51,9 @@ class ServerProcess {
   const std::vector<std::string>& argv() const { return argv_; }
   pid_t pid() const { return pid_; }
   bool alive();
+  // The process's CPU time so far (user + system, /proc/PID/stat), in seconds; -1 when it
+  // cannot be read (stopped, not Linux).
+  double cpu_seconds() const;
   // SIGTERM, then SIGKILL after `timeout_s`. Idempotent.
   Status stop(double timeout_s = 15);
 

@@ -310,6 +310,8 @@ TEST(ClusterResultsTest, TraceFiguresAndChecks) {
   EXPECT_TRUE(checks[1].passed) << checks[1].detail;  // one family per worker
   EXPECT_TRUE(checks[2].passed) << checks[2].detail;  // 0.3 / 2.0 s = 0.15
   r.phases[1] = trace_phase("default", 0.5, 800);
+  r.phases[1].router_cpu_s = 1.5;  // measured for this one only
+  r.phases[1].worker_cpu_s = 30.5;
   const std::vector<Check> missed = cluster_checks(r, ClusterTargets{});
   EXPECT_FALSE(missed[0].passed) << missed[0].detail;  // 0.80 / 0.96 = 0.83
   EXPECT_FALSE(missed[2].passed) << missed[2].detail;  // 0.25
@@ -321,8 +323,12 @@ TEST(ClusterResultsTest, TraceFiguresAndChecks) {
   EXPECT_DOUBLE_EQ(d["ideal_hit_fraction"].get<double>(), 0.96);
   EXPECT_NEAR(d["hit_of_ideal"].get<double>(), 0.8 / 0.96, 1e-9);
   EXPECT_EQ(j["phases"][1]["requests"][0]["line"], 1);
+  EXPECT_DOUBLE_EQ(d["router_cpu_s"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(d["worker_cpu_s"].get<double>(), 30.5);
+  EXPECT_TRUE(j["workloads"][0]["policies"][0]["router_cpu_s"].is_null());
   const std::string md = cluster_summary_markdown(r, missed);
   EXPECT_NE(md.find("Workload 4: trace replay"), std::string::npos);
+  EXPECT_NE(md.find("| 1.5 / 30.5 |"), std::string::npos) << md;
   EXPECT_NE(md.find("| default | 6 | 0 |"), std::string::npos) << md;
 }
 
