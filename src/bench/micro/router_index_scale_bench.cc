@@ -209,8 +209,10 @@ void run(const Options& o, uint32_t num_workers) {
 
   // The requests' router hashes (4,096 of them, cycled).
   std::vector<std::vector<uint64_t>> queries;
+  std::vector<int> query_kind;  // 0: a cached conversation, 1: a cached stem, 2: all new
   for (int q = 0; q < 4096; ++q) {
     const auto kind = rng() % 4;
+    query_kind.push_back(kind < 2 ? 0 : static_cast<int>(kind) - 1);
     if (kind < 2) {
       const uint64_t c = rng() % conversations.size();
       const uint32_t s = conversations[c].stem;
@@ -250,6 +252,7 @@ void run(const Options& o, uint32_t num_workers) {
 
   const auto n = static_cast<size_t>(o.decisions);
   std::vector<int64_t> decision_ns(n), match_ns(n), decision_cpu_ns(n);
+  std::vector<std::vector<int64_t>> match_ns_by_kind(3);
   uint64_t matched = 0, chosen_sum = 0;
   for (size_t i = 0; i < n; ++i) {
     const auto& q = queries[i & 4095];
@@ -274,6 +277,7 @@ void run(const Options& o, uint32_t num_workers) {
     matched += ms.size();
     chosen_sum += d ? d->worker : 0;
     match_ns[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+    match_ns_by_kind[query_kind[i & 4095]].push_back(match_ns[i]);
     decision_ns[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t0).count();
   }
   std::sort(decision_ns.begin(), decision_ns.end());
@@ -295,6 +299,14 @@ void run(const Options& o, uint32_t num_workers) {
       percentile(match_ns, 0.5), percentile(match_ns, 0.99), percentile(match_ns, 0.999),
       static_cast<double>(matched) / static_cast<double>(n),
       static_cast<unsigned long long>(chosen_sum));
+  const char* kind_names[] = {"cached conversation", "cached stem + new tail", "all new"};
+  for (int k = 0; k < 3; ++k) {
+    std::vector<int64_t>& v = match_ns_by_kind[k];
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::printf("  match() of a %s (%zu calls): p50 %.2f us, p99 %.2f us\n", kind_names[k],
+                v.size(), percentile(v, 0.5), percentile(v, 0.99));
+  }
   std::fflush(stdout);
 }
 
