@@ -10,6 +10,36 @@ namespace strata::cuda {
 // An opaque CUDA stream (cudaStream_t); null is the legacy default stream.
 using StreamHandle = void*;
 
+// Paged prefill ("extend") attention: each sequence's new tokens attend causally to its
+// keys, a cached prefix included: new token i (0-based) of a sequence with kv_lens[s] keys
+// and n_s new tokens sits at position kv_lens[s] - n_s + i and sees keys [0, that
+// position]; the new tokens' keys are already written into the pages (qk_norm_rope_store).
+// The queries are cut into tiles of extend_attention_tile_tokens(group) tokens of one
+// sequence (plan_extend_tiles makes the list), and one block computes one tile for one KV
+// head: its group of query heads over every key the tile sees, with an online softmax
+// (FlashAttention's), K and V staged in shared memory 32 keys at a time.
+struct ExtendAttentionArgs {
+  const uint16_t* q = nullptr;          // BF16 [num_tokens][num_heads][head_dim], rotated
+  const uint16_t* k_pages = nullptr;    // BF16 [num_pages][num_kv_heads][page_size][head_dim]
+  const uint16_t* v_pages = nullptr;    // the same for V
+  const int32_t* page_table = nullptr;  // [num_seqs][page_table_stride], as for decode
+  int32_t page_table_stride = 0;
+  // [num_seqs + 1]: sequence s's new tokens are rows qo_start[s] .. qo_start[s + 1] - 1 of
+  // q and out (device memory).
+  const int32_t* qo_start = nullptr;
+  const int32_t* kv_lens = nullptr;     // [num_seqs] keys after this step, >= the new tokens
+  const int32_t* tile_seq = nullptr;    // [num_tiles] each tile's sequence
+  const int32_t* tile_first = nullptr;  // [num_tiles] its first new token, within the sequence
+  uint16_t* out = nullptr;              // BF16 [num_tokens][num_heads][head_dim]
+  int32_t num_tiles = 0;
+  int32_t num_seqs = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;   // 64 or 128
+  int32_t page_size = 0;  // >= 1
+  float scale = 1.0f;     // applied to q . k
+};
+
 // Paged decode attention with grouped-query heads and split-K: one new token per sequence
 // attends to the first seq_lens[s] keys of its pages (its own key included, already
 // written). Each sequence's keys are cut into num_splits ranges processed in parallel, each

@@ -20,6 +20,10 @@ int launch_silu_mul(const uint16_t* gate_up, uint16_t* out, int32_t rows, int32_
 int launch_decode_attention_d64(const DecodeAttentionArgs& args, StreamHandle stream);
 int launch_decode_attention_d128(const DecodeAttentionArgs& args, StreamHandle stream);
 
+// One instantiation per head size, one per file (extend_attention_d64.cu, _d128.cu).
+int launch_extend_attention_d64(const ExtendAttentionArgs& args, StreamHandle stream);
+int launch_extend_attention_d128(const ExtendAttentionArgs& args, StreamHandle stream);
+
 int launch_qk_norm_rope_store(const QkNormRopeStoreArgs& args, StreamHandle stream);
 // The copy kernel: spans[0 .. count) (page-locked host memory the device reads) copied by
 // `blocks` thread blocks, each taking spans in turn.

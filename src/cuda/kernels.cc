@@ -20,6 +20,7 @@ namespace {
 constexpr int32_t kMaxSplits = 64;
 constexpr int32_t kMaxGroup = 8;
 constexpr int32_t kMinKeysPerSplit = 256;
+constexpr int32_t kExtendRows = 32;  // extend_attention.cuh's kExtendRows
 
 [[maybe_unused]] Status unsupported_build() {
   return std::unexpected(Error{ErrorCode::kUnsupported,
@@ -38,6 +39,34 @@ Status launched(int code, const char* what) {
 Status check_rows(int32_t rows, int32_t dim, const char* what) {
   if (rows < 0) return bad_argument(fmt::format("{}: rows must be >= 0, got {}", what, rows));
   if (dim < 1) return bad_argument(fmt::format("{}: dim must be >= 1, got {}", what, dim));
+  return {};
+}
+
+// The shape checks decode and extend attention share: heads, grouping, head size, pages.
+Status check_attention_shape(const char* what, int32_t num_heads, int32_t num_kv_heads,
+                             int32_t head_dim, int32_t page_size, int32_t page_table_stride) {
+  if (num_heads < 1 || num_kv_heads < 1 || page_size < 1) {
+    return bad_argument(fmt::format("{}: num_heads {}, num_kv_heads {}, page_size {} (>= 1)", what,
+                                    num_heads, num_kv_heads, page_size));
+  }
+  if (num_heads % num_kv_heads != 0) {
+    return bad_argument(fmt::format("{}: {} query heads are not a multiple of {} KV heads", what,
+                                    num_heads, num_kv_heads));
+  }
+  if (num_heads / num_kv_heads > kMaxGroup) {
+    return std::unexpected(
+        Error{ErrorCode::kUnsupported,
+              fmt::format("{}: {} query heads per KV head; the kernel handles 1 to {}", what,
+                          num_heads / num_kv_heads, kMaxGroup)});
+  }
+  if (head_dim != 64 && head_dim != 128) {
+    return std::unexpected(Error{
+        ErrorCode::kUnsupported,
+        fmt::format("{}: head_dim {}; the kernels are built for 64 and 128", what, head_dim)});
+  }
+  if (page_table_stride < 1) {
+    return bad_argument(fmt::format("{}: page_table_stride must be >= 1", what));
+  }
   return {};
 }
 
@@ -97,35 +126,17 @@ Status silu_mul(const uint16_t* gate_up, uint16_t* out, int32_t rows, int32_t in
 }
 
 Status decode_attention(const DecodeAttentionArgs& a, StreamHandle stream) {
-  if (a.num_seqs < 0 || a.num_heads < 1 || a.num_kv_heads < 1 || a.page_size < 1) {
-    return bad_argument(fmt::format(
-        "decode_attention: num_seqs {} (>= 0), num_heads {}, num_kv_heads {}, page_size {} (>= 1)",
-        a.num_seqs, a.num_heads, a.num_kv_heads, a.page_size));
+  if (a.num_seqs < 0) {
+    return bad_argument(fmt::format("decode_attention: num_seqs {} (>= 0)", a.num_seqs));
   }
-  if (a.num_heads % a.num_kv_heads != 0) {
-    return bad_argument(
-        fmt::format("decode_attention: {} query heads are not a multiple of {} "
-                    "KV heads",
-                    a.num_heads, a.num_kv_heads));
-  }
-  if (a.num_heads / a.num_kv_heads > kMaxGroup) {
-    return std::unexpected(Error{
-        ErrorCode::kUnsupported,
-        fmt::format("decode_attention: {} query heads per KV head; the kernel handles 1 to {}",
-                    a.num_heads / a.num_kv_heads, kMaxGroup)});
-  }
-  if (a.head_dim != 64 && a.head_dim != 128) {
-    return std::unexpected(
-        Error{ErrorCode::kUnsupported,
-              fmt::format("decode_attention: head_dim {}; the kernels are built for 64 and 128",
-                          a.head_dim)});
+  if (auto st = check_attention_shape("decode_attention", a.num_heads, a.num_kv_heads, a.head_dim,
+                                      a.page_size, a.page_table_stride);
+      !st) {
+    return st;
   }
   if (a.num_splits < 1 || a.num_splits > kMaxSplits) {
     return bad_argument(
         fmt::format("decode_attention: num_splits {} not in [1, {}]", a.num_splits, kMaxSplits));
-  }
-  if (a.page_table_stride < 1) {
-    return bad_argument("decode_attention: page_table_stride must be >= 1");
   }
   if (a.num_seqs == 0) return {};
   if (a.q == nullptr || a.k_pages == nullptr || a.v_pages == nullptr || a.page_table == nullptr ||
@@ -136,6 +147,48 @@ Status decode_attention(const DecodeAttentionArgs& a, StreamHandle stream) {
   return launched(a.head_dim == 64 ? detail::launch_decode_attention_d64(a, stream)
                                    : detail::launch_decode_attention_d128(a, stream),
                   "decode_attention");
+#else
+  (void)stream;
+  return unsupported_build();
+#endif
+}
+
+int32_t extend_attention_tile_tokens(int32_t group) {
+  return kExtendRows / std::clamp(group, 1, kMaxGroup);
+}
+
+ExtendTiles plan_extend_tiles(std::span<const int32_t> new_tokens, int32_t group) {
+  const int32_t per_tile = extend_attention_tile_tokens(group);
+  ExtendTiles tiles;
+  for (size_t s = 0; s < new_tokens.size(); ++s) {
+    for (int32_t first = 0; first < new_tokens[s]; first += per_tile) {
+      tiles.seq.push_back(static_cast<int32_t>(s));
+      tiles.first.push_back(first);
+    }
+  }
+  return tiles;
+}
+
+Status extend_attention(const ExtendAttentionArgs& a, StreamHandle stream) {
+  if (a.num_seqs < 0 || a.num_tiles < 0) {
+    return bad_argument(
+        fmt::format("extend_attention: num_seqs {}, num_tiles {} (>= 0)", a.num_seqs, a.num_tiles));
+  }
+  if (auto st = check_attention_shape("extend_attention", a.num_heads, a.num_kv_heads, a.head_dim,
+                                      a.page_size, a.page_table_stride);
+      !st) {
+    return st;
+  }
+  if (a.num_tiles == 0) return {};
+  if (a.q == nullptr || a.k_pages == nullptr || a.v_pages == nullptr || a.page_table == nullptr ||
+      a.qo_start == nullptr || a.kv_lens == nullptr || a.tile_seq == nullptr ||
+      a.tile_first == nullptr || a.out == nullptr) {
+    return bad_argument("extend_attention: a null pointer");
+  }
+#ifdef STRATA_HAVE_CUDA
+  return launched(a.head_dim == 64 ? detail::launch_extend_attention_d64(a, stream)
+                                   : detail::launch_extend_attention_d128(a, stream),
+                  "extend_attention");
 #else
   (void)stream;
   return unsupported_build();

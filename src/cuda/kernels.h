@@ -22,6 +22,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "common/result.h"
 #include "cuda/cuda_device.h"
@@ -61,6 +63,25 @@ int32_t decode_attention_splits(int32_t num_seqs, int32_t num_kv_heads, int32_t 
                                 int32_t multiprocessors);
 
 Status decode_attention(const DecodeAttentionArgs& args, StreamHandle stream);
+
+// Paged prefill ("extend") attention over a cached prefix (ExtendAttentionArgs in
+// kernel_args.h says what each argument is).
+
+// Query tokens per tile for `group` query heads per KV head (1 to 8): a tile is at most 32
+// (token, query head) rows.
+int32_t extend_attention_tile_tokens(int32_t group);
+
+// The tiles of a batch whose sequence s brings new_tokens[s] new tokens (>= 0): each
+// sequence's tokens cut into tiles of extend_attention_tile_tokens(group), in order; for
+// each tile its sequence and its first token within it (the args' tile_seq and tile_first,
+// to copy to the device).
+struct ExtendTiles {
+  std::vector<int32_t> seq;
+  std::vector<int32_t> first;
+};
+ExtendTiles plan_extend_tiles(std::span<const int32_t> new_tokens, int32_t group);
+
+Status extend_attention(const ExtendAttentionArgs& args, StreamHandle stream);
 
 // Qwen3's q/k norm, RoPE and the K/V write into the layer's pages, for a batch of tokens
 // (QkNormRopeStoreArgs in kernel_args.h says what each argument is). Head sizes 64 and 128.

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -149,6 +150,27 @@ TEST(CudaKernelsTest, BadShapesAreRefusedBeforeAnyLaunch) {
   q.q_norm_weight = nullptr;
   q.num_tokens = 0;
   EXPECT_TRUE(qk_norm_rope_store(q, nullptr).has_value());  // nothing to do
+  ExtendAttentionArgs e;
+  e.num_seqs = 1;
+  e.num_tiles = 1;
+  e.num_heads = 12;
+  e.num_kv_heads = 1;
+  e.head_dim = 128;
+  e.page_size = 16;
+  e.page_table_stride = 2;
+  EXPECT_EQ(extend_attention(e, nullptr).error().code, ErrorCode::kUnsupported);  // group 12
+  e.num_heads = 8;
+  e.head_dim = 256;
+  EXPECT_EQ(extend_attention(e, nullptr).error().code, ErrorCode::kUnsupported);
+  e.head_dim = 64;
+  e.page_table_stride = 0;
+  EXPECT_EQ(extend_attention(e, nullptr).error().code, ErrorCode::kInvalidArgument);
+  e.page_table_stride = 2;
+  EXPECT_EQ(extend_attention(e, nullptr).error().code, ErrorCode::kInvalidArgument);  // nulls
+  e.num_tiles = -1;
+  EXPECT_EQ(extend_attention(e, nullptr).error().code, ErrorCode::kInvalidArgument);
+  e.num_tiles = 0;
+  EXPECT_TRUE(extend_attention(e, nullptr).has_value());  // nothing to do
 }
 
 TEST(CudaKernelsTest, SplitsFillTheDeviceWithoutShortRanges) {
@@ -239,48 +261,80 @@ struct DecodeCase {
 };
 
 // Random K/V pages written both in the device layout and into a CPU KvPool (F32, holding the
-// same BF16-rounded values), random page tables (pages shuffled, a prefix shared when asked),
-// one query per sequence; the kernel's output against PagedAttention's.
-void check_decode(const DecodeCase& c, std::mt19937& rng) {
-  const int32_t num_heads = c.num_kv_heads * c.group;
-  const int32_t num_seqs = static_cast<int32_t>(c.lens.size());
-  std::vector<int32_t> pages_of(num_seqs);
-  int32_t stride = 1;
-  for (int32_t s = 0; s < num_seqs; ++s) {
-    pages_of[s] = (c.lens[s] + c.page_size - 1) / c.page_size;
-    stride = std::max(stride, pages_of[s]);
+// same BF16-rounded values), and random page tables (pages shuffled, sequences 0 and 1
+// sharing their first pages when asked) for sequences of `lens` keys.
+struct PagedKv {
+  int32_t stride = 1;             // page table entries per sequence
+  std::vector<int32_t> pages_of;  // pages per sequence
+  std::vector<int32_t> table;     // [sequence][stride]
+  std::vector<uint16_t> k, v;     // BF16 [page][kv_head][slot][head_dim]
+  std::unique_ptr<KvPool> pool;   // the same values, one layer
+
+  std::vector<PageId> page_ids(int32_t s) const {
+    std::vector<PageId> ids;
+    for (int32_t i = 0; i < pages_of[s]; ++i) {
+      ids.push_back(make_page_id(table[static_cast<size_t>(s) * stride + i]));
+    }
+    return ids;
   }
-  const int32_t num_pages = std::accumulate(pages_of.begin(), pages_of.end(), 0) + 1;
+};
+
+PagedKv make_paged_kv(int32_t head_dim, int32_t num_kv_heads, int32_t page_size,
+                      const std::vector<int32_t>& lens, bool share_prefix, std::mt19937& rng) {
+  PagedKv kv;
+  const auto num_seqs = static_cast<int32_t>(lens.size());
+  kv.pages_of.resize(num_seqs);
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    kv.pages_of[s] = (lens[s] + page_size - 1) / page_size;
+    kv.stride = std::max(kv.stride, kv.pages_of[s]);
+  }
+  const int32_t num_pages = std::accumulate(kv.pages_of.begin(), kv.pages_of.end(), 0) + 1;
   std::vector<int32_t> free_pages(num_pages);
   std::iota(free_pages.begin(), free_pages.end(), 0);
   std::shuffle(free_pages.begin(), free_pages.end(), rng);
-  std::vector<int32_t> table(static_cast<size_t>(num_seqs) * stride, 0);
+  kv.table.assign(static_cast<size_t>(num_seqs) * kv.stride, 0);
   size_t next = 0;
   for (int32_t s = 0; s < num_seqs; ++s) {
-    for (int32_t i = 0; i < pages_of[s]; ++i) {
-      const bool shared = c.share_prefix && s == 1 && i + 1 < pages_of[0] && i + 1 < pages_of[1];
-      table[static_cast<size_t>(s) * stride + i] = shared ? table[i] : free_pages[next++];
+    for (int32_t i = 0; i < kv.pages_of[s]; ++i) {
+      const bool shared =
+          share_prefix && s == 1 && i + 1 < kv.pages_of[0] && i + 1 < kv.pages_of[1];
+      kv.table[static_cast<size_t>(s) * kv.stride + i] = shared ? kv.table[i] : free_pages[next++];
     }
   }
   // K and V for every page, slot and head.
-  const size_t elems = static_cast<size_t>(num_pages) * c.num_kv_heads * c.page_size * c.head_dim;
-  const auto k = random_bf16(rng, elems, 1.0f);
-  const auto v = random_bf16(rng, elems, 1.0f);
-  KvPool pool(1, c.num_kv_heads, c.head_dim, num_pages, c.page_size, KvDtype::kF32);
-  std::vector<float> kt(static_cast<size_t>(c.num_kv_heads) * c.head_dim), vt(kt.size());
+  const size_t elems = static_cast<size_t>(num_pages) * num_kv_heads * page_size * head_dim;
+  kv.k = random_bf16(rng, elems, 1.0f);
+  kv.v = random_bf16(rng, elems, 1.0f);
+  kv.pool =
+      std::make_unique<KvPool>(1, num_kv_heads, head_dim, num_pages, page_size, KvDtype::kF32);
+  std::vector<float> kt(static_cast<size_t>(num_kv_heads) * head_dim), vt(kt.size());
   for (int32_t p = 0; p < num_pages; ++p) {
-    for (int32_t slot = 0; slot < c.page_size; ++slot) {
-      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
-        for (int32_t d = 0; d < c.head_dim; ++d) {
+    for (int32_t slot = 0; slot < page_size; ++slot) {
+      for (int32_t h = 0; h < num_kv_heads; ++h) {
+        for (int32_t d = 0; d < head_dim; ++d) {
           const size_t at =
-              ((static_cast<size_t>(p) * c.num_kv_heads + h) * c.page_size + slot) * c.head_dim + d;
-          kt[static_cast<size_t>(h) * c.head_dim + d] = bf16_to_f32(k[at]);
-          vt[static_cast<size_t>(h) * c.head_dim + d] = bf16_to_f32(v[at]);
+              ((static_cast<size_t>(p) * num_kv_heads + h) * page_size + slot) * head_dim + d;
+          kt[static_cast<size_t>(h) * head_dim + d] = bf16_to_f32(kv.k[at]);
+          vt[static_cast<size_t>(h) * head_dim + d] = bf16_to_f32(kv.v[at]);
         }
       }
-      pool.write_token(0, make_page_id(p), slot, kt.data(), vt.data());
+      kv.pool->write_token(0, make_page_id(p), slot, kt.data(), vt.data());
     }
   }
+  return kv;
+}
+
+// One query per sequence; the kernel's output against PagedAttention's.
+void check_decode(const DecodeCase& c, std::mt19937& rng) {
+  const int32_t num_heads = c.num_kv_heads * c.group;
+  const int32_t num_seqs = static_cast<int32_t>(c.lens.size());
+  const PagedKv kv =
+      make_paged_kv(c.head_dim, c.num_kv_heads, c.page_size, c.lens, c.share_prefix, rng);
+  const int32_t stride = kv.stride;
+  const std::vector<int32_t>& table = kv.table;
+  const std::vector<uint16_t>& k = kv.k;
+  const std::vector<uint16_t>& v = kv.v;
+  const KvPool& pool = *kv.pool;
   const auto q = random_bf16(rng, static_cast<size_t>(num_seqs) * num_heads * c.head_dim, 1.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
@@ -321,9 +375,7 @@ void check_decode(const DecodeCase& c, std::mt19937& rng) {
   std::vector<std::vector<PageId>> page_ids(num_seqs);
   std::vector<AttentionSequence> seqs(num_seqs);
   for (int32_t s = 0; s < num_seqs; ++s) {
-    for (int32_t i = 0; i < pages_of[s]; ++i) {
-      page_ids[s].push_back(make_page_id(table[static_cast<size_t>(s) * stride + i]));
-    }
+    page_ids[s] = kv.page_ids(s);
     seqs[s] = AttentionSequence{.first_row = s,
                                 .num_tokens = 1,
                                 .start_position = c.lens[s] - 1,
@@ -358,6 +410,116 @@ TEST(CudaKernelsTest, DecodeAttentionMatchesTheCpuEngine) {
     // Page sizes that are not the usual 16, and more ranges than keys.
     check_decode({head_dim, 2, 4, 1, {5, 33}, 1, false}, rng);
     check_decode({head_dim, 2, 4, 7, {1, 7, 8, 50}, 16, true}, rng);
+  }
+}
+
+struct ExtendCase {
+  int32_t head_dim;
+  int32_t num_kv_heads;
+  int32_t group;
+  int32_t page_size;
+  std::vector<int32_t> prefix;      // cached keys per sequence before the step
+  std::vector<int32_t> new_tokens;  // new tokens per sequence (0: a sequence with none)
+  bool share_prefix;
+};
+
+// Each sequence's new tokens attend causally over its cached prefix; the kernel's output
+// against PagedAttention's over the same pages (the new tokens' keys already written).
+void check_extend(const ExtendCase& c, std::mt19937& rng) {
+  const int32_t num_heads = c.num_kv_heads * c.group;
+  const auto num_seqs = static_cast<int32_t>(c.prefix.size());
+  std::vector<int32_t> kv_lens(num_seqs), qo_start(num_seqs + 1, 0);
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    kv_lens[s] = c.prefix[s] + c.new_tokens[s];
+    qo_start[s + 1] = qo_start[s] + c.new_tokens[s];
+  }
+  const int32_t num_tokens = qo_start[num_seqs];
+  const PagedKv kv =
+      make_paged_kv(c.head_dim, c.num_kv_heads, c.page_size, kv_lens, c.share_prefix, rng);
+  const auto q = random_bf16(rng, static_cast<size_t>(num_tokens) * num_heads * c.head_dim, 1.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const ExtendTiles tiles = plan_extend_tiles(c.new_tokens, c.group);
+
+  DeviceBuffer dq = to_device(q), dk = to_device(kv.k), dv = to_device(kv.v),
+               dt = to_device(kv.table), dqo = to_device(qo_start), dl = to_device(kv_lens),
+               dts = to_device(tiles.seq), dtf = to_device(tiles.first);
+  auto dout = DeviceBuffer::allocate(q.size() * 2);
+  ASSERT_TRUE(dout.has_value());
+  ExtendAttentionArgs a;
+  a.q = dq.as<uint16_t>();
+  a.k_pages = dk.as<uint16_t>();
+  a.v_pages = dv.as<uint16_t>();
+  a.page_table = dt.as<int32_t>();
+  a.page_table_stride = kv.stride;
+  a.qo_start = dqo.as<int32_t>();
+  a.kv_lens = dl.as<int32_t>();
+  a.tile_seq = dts.as<int32_t>();
+  a.tile_first = dtf.as<int32_t>();
+  a.out = dout->as<uint16_t>();
+  a.num_tiles = static_cast<int32_t>(tiles.seq.size());
+  a.num_seqs = num_seqs;
+  a.num_heads = num_heads;
+  a.num_kv_heads = c.num_kv_heads;
+  a.head_dim = c.head_dim;
+  a.page_size = c.page_size;
+  a.scale = scale;
+  const Status st = extend_attention(a, nullptr);
+  ASSERT_TRUE(st.has_value()) << st.error().message;
+  const auto got = widen(to_host<uint16_t>(*dout, q.size()));
+
+  AttentionShape shape{.num_heads = num_heads,
+                       .num_kv_heads = c.num_kv_heads,
+                       .head_dim = c.head_dim,
+                       .sliding_window = 0,
+                       .scale = scale};
+  ThreadPool threads(1);
+  PagedAttention attention(shape, 1);
+  std::vector<std::vector<PageId>> page_ids(num_seqs);
+  std::vector<AttentionSequence> seqs;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    page_ids[s] = kv.page_ids(s);
+    if (c.new_tokens[s] == 0) continue;
+    seqs.push_back(AttentionSequence{.first_row = qo_start[s],
+                                     .num_tokens = c.new_tokens[s],
+                                     .start_position = c.prefix[s],
+                                     .page_table = page_ids[s]});
+  }
+  const auto qf = widen(q);
+  std::vector<float> want(q.size());
+  attention.run(threads, seqs, qf.data(), static_cast<int64_t>(num_heads) * c.head_dim, *kv.pool, 0,
+                want.data(), static_cast<int64_t>(num_heads) * c.head_dim);
+  expect_close(got, want, 2e-2f,
+               "head_dim " + std::to_string(c.head_dim) + " group " + std::to_string(c.group) +
+                   " page " + std::to_string(c.page_size));
+}
+
+// Tiles: each sequence's new tokens cut in order, none for a sequence without any.
+TEST(CudaKernelsTest, ExtendTilesCoverEveryNewTokenOnce) {
+  EXPECT_EQ(extend_attention_tile_tokens(1), 32);
+  EXPECT_EQ(extend_attention_tile_tokens(3), 10);
+  EXPECT_EQ(extend_attention_tile_tokens(8), 4);
+  const ExtendTiles t = plan_extend_tiles(std::vector<int32_t>{17, 0, 4, 1}, 4);  // 8 a tile
+  EXPECT_EQ(t.seq, (std::vector<int32_t>{0, 0, 0, 2, 3}));
+  EXPECT_EQ(t.first, (std::vector<int32_t>{0, 8, 16, 0, 0}));
+  EXPECT_TRUE(plan_extend_tiles({}, 2).seq.empty());
+}
+
+TEST(CudaKernelsTest, ExtendAttentionMatchesTheCpuEngine) {
+  STRATA_NEED_GPU();
+  std::mt19937 rng(5);
+  const std::vector<int32_t> groups =
+      smoke() ? std::vector<int32_t>{1, 8} : std::vector<int32_t>{1, 2, 3, 4, 8};
+  for (int32_t head_dim : {64, 128}) {
+    for (int32_t group : groups) {
+      SCOPED_TRACE(testing::Message() << "head_dim " << head_dim << " group " << group);
+      // Whole prompts of 1, 15, 16, 17 tokens; a prefix with one new token (a decode
+      // row); cached prefixes with new tails of several tiles; a sequence with none.
+      check_extend({head_dim, 2, group, 16, {0, 0, 0, 0}, {1, 15, 16, 17}, false}, rng);
+      check_extend({head_dim, 2, group, 16, {5, 40, 300, 7}, {1, 33, 70, 0}, false}, rng);
+      // Two sequences sharing their cached prefix's pages, odd page sizes.
+      check_extend({head_dim, 1, group, 16, {256, 256}, {20, 45}, true}, rng);
+      check_extend({head_dim, 2, group, 7, {13, 0}, {9, 50}, false}, rng);
+    }
   }
 }
 
