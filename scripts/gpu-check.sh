@@ -22,6 +22,7 @@
 #   run(command="scripts/gpu-check.sh run", carry=[".gpu-check"], timeout_s=300)
 # Each check prints what it compared; a failure names the kernel, the shape and the values.
 # The checks: the kernels against the CPU engine's code (tests/cuda/cuda_kernels_test.cc),
+# the whole forward pass on the GPU against the CPU engine's (tests/cuda/gpu_model_test.cc),
 # and the KV tiers' copies through CUDA streams, bytes and bandwidth per I/O path and host
 # layout (tests/cuda/cuda_copy_test.cc).
 set -euo pipefail
@@ -74,6 +75,17 @@ run_checks() {
     { echo "gpu-check: nothing staged; run 'scripts/gpu-check.sh prepare' first"; exit 1; }
   mkdir -p "$out"
   export LD_LIBRARY_PATH=$stage_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # cuBLASLt (loaded at run time by cuda/gemm.h, never staged: hundreds of MB): the GPU
+  # machine's CUDA, or the one PyTorch's wheels bring.
+  local cublas
+  for cublas in /usr/local/cuda/lib64 \
+      "$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null)"; do
+    if [[ -n $cublas && -e $cublas/libcublasLt.so.13 ]]; then
+      export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cublas
+      echo "-- cuBLASLt from $cublas"
+      break
+    fi
+  done
   export STRATA_REQUIRE_GPU=1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 |
     tee "$out/device.txt" || true

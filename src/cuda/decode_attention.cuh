@@ -64,8 +64,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int g = i / D;
     const int d = i % D;
     const size_t h = static_cast<size_t>(kv_head) * group + g;
-    q_s[g][d] =
-        bf16_bits_to_float(a.q[(static_cast<size_t>(seq) * a.num_heads + h) * D + d]) * a.scale;
+    const size_t q_stride = a.q_stride > 0 ? a.q_stride : static_cast<size_t>(a.num_heads) * D;
+    q_s[g][d] = bf16_bits_to_float(a.q[static_cast<size_t>(seq) * q_stride + h * D + d]) * a.scale;
   }
   if (tid < kDecodeMaxGroup) {
     m_s[tid] = -FLT_MAX;

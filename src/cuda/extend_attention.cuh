@@ -67,16 +67,17 @@ __global__ void __launch_bounds__(kExtendThreads) extend_attention_kernel(Extend
   const size_t page_stride = head_stride * a.num_kv_heads;
   const uint16_t* k_base = a.k_pages + static_cast<size_t>(kv_head) * head_stride;
   const uint16_t* v_base = a.v_pages + static_cast<size_t>(kv_head) * head_stride;
-  // Row r's query and output: token q0 + first + r / group, head kv_head * group + r % group.
-  const auto row_offset = [&](int r) {
-    const size_t token = static_cast<size_t>(q0) + first + r / group;
-    return (token * a.num_heads + static_cast<size_t>(kv_head) * group + r % group) * D;
-  };
+  // Row r's output: token q0 + first + r / group, head kv_head * group + r % group; its
+  // query: the same head of that token's row of q.
+  const size_t q_stride = a.q_stride > 0 ? a.q_stride : static_cast<size_t>(a.num_heads) * D;
+  const auto token_of = [&](int r) { return static_cast<size_t>(q0) + first + r / group; };
+  const auto head_of = [&](int r) { return static_cast<size_t>(kv_head) * group + r % group; };
+  const auto row_offset = [&](int r) { return (token_of(r) * a.num_heads + head_of(r)) * D; };
 
   for (int i = tid; i < kExtendRows * D; i += kExtendThreads) {
     const int r = i / D;
     const int d = i % D;
-    q_s[r][d] = r < rows ? a.q[row_offset(r) + d] : uint16_t{0};
+    q_s[r][d] = r < rows ? a.q[token_of(r) * q_stride + head_of(r) * D + d] : uint16_t{0};
     acc_s[r][d] = 0.0f;
   }
   float m[kExtendRowsPerWarp];

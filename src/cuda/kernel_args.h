@@ -19,7 +19,10 @@ using StreamHandle = void*;
 // head: its group of query heads over every key the tile sees, with an online softmax
 // (FlashAttention's), K and V staged in shared memory 32 keys at a time.
 struct ExtendAttentionArgs {
-  const uint16_t* q = nullptr;          // BF16 [num_tokens][num_heads][head_dim], rotated
+  // BF16, rotated: token t's query heads at q + t * q_stride, [num_heads][head_dim] (inside
+  // the fused QKV product's rows, q_stride is its row width).
+  const uint16_t* q = nullptr;
+  int32_t q_stride = 0;                 // elements; 0: num_heads * head_dim
   const uint16_t* k_pages = nullptr;    // BF16 [num_pages][num_kv_heads][page_size][head_dim]
   const uint16_t* v_pages = nullptr;    // the same for V
   const int32_t* page_table = nullptr;  // [num_seqs][page_table_stride], as for decode
@@ -47,7 +50,9 @@ struct ExtendAttentionArgs {
 // partial results (FlashDecoding). Query heads h of a KV head kv are kv * group ... (kv + 1)
 // * group - 1, group = num_heads / num_kv_heads (Hugging Face's repeat_kv order).
 struct DecodeAttentionArgs {
-  const uint16_t* q = nullptr;        // BF16 [num_seqs][num_heads][head_dim], rotated
+  // BF16, rotated: sequence s's query heads at q + s * q_stride, [num_heads][head_dim].
+  const uint16_t* q = nullptr;
+  int32_t q_stride = 0;               // elements; 0: num_heads * head_dim
   const uint16_t* k_pages = nullptr;  // BF16 [num_pages][num_kv_heads][page_size][head_dim]
   const uint16_t* v_pages = nullptr;  // the same for V
   // [num_seqs][page_table_stride]: entry i of a sequence's row is the page holding its keys

@@ -16,6 +16,10 @@ int launch_rms_norm(const uint16_t* x, uint16_t* y, const uint16_t* weight, int3
                     int32_t dim, float eps, StreamHandle stream);
 int launch_silu_mul(const uint16_t* gate_up, uint16_t* out, int32_t rows, int32_t inter,
                     StreamHandle stream);
+int launch_gather_rows(const uint16_t* src, const int32_t* index, uint16_t* dst, int32_t rows,
+                       int32_t cols, StreamHandle stream);
+int launch_add_bias(uint16_t* x, const float* bias, int32_t rows, int32_t cols,
+                    StreamHandle stream);
 // One instantiation per head size, one per file (decode_attention_d64.cu, _d128.cu).
 int launch_decode_attention_d64(const DecodeAttentionArgs& args, StreamHandle stream);
 int launch_decode_attention_d128(const DecodeAttentionArgs& args, StreamHandle stream);

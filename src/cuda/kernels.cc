@@ -125,6 +125,33 @@ Status silu_mul(const uint16_t* gate_up, uint16_t* out, int32_t rows, int32_t in
 #endif
 }
 
+Status gather_rows(const uint16_t* src, const int32_t* index, uint16_t* dst, int32_t rows,
+                   int32_t cols, StreamHandle stream) {
+  if (auto st = check_rows(rows, cols, "gather_rows"); !st) return st;
+  if (rows == 0) return {};
+  if (src == nullptr || index == nullptr || dst == nullptr) {
+    return bad_argument("gather_rows: a null pointer");
+  }
+#ifdef STRATA_HAVE_CUDA
+  return launched(detail::launch_gather_rows(src, index, dst, rows, cols, stream), "gather_rows");
+#else
+  (void)stream;
+  return unsupported_build();
+#endif
+}
+
+Status add_bias(uint16_t* x, const float* bias, int32_t rows, int32_t cols, StreamHandle stream) {
+  if (auto st = check_rows(rows, cols, "add_bias"); !st) return st;
+  if (rows == 0) return {};
+  if (x == nullptr || bias == nullptr) return bad_argument("add_bias: a null pointer");
+#ifdef STRATA_HAVE_CUDA
+  return launched(detail::launch_add_bias(x, bias, rows, cols, stream), "add_bias");
+#else
+  (void)stream;
+  return unsupported_build();
+#endif
+}
+
 Status decode_attention(const DecodeAttentionArgs& a, StreamHandle stream) {
   if (a.num_seqs < 0) {
     return bad_argument(fmt::format("decode_attention: num_seqs {} (>= 0)", a.num_seqs));
@@ -133,6 +160,10 @@ Status decode_attention(const DecodeAttentionArgs& a, StreamHandle stream) {
                                       a.page_size, a.page_table_stride);
       !st) {
     return st;
+  }
+  if (a.q_stride != 0 && a.q_stride < a.num_heads * a.head_dim) {
+    return bad_argument(fmt::format("decode_attention: q_stride {} < num_heads x head_dim {}",
+                                    a.q_stride, a.num_heads * a.head_dim));
   }
   if (a.num_splits < 1 || a.num_splits > kMaxSplits) {
     return bad_argument(
@@ -178,6 +209,10 @@ Status extend_attention(const ExtendAttentionArgs& a, StreamHandle stream) {
                                       a.page_size, a.page_table_stride);
       !st) {
     return st;
+  }
+  if (a.q_stride != 0 && a.q_stride < a.num_heads * a.head_dim) {
+    return bad_argument(fmt::format("extend_attention: q_stride {} < num_heads x head_dim {}",
+                                    a.q_stride, a.num_heads * a.head_dim));
   }
   if (a.num_tiles == 0) return {};
   if (a.q == nullptr || a.k_pages == nullptr || a.v_pages == nullptr || a.page_table == nullptr ||

@@ -49,6 +49,15 @@ Status rms_norm(const uint16_t* x, uint16_t* y, const uint16_t* weight, int32_t 
 Status silu_mul(const uint16_t* gate_up, uint16_t* out, int32_t rows, int32_t inter,
                 StreamHandle stream);
 
+// dst[r] = src[index[r]] for r < rows, rows of `cols` BF16 values (the embedding lookup of
+// token ids; the rows that want logits). The indices are device memory, each a row of src
+// (not checked: the caller's).
+Status gather_rows(const uint16_t* src, const int32_t* index, uint16_t* dst, int32_t rows,
+                   int32_t cols, StreamHandle stream);
+
+// x[r][c] += bias[c] (x BF16, bias F32): the QKV product's biases (Qwen2), o_proj's.
+Status add_bias(uint16_t* x, const float* bias, int32_t rows, int32_t cols, StreamHandle stream);
+
 // Paged decode attention (DecodeAttentionArgs in kernel_args.h says what each argument is).
 
 // Floats of workspace decode_attention needs: per sequence, head and split, the partial

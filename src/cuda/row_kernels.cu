@@ -1,5 +1,5 @@
-// The row kernels: fused residual add + RMSNorm, RMSNorm, SiLU x mul (kernels.h). One block
-// per row; F32 arithmetic, BF16 storage.
+// The row kernels: fused residual add + RMSNorm, RMSNorm, SiLU x mul, row gathers and bias
+// adds (kernels.h). One block per row; F32 arithmetic, BF16 storage.
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_common.cuh"
@@ -57,6 +57,23 @@ __global__ void silu_mul_kernel(const uint16_t* __restrict__ gate_up, uint16_t* 
   }
 }
 
+__global__ void gather_rows_kernel(const uint16_t* __restrict__ src,
+                                   const int32_t* __restrict__ index, uint16_t* __restrict__ dst,
+                                   int cols) {
+  const size_t row = blockIdx.x;
+  const uint16_t* from = src + static_cast<size_t>(index[row]) * cols;
+  uint16_t* to = dst + row * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) to[i] = from[i];
+}
+
+__global__ void add_bias_kernel(uint16_t* __restrict__ x, const float* __restrict__ bias,
+                                int cols) {
+  uint16_t* xr = x + static_cast<size_t>(blockIdx.x) * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    xr[i] = float_to_bf16_bits(bf16_bits_to_float(xr[i]) + bias[i]);
+  }
+}
+
 }  // namespace
 
 int launch_fused_add_rms_norm(uint16_t* x, float* residual, const uint16_t* weight, int32_t rows,
@@ -76,6 +93,19 @@ int launch_rms_norm(const uint16_t* x, uint16_t* y, const uint16_t* weight, int3
 int launch_silu_mul(const uint16_t* gate_up, uint16_t* out, int32_t rows, int32_t inter,
                     StreamHandle stream) {
   silu_mul_kernel<<<rows, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(gate_up, out, inter);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_gather_rows(const uint16_t* src, const int32_t* index, uint16_t* dst, int32_t rows,
+                       int32_t cols, StreamHandle stream) {
+  gather_rows_kernel<<<rows, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(src, index, dst,
+                                                                                  cols);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_add_bias(uint16_t* x, const float* bias, int32_t rows, int32_t cols,
+                    StreamHandle stream) {
+  add_bias_kernel<<<rows, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, bias, cols);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -171,6 +171,8 @@ TEST(CudaKernelsTest, BadShapesAreRefusedBeforeAnyLaunch) {
   EXPECT_EQ(extend_attention(e, nullptr).error().code, ErrorCode::kInvalidArgument);
   e.num_tiles = 0;
   EXPECT_TRUE(extend_attention(e, nullptr).has_value());  // nothing to do
+  e.q_stride = 8 * 64 - 1;                                // narrower than the query heads
+  EXPECT_EQ(extend_attention(e, nullptr).error().code, ErrorCode::kInvalidArgument);
 }
 
 TEST(CudaKernelsTest, SplitsFillTheDeviceWithoutShortRanges) {
@@ -421,6 +423,7 @@ struct ExtendCase {
   std::vector<int32_t> prefix;      // cached keys per sequence before the step
   std::vector<int32_t> new_tokens;  // new tokens per sequence (0: a sequence with none)
   bool share_prefix;
+  int32_t q_pad = 0;  // elements after each token's query heads (q inside wider rows)
 };
 
 // Each sequence's new tokens attend causally over its cached prefix; the kernel's output
@@ -436,17 +439,20 @@ void check_extend(const ExtendCase& c, std::mt19937& rng) {
   const int32_t num_tokens = qo_start[num_seqs];
   const PagedKv kv =
       make_paged_kv(c.head_dim, c.num_kv_heads, c.page_size, kv_lens, c.share_prefix, rng);
-  const auto q = random_bf16(rng, static_cast<size_t>(num_tokens) * num_heads * c.head_dim, 1.0f);
+  const int32_t q_stride = num_heads * c.head_dim + c.q_pad;
+  const auto q = random_bf16(rng, static_cast<size_t>(num_tokens) * q_stride, 1.0f);
+  const size_t out_elems = static_cast<size_t>(num_tokens) * num_heads * c.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const ExtendTiles tiles = plan_extend_tiles(c.new_tokens, c.group);
 
   DeviceBuffer dq = to_device(q), dk = to_device(kv.k), dv = to_device(kv.v),
                dt = to_device(kv.table), dqo = to_device(qo_start), dl = to_device(kv_lens),
                dts = to_device(tiles.seq), dtf = to_device(tiles.first);
-  auto dout = DeviceBuffer::allocate(q.size() * 2);
+  auto dout = DeviceBuffer::allocate(out_elems * 2);
   ASSERT_TRUE(dout.has_value());
   ExtendAttentionArgs a;
   a.q = dq.as<uint16_t>();
+  a.q_stride = c.q_pad > 0 ? q_stride : 0;
   a.k_pages = dk.as<uint16_t>();
   a.v_pages = dv.as<uint16_t>();
   a.page_table = dt.as<int32_t>();
@@ -465,7 +471,7 @@ void check_extend(const ExtendCase& c, std::mt19937& rng) {
   a.scale = scale;
   const Status st = extend_attention(a, nullptr);
   ASSERT_TRUE(st.has_value()) << st.error().message;
-  const auto got = widen(to_host<uint16_t>(*dout, q.size()));
+  const auto got = widen(to_host<uint16_t>(*dout, out_elems));
 
   AttentionShape shape{.num_heads = num_heads,
                        .num_kv_heads = c.num_kv_heads,
@@ -485,9 +491,9 @@ void check_extend(const ExtendCase& c, std::mt19937& rng) {
                                      .page_table = page_ids[s]});
   }
   const auto qf = widen(q);
-  std::vector<float> want(q.size());
-  attention.run(threads, seqs, qf.data(), static_cast<int64_t>(num_heads) * c.head_dim, *kv.pool, 0,
-                want.data(), static_cast<int64_t>(num_heads) * c.head_dim);
+  std::vector<float> want(out_elems);
+  attention.run(threads, seqs, qf.data(), q_stride, *kv.pool, 0, want.data(),
+                static_cast<int64_t>(num_heads) * c.head_dim);
   expect_close(got, want, 2e-2f,
                "head_dim " + std::to_string(c.head_dim) + " group " + std::to_string(c.group) +
                    " page " + std::to_string(c.page_size));
@@ -519,6 +525,8 @@ TEST(CudaKernelsTest, ExtendAttentionMatchesTheCpuEngine) {
       // Two sequences sharing their cached prefix's pages, odd page sizes.
       check_extend({head_dim, 1, group, 16, {256, 256}, {20, 45}, true}, rng);
       check_extend({head_dim, 2, group, 7, {13, 0}, {9, 50}, false}, rng);
+      // Queries read from inside wider rows (the fused QKV product's).
+      check_extend({head_dim, 2, group, 16, {3, 0}, {4, 20}, false, 4 * head_dim}, rng);
     }
   }
 }

@@ -132,3 +132,19 @@ test('a bad profile is refused at start-up, the field named', () => {
   assert.equal(missing.status, 2);
   assert.match(missing.stderr, /no such file/);
 });
+
+test('device flags that cannot run are refused at start-up, named', () => {
+  const serve = (...args) => spawnSync(STRATA, ['serve', '--model', tinyQwen3Model(), '--port', '0', ...args],
+    { encoding: 'utf8', timeout: 60000 });
+  const both = serve('--device', 'cuda', '--simulate', path.join(dir, 'absent.json'));
+  assert.equal(both.status, 2, both.stderr);
+  assert.match(both.stderr, /--device cuda and --simulate exclude each other/);
+  const fraction = serve('--mem-fraction-static', '0.8');
+  assert.equal(fraction.status, 2, fraction.stderr);
+  assert.match(fraction.stderr, /--mem-fraction-static needs --device cuda/);
+  const tiers = serve('--device', 'cuda', '--enable-hierarchical-cache');
+  assert.equal(tiers.status, 2, tiers.stderr);
+  assert.match(tiers.stderr, /--device cuda: the host tier .* does not run on the GPU yet/);
+  const unknown = serve('--device', 'tpu');
+  assert.notEqual(unknown.status, 0);
+});

@@ -1,0 +1,47 @@
+// Matrix products on the GPU through cuBLASLt (BF16 in, F32 accumulation), for the model's
+// projections and its LM head.
+//
+// cuBLASLt is loaded when a Gemm is created (dlopen of libcublasLt.so.13, then
+// libcublasLt.so), not linked: the binary starts without it and a CPU-only run never loads
+// its few hundred megabytes; a GPU run without it fails at start, naming the library. The
+// GPU machine's copy comes with its CUDA or PyTorch installation (LD_LIBRARY_PATH).
+//
+// Layout: row-major BF16, weights in nn.Linear's [out_features][in_features], so
+// y = x W^T as the CPU engine computes it (model/weights.h). Each shape (m, n, k, output
+// type) is planned once — descriptors and cuBLASLt's best algorithm for the workspace —
+// and reused.
+//
+// Threads: one thread at a time (the model's forward thread).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/result.h"
+#include "cuda/kernel_args.h"
+
+namespace strata::cuda {
+
+class Gemm {
+ public:
+  // Loads cuBLASLt, makes its handle and a workspace of `workspace_bytes` of device memory.
+  // kUnsupported naming what is missing (a build without CUDA, the library, a device).
+  static Result<std::unique_ptr<Gemm>> create(size_t workspace_bytes = size_t{32} << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y[m][n] = x[m][k] . w[n][k]^T, queued on `stream`: x and w BF16 (device memory), y BF16
+  // or, with y_f32, F32. kInvalidArgument for a size < 1 or a null pointer; kInternal with
+  // cuBLASLt's status when it refuses.
+  Status linear(const uint16_t* x, const uint16_t* w, void* y, bool y_f32, int64_t m, int64_t n,
+                int64_t k, StreamHandle stream);
+
+ private:
+  Gemm();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::cuda

@@ -1,0 +1,615 @@
+#include "cuda/gpu_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_device.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels.h"
+#include "memory/kv_dtype.h"
+#include "model/kernels.h"
+
+#ifdef STRATA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_status.h"
+#endif
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int32_t kPoolHeadDim = 2;  // the page-counting pool's (gpu_model.h)
+
+int64_t matrix_elems(const ModelConfig& c) {
+  const int64_t h = c.hidden_size;
+  const int64_t per_layer = (int64_t{c.q_size()} + 2 * c.kv_size()) * h + h * c.q_size() +
+                            2 * int64_t{c.intermediate_size} * h + h * c.intermediate_size;
+  const int64_t vocab = int64_t{c.vocab_size} * h;
+  return per_layer * c.num_layers + vocab * (c.tie_word_embeddings ? 1 : 2);
+}
+
+}  // namespace
+
+int64_t gpu_kv_page_bytes(const ModelConfig& config, int32_t page_size) {
+  return int64_t{2} * config.num_layers * config.num_kv_heads * page_size * config.head_dim *
+         static_cast<int64_t>(sizeof(uint16_t));
+}
+
+int64_t gpu_weight_bytes(const ModelConfig& config) {
+  return matrix_elems(config) * static_cast<int64_t>(sizeof(uint16_t));
+}
+
+#ifdef STRATA_HAVE_CUDA
+
+namespace {
+
+struct GpuLayer {
+  DeviceBuffer qkv, o, gate_up, down;                // BF16 [out][in]
+  DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm;  // BF16; q/k norms empty without
+  DeviceBuffer qkv_bias, o_bias;                     // F32; empty without
+};
+
+Status copy_in(DeviceBuffer& dst, size_t offset, const void* src, size_t bytes) {
+  const cudaError_t e =
+      cudaMemcpy(static_cast<char*>(dst.data()) + offset, src, bytes, cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) return std::unexpected(detail::cuda_error(e, "copying weights"));
+  return {};
+}
+
+// A matrix in BF16 on the device, converted 4,096 rows at a time.
+Result<DeviceBuffer> upload_matrix(const WeightMatrix& m, int64_t& total) {
+  const auto bytes = static_cast<size_t>(m.rows() * m.cols()) * sizeof(uint16_t);
+  auto buf = DeviceBuffer::allocate(bytes);
+  if (!buf) return std::unexpected(buf.error());
+  constexpr int64_t kChunkRows = 4096;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  for (int64_t r = 0; r < m.rows(); r += kChunkRows) {
+    const int64_t n = std::min(kChunkRows, m.rows() - r);
+    f32.resize(static_cast<size_t>(n * m.cols()));
+    bf16.resize(f32.size());
+    m.rows_to_f32(r, n, f32.data());
+    for (size_t i = 0; i < f32.size(); ++i) bf16[i] = f32_to_bf16(f32[i]);
+    if (auto st = copy_in(*buf, static_cast<size_t>(r * m.cols()) * sizeof(uint16_t), bf16.data(),
+                          bf16.size() * sizeof(uint16_t));
+        !st) {
+      return std::unexpected(st.error());
+    }
+  }
+  total += static_cast<int64_t>(bytes);
+  return std::move(*buf);
+}
+
+// A vector on the device, BF16 (norm weights) or F32 (biases); empty stays empty.
+Result<DeviceBuffer> upload_vector(const std::vector<float>& v, bool bf16, int64_t& total) {
+  if (v.empty()) return DeviceBuffer();
+  const size_t bytes = v.size() * (bf16 ? sizeof(uint16_t) : sizeof(float));
+  auto buf = DeviceBuffer::allocate(bytes);
+  if (!buf) return std::unexpected(buf.error());
+  Status st;
+  if (bf16) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+    st = copy_in(*buf, 0, b.data(), bytes);
+  } else {
+    st = copy_in(*buf, 0, v.data(), bytes);
+  }
+  if (!st) return std::unexpected(st.error());
+  total += static_cast<int64_t>(bytes);
+  return std::move(*buf);
+}
+
+template <typename T>
+T* ptr(const DeviceBuffer& b) {
+  return b.size() == 0 ? nullptr : b.as<T>();
+}
+
+}  // namespace
+
+struct GpuModel::Impl {
+  ModelConfig config;
+  GpuModelOptions options;
+  DeviceInfo device;
+  RopeTable rope;
+  std::unique_ptr<Gemm> gemm;
+  Stream stream;
+  DeviceBuffer embed, lm_head, final_norm;  // lm_head empty when tied to embed
+  std::vector<GpuLayer> layers;
+  DeviceBuffer kv;  // [layer][K, V][page][kv_head][slot][head_dim] BF16
+  int64_t weight_bytes = 0;
+  int32_t max_pages_per_seq = 0;
+  // The batch scratch (gpu_model.h).
+  DeviceBuffer x, residual, qkv, attn, gate_up, act, last, logits, workspace;
+  DeviceBuffer meta_i32, meta_f32;
+  // Host side of the metadata, kept between calls (no allocation once grown).
+  std::vector<int32_t> host_i32;
+  std::vector<float> host_f32;
+
+  size_t layer_elems() const {
+    return static_cast<size_t>(options.num_pages) * config.num_kv_heads * options.page_size *
+           config.head_dim;
+  }
+  uint16_t* k_pages(int32_t layer) const {
+    return kv.as<uint16_t>() + (2 * static_cast<size_t>(layer)) * layer_elems();
+  }
+  uint16_t* v_pages(int32_t layer) const {
+    return kv.as<uint16_t>() + (2 * static_cast<size_t>(layer) + 1) * layer_elems();
+  }
+  size_t meta_i32_capacity() const {
+    const size_t t = static_cast<size_t>(options.max_batch_tokens);
+    const size_t s = static_cast<size_t>(options.max_batch_sequences);
+    // token ids, slots, tiles (seq, first): t each; qo_start s + 1; kv_lens, logit rows: s;
+    // page tables s x max_pages_per_seq.
+    return 4 * t + 3 * s + 1 + s * static_cast<size_t>(max_pages_per_seq);
+  }
+
+  Status validate(std::span<const ForwardSequence> batch, const KvPool& pool) const;
+  Status run(std::span<const ForwardSequence> batch, ForwardOutput& out);
+};
+
+GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
+GpuModel::~GpuModel() = default;
+
+Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig& config,
+                                                   const ModelWeights& weights,
+                                                   const GpuModelOptions& options) {
+  if (options.num_pages < 1 || options.page_size < 1 || options.max_batch_tokens < 1 ||
+      options.max_batch_sequences < 1) {
+    return bad_argument(fmt::format(
+        "GPU model: num_pages {}, page_size {}, max_batch_tokens {}, max_batch_sequences {} "
+        "(each >= 1)",
+        options.num_pages, options.page_size, options.max_batch_tokens,
+        options.max_batch_sequences));
+  }
+  const auto unsupported = [](const std::string& what) {
+    return make_error(ErrorCode::kUnsupported, "GPU model: " + what);
+  };
+  if (config.head_dim != 64 && config.head_dim != 128) {
+    return unsupported(
+        fmt::format("head_dim {}; the kernels are built for 64 and 128", config.head_dim));
+  }
+  if (config.num_kv_heads < 1 || config.num_heads % config.num_kv_heads != 0 ||
+      config.group_size() > 8) {
+    return unsupported(fmt::format("{} query heads over {} KV heads; 1 to 8 per KV head",
+                                   config.num_heads, config.num_kv_heads));
+  }
+  if (config.sliding_window > 0) return unsupported("sliding-window attention");
+  std::unique_ptr<GpuModel> m(new GpuModel());
+  Impl& i = *m->impl_;
+  i.config = config;
+  i.options = options;
+  i.rope = RopeTable(config);
+  auto device = probe_device(0);
+  if (!device) return std::unexpected(device.error());
+  i.device = *device;
+  auto gemm = Gemm::create();
+  if (!gemm) return std::unexpected(gemm.error());
+  i.gemm = std::move(*gemm);
+  auto stream = Stream::create();
+  if (!stream) return std::unexpected(stream.error());
+  i.stream = std::move(*stream);
+
+  // Weights.
+  const auto take = [](Result<DeviceBuffer> r, DeviceBuffer& into) -> Status {
+    if (!r) return std::unexpected(r.error());
+    into = std::move(*r);
+    return {};
+  };
+  int64_t& wb = i.weight_bytes;
+  if (auto st = take(upload_matrix(weights.embed, wb), i.embed); !st)
+    return std::unexpected(st.error());
+  if (!weights.lm_head.empty()) {
+    if (auto st = take(upload_matrix(weights.lm_head, wb), i.lm_head); !st) {
+      return std::unexpected(st.error());
+    }
+  }
+  if (auto st = take(upload_vector(weights.final_norm, true, wb), i.final_norm); !st) {
+    return std::unexpected(st.error());
+  }
+  i.layers.resize(weights.layers.size());
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const LayerWeights& lw = weights.layers[l];
+    GpuLayer& g = i.layers[l];
+    for (const Status& st : {
+             take(upload_matrix(lw.qkv, wb), g.qkv),
+             take(upload_matrix(lw.o, wb), g.o),
+             take(upload_matrix(lw.gate_up, wb), g.gate_up),
+             take(upload_matrix(lw.down, wb), g.down),
+             take(upload_vector(lw.attn_norm, true, wb), g.attn_norm),
+             take(upload_vector(lw.mlp_norm, true, wb), g.mlp_norm),
+             take(upload_vector(lw.q_norm, true, wb), g.q_norm),
+             take(upload_vector(lw.k_norm, true, wb), g.k_norm),
+             take(upload_vector(lw.qkv_bias, false, wb), g.qkv_bias),
+             take(upload_vector(lw.o_bias, false, wb), g.o_bias),
+         }) {
+      if (!st) return std::unexpected(st.error());
+    }
+  }
+
+  // KV pages and the batch scratch.
+  auto kv =
+      DeviceBuffer::allocate(static_cast<size_t>(gpu_kv_page_bytes(config, options.page_size)) *
+                             static_cast<size_t>(options.num_pages));
+  if (!kv) return std::unexpected(kv.error());
+  i.kv = std::move(*kv);
+  i.max_pages_per_seq = static_cast<int32_t>(
+      (config.max_position_embeddings + options.page_size - 1) / options.page_size);
+  const size_t t = static_cast<size_t>(options.max_batch_tokens);
+  const size_t s = static_cast<size_t>(options.max_batch_sequences);
+  const size_t h = static_cast<size_t>(config.hidden_size);
+  const size_t qkv_width = static_cast<size_t>(config.q_size() + 2 * config.kv_size());
+  const size_t inter = static_cast<size_t>(config.intermediate_size);
+  size_t splits_rows = 0;  // the decode kernel's workspace rows at its widest
+  for (int32_t n = 1; n <= options.max_batch_sequences; ++n) {
+    splits_rows =
+        std::max(splits_rows,
+                 static_cast<size_t>(n) * static_cast<size_t>(decode_attention_splits(
+                                              n, config.num_kv_heads,
+                                              static_cast<int32_t>(config.max_position_embeddings),
+                                              i.device.multiprocessors)));
+  }
+  const std::pair<DeviceBuffer*, size_t> scratch[] = {
+      {&i.x, t * h * 2},
+      {&i.residual, t * h * 4},
+      {&i.qkv, t * qkv_width * 2},
+      {&i.attn, t * static_cast<size_t>(config.q_size()) * 2},
+      {&i.gate_up, t * 2 * inter * 2},
+      {&i.act, t * inter * 2},
+      {&i.last, s * h * 2},
+      {&i.logits, s * static_cast<size_t>(config.vocab_size) * 4},
+      {&i.workspace, splits_rows * static_cast<size_t>(config.num_heads) *
+                         static_cast<size_t>(config.head_dim + 2) * 4},
+      {&i.meta_i32, i.meta_i32_capacity() * 4},
+      {&i.meta_f32, t * static_cast<size_t>(config.head_dim) * 4},
+  };
+  for (const auto& [buf, bytes] : scratch) {
+    auto b = DeviceBuffer::allocate(bytes);
+    if (!b) return std::unexpected(b.error());
+    *buf = std::move(*b);
+  }
+  return m;
+}
+
+const ModelConfig& GpuModel::config() const {
+  return impl_->config;
+}
+const GpuModelOptions& GpuModel::options() const {
+  return impl_->options;
+}
+int64_t GpuModel::weight_bytes() const {
+  return impl_->weight_bytes;
+}
+int64_t GpuModel::kv_bytes() const {
+  return static_cast<int64_t>(impl_->kv.size());
+}
+
+KvPoolShape GpuModel::kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype dtype) const {
+  return KvPoolShape{1, 1, kPoolHeadDim, num_pages, page_size, dtype};
+}
+
+Status GpuModel::Impl::validate(std::span<const ForwardSequence> batch, const KvPool& pool) const {
+  const auto bad = [](const std::string& what) { return bad_argument("forward (GPU): " + what); };
+  if (pool.num_pages() != options.num_pages || pool.page_size() != options.page_size) {
+    return bad(fmt::format("the engine's pool has {} pages of {}; the GPU's {} of {}",
+                           pool.num_pages(), pool.page_size(), options.num_pages,
+                           options.page_size));
+  }
+  if (static_cast<int64_t>(batch.size()) > options.max_batch_sequences) {
+    return bad(fmt::format("{} sequences; at most {}", batch.size(), options.max_batch_sequences));
+  }
+  int64_t tokens = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const ForwardSequence& seq = batch[s];
+    const std::string where = fmt::format("sequence {}: ", s);
+    if (seq.token_ids.empty()) return bad(where + "no tokens");
+    if (seq.start_position < 0) return bad(where + "negative start_position");
+    tokens += static_cast<int64_t>(seq.token_ids.size());
+    const int64_t end = seq.start_position + static_cast<int64_t>(seq.token_ids.size());
+    if (end > config.max_position_embeddings) {
+      return bad(where + fmt::format("positions up to {} exceed max_position_embeddings {}", end,
+                                     config.max_position_embeddings));
+    }
+    for (int32_t id : seq.token_ids) {
+      if (id < 0 || id >= config.vocab_size) {
+        return bad(where +
+                   fmt::format("token id {} outside the vocabulary of {}", id, config.vocab_size));
+      }
+    }
+    const int64_t pages = (end + options.page_size - 1) / options.page_size;
+    if (static_cast<int64_t>(seq.page_table.size()) < pages) {
+      return bad(where + fmt::format("page table has {} pages, positions [0, {}) need {}",
+                                     seq.page_table.size(), end, pages));
+    }
+    for (int64_t p = 0; p < pages; ++p) {
+      if (!pool.is_valid_page(seq.page_table[static_cast<size_t>(p)])) {
+        return bad(where + fmt::format("page table entry {} is not a page of the pool", p));
+      }
+    }
+  }
+  if (tokens > options.max_batch_tokens) {
+    return bad(fmt::format("{} tokens; at most {}", tokens, options.max_batch_tokens));
+  }
+  return {};
+}
+
+Status GpuModel::forward(std::span<const ForwardSequence> batch, KvPool& pool, ForwardOutput& out) {
+  out.tokens.clear();
+  if (auto st = impl_->validate(batch, pool); !st) return st;
+  return impl_->run(batch, out);
+}
+
+Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput& out) {
+  const ModelConfig& c = config;
+  const int32_t ps = options.page_size;
+  const int32_t d = c.head_dim;
+  const int32_t half = d / 2;
+  const int32_t hidden = c.hidden_size;
+  const int32_t qkv_width = c.q_size() + 2 * c.kv_size();
+  const int32_t inter = c.intermediate_size;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const auto num_seqs = static_cast<int32_t>(batch.size());
+  const StreamHandle st = stream.handle();
+
+  // The batch's metadata, laid out as meta_i32_capacity() describes, then one copy.
+  int32_t num_tokens = 0, num_logit_rows = 0, table_stride = 1, max_kv_len = 1;
+  std::vector<int32_t> new_tokens(batch.size());
+  for (size_t s = 0; s < batch.size(); ++s) {
+    new_tokens[s] = static_cast<int32_t>(batch[s].token_ids.size());
+    num_tokens += new_tokens[s];
+    const int64_t end = batch[s].start_position + new_tokens[s];
+    max_kv_len = std::max(max_kv_len, static_cast<int32_t>(end));
+    table_stride = std::max(table_stride, static_cast<int32_t>((end + ps - 1) / ps));
+    if (batch[s].want_logits) ++num_logit_rows;
+  }
+  const ExtendTiles tiles = plan_extend_tiles(new_tokens, c.group_size());
+  const auto num_tiles = static_cast<int32_t>(tiles.seq.size());
+  const size_t o_tokens = 0, o_slots = o_tokens + num_tokens, o_qo = o_slots + num_tokens,
+               o_kv = o_qo + num_seqs + 1, o_rows = o_kv + num_seqs,
+               o_tile_seq = o_rows + num_logit_rows, o_tile_first = o_tile_seq + num_tiles,
+               o_table = o_tile_first + num_tiles,
+               used = o_table + static_cast<size_t>(num_seqs) * table_stride;
+  host_i32.assign(used, 0);
+  host_f32.resize(static_cast<size_t>(num_tokens) * d);
+  {
+    int32_t row = 0, logit_row = 0;
+    for (int32_t s = 0; s < num_seqs; ++s) {
+      const ForwardSequence& seq = batch[static_cast<size_t>(s)];
+      host_i32[o_qo + s] = row;
+      host_i32[o_kv + s] = static_cast<int32_t>(seq.start_position) + new_tokens[s];
+      const int32_t pages = (host_i32[o_kv + s] + ps - 1) / ps;
+      for (int32_t p = 0; p < pages; ++p) {
+        host_i32[o_table + static_cast<size_t>(s) * table_stride + p] =
+            static_cast<int32_t>(page_index(seq.page_table[static_cast<size_t>(p)]));
+      }
+      for (int32_t k = 0; k < new_tokens[s]; ++k, ++row) {
+        const int64_t pos = seq.start_position + k;
+        host_i32[o_tokens + row] = seq.token_ids[static_cast<size_t>(k)];
+        host_i32[o_slots + row] =
+            static_cast<int32_t>(page_index(seq.page_table[static_cast<size_t>(pos / ps)])) * ps +
+            static_cast<int32_t>(pos % ps);
+        float* cs = host_f32.data() + static_cast<size_t>(row) * d;
+        rope.angles(pos, cs, cs + half);
+      }
+      if (seq.want_logits) host_i32[o_rows + logit_row++] = row - 1;
+    }
+    host_i32[o_qo + num_seqs] = row;
+    std::copy(tiles.seq.begin(), tiles.seq.end(),
+              host_i32.begin() + static_cast<ptrdiff_t>(o_tile_seq));
+    std::copy(tiles.first.begin(), tiles.first.end(),
+              host_i32.begin() + static_cast<ptrdiff_t>(o_tile_first));
+  }
+  const auto cuda_ok = [](cudaError_t e, const char* what) -> Status {
+    if (e != cudaSuccess) return std::unexpected(detail::cuda_error(e, what));
+    return {};
+  };
+  const auto cs = static_cast<cudaStream_t>(st);
+  if (auto s = cuda_ok(
+          cudaMemcpyAsync(meta_i32.data(), host_i32.data(), used * 4, cudaMemcpyHostToDevice, cs),
+          "forward: copying the batch's metadata");
+      !s) {
+    return s;
+  }
+  if (auto s = cuda_ok(cudaMemcpyAsync(meta_f32.data(), host_f32.data(), host_f32.size() * 4,
+                                       cudaMemcpyHostToDevice, cs),
+                       "forward: copying the rotary angles");
+      !s) {
+    return s;
+  }
+  const int32_t* dev_i32 = meta_i32.as<int32_t>();
+
+  // Embeddings into x; the residual stream starts at zero (the first fused add makes it the
+  // embeddings).
+  if (auto s = gather_rows(embed.as<uint16_t>(), dev_i32 + o_tokens, x.as<uint16_t>(), num_tokens,
+                           hidden, st);
+      !s) {
+    return s;
+  }
+  if (auto s = cuda_ok(
+          cudaMemsetAsync(residual.data(), 0, static_cast<size_t>(num_tokens) * hidden * 4, cs),
+          "forward: clearing the residual stream");
+      !s) {
+    return s;
+  }
+  const bool all_decode = num_tokens == num_seqs;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  uint16_t* xb = x.as<uint16_t>();
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const GpuLayer& g = layers[static_cast<size_t>(l)];
+    if (auto s = fused_add_rms_norm(xb, residual.as<float>(), g.attn_norm.as<uint16_t>(),
+                                    num_tokens, hidden, eps, st);
+        !s) {
+      return s;
+    }
+    if (auto s = gemm->linear(xb, g.qkv.as<uint16_t>(), qkv.data(), false, num_tokens, qkv_width,
+                              hidden, st);
+        !s) {
+      return s;
+    }
+    if (g.qkv_bias.size() > 0) {
+      if (auto s = add_bias(qkv.as<uint16_t>(), g.qkv_bias.as<float>(), num_tokens, qkv_width, st);
+          !s) {
+        return s;
+      }
+    }
+    QkNormRopeStoreArgs r;
+    r.qkv = qkv.as<uint16_t>();
+    r.q_norm_weight = ptr<uint16_t>(g.q_norm);
+    r.k_norm_weight = ptr<uint16_t>(g.k_norm);
+    r.cos_sin = meta_f32.as<float>();
+    r.slots = dev_i32 + o_slots;
+    r.k_pages = k_pages(l);
+    r.v_pages = v_pages(l);
+    r.num_tokens = num_tokens;
+    r.num_heads = c.num_heads;
+    r.num_kv_heads = c.num_kv_heads;
+    r.head_dim = d;
+    r.page_size = ps;
+    r.eps = eps;
+    if (auto s = qk_norm_rope_store(r, st); !s) return s;
+    Status attended;
+    if (all_decode) {
+      DecodeAttentionArgs a;
+      a.q = qkv.as<uint16_t>();
+      a.q_stride = qkv_width;
+      a.k_pages = k_pages(l);
+      a.v_pages = v_pages(l);
+      a.page_table = dev_i32 + o_table;
+      a.page_table_stride = table_stride;
+      a.seq_lens = dev_i32 + o_kv;
+      a.out = attn.as<uint16_t>();
+      a.workspace = workspace.as<float>();
+      a.num_seqs = num_seqs;
+      a.num_heads = c.num_heads;
+      a.num_kv_heads = c.num_kv_heads;
+      a.head_dim = d;
+      a.page_size = ps;
+      a.num_splits =
+          decode_attention_splits(num_seqs, c.num_kv_heads, max_kv_len, device.multiprocessors);
+      a.scale = scale;
+      attended = decode_attention(a, st);
+    } else {
+      ExtendAttentionArgs a;
+      a.q = qkv.as<uint16_t>();
+      a.q_stride = qkv_width;
+      a.k_pages = k_pages(l);
+      a.v_pages = v_pages(l);
+      a.page_table = dev_i32 + o_table;
+      a.page_table_stride = table_stride;
+      a.qo_start = dev_i32 + o_qo;
+      a.kv_lens = dev_i32 + o_kv;
+      a.tile_seq = dev_i32 + o_tile_seq;
+      a.tile_first = dev_i32 + o_tile_first;
+      a.out = attn.as<uint16_t>();
+      a.num_tiles = num_tiles;
+      a.num_seqs = num_seqs;
+      a.num_heads = c.num_heads;
+      a.num_kv_heads = c.num_kv_heads;
+      a.head_dim = d;
+      a.page_size = ps;
+      a.scale = scale;
+      attended = extend_attention(a, st);
+    }
+    if (!attended) return attended;
+    if (auto s = gemm->linear(attn.as<uint16_t>(), g.o.as<uint16_t>(), xb, false, num_tokens,
+                              hidden, c.q_size(), st);
+        !s) {
+      return s;
+    }
+    if (g.o_bias.size() > 0) {
+      if (auto s = add_bias(xb, g.o_bias.as<float>(), num_tokens, hidden, st); !s) return s;
+    }
+    if (auto s = fused_add_rms_norm(xb, residual.as<float>(), g.mlp_norm.as<uint16_t>(), num_tokens,
+                                    hidden, eps, st);
+        !s) {
+      return s;
+    }
+    if (auto s = gemm->linear(xb, g.gate_up.as<uint16_t>(), gate_up.data(), false, num_tokens,
+                              2 * inter, hidden, st);
+        !s) {
+      return s;
+    }
+    if (auto s = silu_mul(gate_up.as<uint16_t>(), act.as<uint16_t>(), num_tokens, inter, st); !s) {
+      return s;
+    }
+    if (auto s = gemm->linear(act.as<uint16_t>(), g.down.as<uint16_t>(), xb, false, num_tokens,
+                              hidden, inter, st);
+        !s) {
+      return s;
+    }
+  }
+  // The last MLP's output joins the residual stream, normalized by the final norm.
+  if (auto s = fused_add_rms_norm(xb, residual.as<float>(), final_norm.as<uint16_t>(), num_tokens,
+                                  hidden, eps, st);
+      !s) {
+    return s;
+  }
+  out.logits.resize(static_cast<size_t>(num_logit_rows) * c.vocab_size);
+  if (num_logit_rows > 0) {
+    if (auto s = gather_rows(xb, dev_i32 + o_rows, last.as<uint16_t>(), num_logit_rows, hidden, st);
+        !s) {
+      return s;
+    }
+    const DeviceBuffer& w = lm_head.size() > 0 ? lm_head : embed;
+    if (auto s = gemm->linear(last.as<uint16_t>(), w.as<uint16_t>(), logits.data(), true,
+                              num_logit_rows, c.vocab_size, hidden, st);
+        !s) {
+      return s;
+    }
+    if (auto s = cuda_ok(cudaMemcpyAsync(out.logits.data(), logits.data(), out.logits.size() * 4,
+                                         cudaMemcpyDeviceToHost, cs),
+                         "forward: copying the logits back");
+        !s) {
+      return s;
+    }
+  }
+  if (auto s = stream.synchronize(); !s) {
+    return make_error(ErrorCode::kInternal, "forward (GPU): " + s.error().message);
+  }
+  return {};
+}
+
+#else  // without CUDA
+
+struct GpuModel::Impl {
+  ModelConfig config;
+  GpuModelOptions options;
+};
+
+GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
+GpuModel::~GpuModel() = default;
+
+Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig&, const ModelWeights&,
+                                                   const GpuModelOptions&) {
+  return make_error(ErrorCode::kUnsupported,
+                    "this strata was built without CUDA (STRATA_CUDA=OFF, or nvcc was not found "
+                    "when it was configured)");
+}
+
+const ModelConfig& GpuModel::config() const {
+  return impl_->config;
+}
+const GpuModelOptions& GpuModel::options() const {
+  return impl_->options;
+}
+int64_t GpuModel::weight_bytes() const {
+  return 0;
+}
+int64_t GpuModel::kv_bytes() const {
+  return 0;
+}
+
+KvPoolShape GpuModel::kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype dtype) const {
+  return KvPoolShape{1, 1, kPoolHeadDim, num_pages, page_size, dtype};
+}
+
+Status GpuModel::forward(std::span<const ForwardSequence>, KvPool&, ForwardOutput&) {
+  return make_error(ErrorCode::kUnsupported, "this strata was built without CUDA");
+}
+
+#endif
+
+}  // namespace strata::cuda

@@ -1,0 +1,83 @@
+// The model's forward pass on one NVIDIA GPU (issue 30): a ForwardModel, as the CPU engine's
+// Model and the simulator are, so that the engine, its scheduler and the radix cache run
+// on it unchanged (they deal in page ids).
+//
+// What lives on the GPU: the weights in BF16 (matrices fused as model/weights.h fuses them:
+// q|k|v and gate|up), the KV pages of every layer ([page][kv_head][slot][head_dim] BF16,
+// kernels.h), and the scratch of one batch of up to max_batch_tokens tokens and
+// max_batch_sequences sequences. Nothing is allocated per forward.
+//
+// One forward pass, on one stream: the batch's metadata (token ids, the K/V slot of each
+// token, rotary angles computed on the host with the CPU engine's RopeTable, page tables,
+// the prefill tiles) copied in one piece; the embedding rows gathered; per layer the fused
+// residual add + RMSNorm, the QKV product (cuBLASLt), biases, q/k norm + RoPE + the K/V
+// write into the pages, attention (decode_attention when every sequence brings one token,
+// extend_attention otherwise), o_proj, residual add + RMSNorm, gate|up, SiLU x up, down;
+// then the final norm on every row, the rows that want logits gathered, the LM head in F32,
+// and the logits copied back. The residual stream stays in F32 on the device, as the CPU
+// engine's does; the activations between products are BF16.
+//
+// The engine's KvPool. The KV is on the GPU, so the pool the engine makes from
+// kv_pool_shape() only counts pages (one layer of one head of 2 values a slot, as the
+// simulator's); forward() checks that it has the GPU's page count and page size. Tiers
+// that copy the pool's bytes (the host pool, storage, P/D transfers) do not work on it
+// yet: `serve --device cuda` refuses them (issue 31).
+//
+// Threads: forward() on one thread at a time (the engine's forward thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "common/result.h"
+#include "model/forward_model.h"
+#include "model/model_config.h"
+#include "model/weights.h"
+
+namespace strata::cuda {
+
+struct GpuModelOptions {
+  int32_t num_pages = 0;              // KV pages on the GPU, >= 1
+  int32_t page_size = 16;             // tokens a page, >= 1
+  int32_t max_batch_tokens = 8192;    // tokens one forward may carry, >= 1
+  int32_t max_batch_sequences = 256;  // sequences one forward may carry, >= 1
+};
+
+// Device bytes a model of `config` needs besides its weights for `options`: the KV pages
+// and the batch scratch (what --mem-fraction-static sizes the pages from).
+int64_t gpu_kv_page_bytes(const ModelConfig& config, int32_t page_size);
+int64_t gpu_weight_bytes(const ModelConfig& config);
+
+class GpuModel final : public ForwardModel {
+ public:
+  // Uploads `weights` (F32 or BF16, converted to BF16) and allocates the KV pages and the
+  // scratch. kUnsupported naming what is missing: a build without CUDA, no usable GPU,
+  // cuBLASLt, a head size other than 64 or 128, more than 8 query heads per KV head, a
+  // sliding window; kResourceExhausted when the device has not the room (with the sizes);
+  // kInvalidArgument for options out of range.
+  static Result<std::unique_ptr<GpuModel>> create(const ModelConfig& config,
+                                                  const ModelWeights& weights,
+                                                  const GpuModelOptions& options);
+  ~GpuModel() override;
+
+  const ModelConfig& config() const override;
+  // The page-counting pool (see the top): 1 layer, 1 KV head, head_dim 2.
+  KvPoolShape kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype dtype) const override;
+  // kInvalidArgument (nothing run) for a batch the model cannot run: as Model's checks, plus
+  // more tokens or sequences than the options allow, or a pool whose page count or size is
+  // not the GPU's. kInternal (the batch's requests fail; the server goes on) when the
+  // device reports an error.
+  Status forward(std::span<const ForwardSequence> batch, KvPool& pool, ForwardOutput& out) override;
+
+  const GpuModelOptions& options() const;
+  int64_t weight_bytes() const;  // on the device
+  int64_t kv_bytes() const;      // on the device
+
+ private:
+  GpuModel();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::cuda

@@ -1,0 +1,171 @@
+// The model's forward pass on the GPU (cuda/gpu_model.h) against the CPU engine's: the same
+// random-weight model (the demo preset, head_dim 64) in three architectures (Qwen3's q/k
+// norms, Llama, Qwen2's QKV biases), the same batches — whole prompts, a continuation over a
+// cached prefix, a sequence sharing another's first page, then decode steps — and the
+// logits compared row by row within BF16's rounding of weights and activations.
+//
+// Without a GPU (or CUDA) the comparison skips (fails under STRATA_REQUIRE_GPU=1); the
+// refusals that come before any device work run everywhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/gpu_model.h"
+#include "gpu_test_util.h"
+#include "model/make_model.h"
+#include "model/model.h"
+
+namespace strata::cuda {
+namespace {
+
+TEST(GpuModelTest, ShapesTheKernelsCannotRunAreRefusedByName) {
+  auto tiny = make_preset_model(ModelPreset::kTiny, Architecture::kQwen3, 1);
+  ASSERT_TRUE(tiny.has_value()) << tiny.error().message;
+  GpuModelOptions o{.num_pages = 8};
+  auto refused = GpuModel::create((*tiny)->config(), (*tiny)->weights(), o);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, ErrorCode::kUnsupported);
+  EXPECT_NE(refused.error().message.find("head_dim 32"), std::string::npos)
+      << refused.error().message;
+
+  auto demo = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 1);
+  ASSERT_TRUE(demo.has_value()) << demo.error().message;
+  ModelConfig windowed = (*demo)->config();
+  windowed.sliding_window = 128;
+  auto sliding = GpuModel::create(windowed, (*demo)->weights(), o);
+  ASSERT_FALSE(sliding.has_value());
+  EXPECT_NE(sliding.error().message.find("sliding-window"), std::string::npos);
+  o.num_pages = 0;
+  auto no_pages = GpuModel::create((*demo)->config(), (*demo)->weights(), o);
+  ASSERT_FALSE(no_pages.has_value());
+  EXPECT_EQ(no_pages.error().code, ErrorCode::kInvalidArgument);
+  // Where there is no GPU (or no CUDA), creation says so instead.
+  o.num_pages = 8;
+  auto made = GpuModel::create((*demo)->config(), (*demo)->weights(), o);
+  if (!probe_device(0)) {
+    ASSERT_FALSE(made.has_value());
+    EXPECT_EQ(made.error().code, ErrorCode::kUnsupported);
+  }
+}
+
+// A batch's sequences: tokens, where they start, their pages.
+struct Seq {
+  std::vector<int32_t> tokens;
+  int64_t start = 0;
+  std::vector<PageId> pages;
+};
+
+std::vector<ForwardSequence> as_batch(const std::vector<Seq>& seqs) {
+  std::vector<ForwardSequence> batch;
+  for (const Seq& s : seqs) {
+    batch.push_back(ForwardSequence{.token_ids = s.tokens,
+                                    .start_position = s.start,
+                                    .page_table = s.pages,
+                                    .want_logits = true});
+  }
+  return batch;
+}
+
+// Each row of `got` against `want`: within 4 % of the row's largest logit (BF16 weights and
+// activations against the CPU's F32), and the same largest logit where it stands clear.
+void expect_logits_close(const std::vector<float>& got, const std::vector<float>& want,
+                         int32_t vocab, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t r = 0; r * vocab < want.size(); ++r) {
+    const float* g = got.data() + r * vocab;
+    const float* w = want.data() + r * vocab;
+    float scale = 1e-3f;
+    for (int32_t v = 0; v < vocab; ++v) scale = std::max(scale, std::fabs(w[v]));
+    int bad = 0;
+    for (int32_t v = 0; v < vocab && bad < 5; ++v) {
+      if (std::fabs(g[v] - w[v]) > 0.04f * scale) {
+        ADD_FAILURE() << what << " row " << r << " token " << v << ": " << g[v] << " vs " << w[v];
+        ++bad;
+      }
+    }
+  }
+}
+
+TEST(GpuModelTest, LogitsMatchTheCpuEngineStepByStep) {
+  STRATA_NEED_GPU();
+  for (Architecture arch : {Architecture::kQwen3, Architecture::kLlama, Architecture::kQwen2}) {
+    const std::string what(architecture_model_type(arch));
+    auto cpu = make_preset_model(ModelPreset::kDemo, arch, 7);
+    ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
+    const ModelConfig& config = (*cpu)->config();
+    const int32_t pages = 32, page_size = 16;
+    GpuModelOptions o{.num_pages = pages,
+                      .page_size = page_size,
+                      .max_batch_tokens = 256,
+                      .max_batch_sequences = 8};
+    auto gpu = GpuModel::create(config, (*cpu)->weights(), o);
+    ASSERT_TRUE(gpu.has_value()) << what << ": " << gpu.error().message;
+    auto cpu_pool = (*cpu)->make_kv_pool(pages, page_size, KvDtype::kF32);
+    auto gpu_pool = (*gpu)->make_kv_pool(pages, page_size, KvDtype::kF32);
+    ASSERT_TRUE(cpu_pool.has_value() && gpu_pool.has_value());
+    std::mt19937 rng(11);
+    const auto tokens = [&](int n) {
+      std::vector<int32_t> t(static_cast<size_t>(n));
+      for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(config.vocab_size));
+      return t;
+    };
+    const auto step = [&](const std::vector<Seq>& seqs, const std::string& name) {
+      const auto batch = as_batch(seqs);
+      ForwardOutput want, got;
+      ASSERT_TRUE((*cpu)->forward(batch, **cpu_pool, want).has_value()) << what << " " << name;
+      const Status st = (*gpu)->forward(batch, **gpu_pool, got);
+      ASSERT_TRUE(st.has_value()) << what << " " << name << ": " << st.error().message;
+      expect_logits_close(got.logits, want.logits, config.vocab_size, what + " " + name);
+    };
+    // Whole prompts of 17 and 40 tokens.
+    Seq a{tokens(17), 0, {make_page_id(3), make_page_id(9)}};
+    Seq b{tokens(40), 0, {make_page_id(5), make_page_id(6), make_page_id(7)}};
+    step({a, b}, "prompts");
+    // a goes on over its cached 17 tokens; c shares a's first page (16 tokens) and brings
+    // its own; b decodes one token in the same batch.
+    Seq a2{tokens(5), 17, a.pages};
+    Seq c{tokens(9), 16, {make_page_id(3), make_page_id(12)}};
+    Seq b2{tokens(1), 40, b.pages};
+    step({a2, c, b2}, "continuations");
+    // Decode steps: one token each, every sequence (the decode kernel's path).
+    for (int k = 0; k < 3; ++k) {
+      Seq a3{tokens(1), 22 + k, a.pages};
+      Seq c3{tokens(1), 25 + k, c.pages};
+      Seq b3{
+          tokens(1), 41 + k, {make_page_id(5), make_page_id(6), make_page_id(7), make_page_id(8)}};
+      step({a3, c3, b3}, "decode " + std::to_string(k));
+    }
+  }
+}
+
+TEST(GpuModelTest, BatchesBeyondTheScratchOrThePoolAreRefused) {
+  STRATA_NEED_GPU();
+  auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 7);
+  ASSERT_TRUE(cpu.has_value());
+  GpuModelOptions o{
+      .num_pages = 8, .page_size = 16, .max_batch_tokens = 32, .max_batch_sequences = 2};
+  auto gpu = GpuModel::create((*cpu)->config(), (*cpu)->weights(), o);
+  ASSERT_TRUE(gpu.has_value()) << gpu.error().message;
+  auto pool = (*gpu)->make_kv_pool(8, 16, KvDtype::kF32);
+  auto other = (*gpu)->make_kv_pool(9, 16, KvDtype::kF32);
+  ASSERT_TRUE(pool.has_value() && other.has_value());
+  std::vector<int32_t> many(33, 1);
+  const std::vector<PageId> pages = {make_page_id(0), make_page_id(1), make_page_id(2)};
+  ForwardOutput out;
+  const std::vector<ForwardSequence> too_long = {
+      ForwardSequence{.token_ids = many, .start_position = 0, .page_table = pages}};
+  EXPECT_EQ((*gpu)->forward(too_long, **pool, out).error().code, ErrorCode::kInvalidArgument);
+  std::vector<int32_t> one(1, 1);
+  const std::vector<ForwardSequence> fine = {
+      ForwardSequence{.token_ids = one, .start_position = 0, .page_table = pages}};
+  EXPECT_EQ((*gpu)->forward(fine, **other, out).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_TRUE((*gpu)->forward(fine, **pool, out).has_value());
+  EXPECT_EQ(out.logits.size(), static_cast<size_t>((*cpu)->config().vocab_size));
+}
+
+}  // namespace
+}  // namespace strata::cuda
