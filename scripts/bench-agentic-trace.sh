@@ -12,7 +12,10 @@
 #   SCALE        --time-scale of the replay              (default: 1)
 #   DILATION     --simulate-time-scale of the workers    (default: 4: every step 4x its profile's
 #                time, and arrivals 4x slower, so that two cores keep up; divide times by it)
-#   TRACE_ARGS   more `make-trace` options               (default: none)
+#   TRACE_ARGS   `make-trace` options                    (default: 200 sessions starting at 16 a
+#                second, 4-16 calls each of 32-160 output tokens, 1 s of tool time between
+#                calls: about 60 calls/s at the peak, round-robin's saturation at 64 workers
+#                on the H100 profile, docs/benchmarks.md)
 #   POLICIES     policies                                (default: all five)
 #   BUILD_DIR    build folder                            (default: build)
 set -uo pipefail
@@ -28,7 +31,9 @@ mkdir -p out/bench-agentic-trace
 for seed in "${seeds[@]}"; do
   trace=out/bench-agentic-trace/agentic-s$seed.jsonl
   # shellcheck disable=SC2086 # TRACE_ARGS is split on purpose
-  "$strata" bench make-trace --out "$trace" --seed "$seed" ${TRACE_ARGS:-} || exit 2
+  "$strata" bench make-trace --out "$trace" --seed "$seed" ${TRACE_ARGS:---sessions 200 \
+    --session-rate 16 --calls-min 4 --calls-max 16 --tool-seconds 1 --output-tokens-min 32 \
+    --output-tokens-max 160} || exit 2
   # The arrivals stretched by the dilation: the same trace in slow motion.
   WORKERS=$workers SCALES=$(python3 -c "print($scale * $dilation)") SEEDS=$seed LIMIT=0 \
     TRACE=$trace TAG=-agentic \

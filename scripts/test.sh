@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine: installs what is missing,
-# builds the release tree and an ASan+UBSan tree, and runs every test through CTest.
+# builds the release tree and an ASan+UBSan tree, and runs every test through CTest: the
+# GoogleTest programs in the ASan+UBSan tree, the black-box suites in both.
 # The sanitizer trees compile beside the release build and its tests.
 #   scripts/test.sh            everything
 #   STRATA_SKIP_SANITIZERS=1   only the release build's tests
@@ -61,11 +62,18 @@ configure() {
   cmake -S . -B "$dir" "${gen[@]}" "$@" >/dev/null
 }
 
-stage "release build"
-configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}"
-
 sanitizers=1
 [[ "${STRATA_SKIP_SANITIZERS:-0}" == 1 ]] && sanitizers=0
+
+stage "release build"
+# With the sanitizer trees, the GoogleTest programs run there (every one under ASan+UBSan,
+# the threaded modules' under TSan too) and the release tree builds, besides the binary and
+# the micro-benchmarks, only cuda_tests (the one tree with CUDA) and the programs whose
+# randomized and long-input tests run at full size only outside the sanitizers
+# (tests/CMakeLists.txt, STRATA_RELEASE_UNIT_TESTS); the black-box suites run in both.
+unit_tests=OFF
+((sanitizers)) || unit_tests=ON
+configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}" -DSTRATA_UNIT_TESTS=$unit_tests
 tsan_tests=(engine_tests router_tests pd_tests pd_engine_tests memory_tests http_tests storage_tests)
 logs=$root/build/background-build-logs
 rm -rf "$logs"
