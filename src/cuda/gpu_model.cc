@@ -43,6 +43,36 @@ int64_t gpu_weight_bytes(const ModelConfig& config) {
   return matrix_elems(config) * static_cast<int64_t>(sizeof(uint16_t));
 }
 
+namespace {
+
+// What create() refuses before any device work, in every build (with CUDA or without).
+Status check_gpu_model(const ModelConfig& config, const GpuModelOptions& options) {
+  if (options.num_pages < 1 || options.page_size < 1 || options.max_batch_tokens < 1 ||
+      options.max_batch_sequences < 1) {
+    return bad_argument(fmt::format(
+        "GPU model: num_pages {}, page_size {}, max_batch_tokens {}, max_batch_sequences {} "
+        "(each >= 1)",
+        options.num_pages, options.page_size, options.max_batch_tokens,
+        options.max_batch_sequences));
+  }
+  const auto unsupported = [](const std::string& what) {
+    return make_error(ErrorCode::kUnsupported, "GPU model: " + what);
+  };
+  if (config.head_dim != 64 && config.head_dim != 128) {
+    return unsupported(
+        fmt::format("head_dim {}; the kernels are built for 64 and 128", config.head_dim));
+  }
+  if (config.num_kv_heads < 1 || config.num_heads % config.num_kv_heads != 0 ||
+      config.group_size() > 8) {
+    return unsupported(fmt::format("{} query heads over {} KV heads; 1 to 8 per KV head",
+                                   config.num_heads, config.num_kv_heads));
+  }
+  if (config.sliding_window > 0) return unsupported("sliding-window attention");
+  return {};
+}
+
+}  // namespace
+
 #ifdef STRATA_HAVE_CUDA
 
 namespace {
@@ -157,27 +187,7 @@ GpuModel::~GpuModel() = default;
 Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig& config,
                                                    const ModelWeights& weights,
                                                    const GpuModelOptions& options) {
-  if (options.num_pages < 1 || options.page_size < 1 || options.max_batch_tokens < 1 ||
-      options.max_batch_sequences < 1) {
-    return bad_argument(fmt::format(
-        "GPU model: num_pages {}, page_size {}, max_batch_tokens {}, max_batch_sequences {} "
-        "(each >= 1)",
-        options.num_pages, options.page_size, options.max_batch_tokens,
-        options.max_batch_sequences));
-  }
-  const auto unsupported = [](const std::string& what) {
-    return make_error(ErrorCode::kUnsupported, "GPU model: " + what);
-  };
-  if (config.head_dim != 64 && config.head_dim != 128) {
-    return unsupported(
-        fmt::format("head_dim {}; the kernels are built for 64 and 128", config.head_dim));
-  }
-  if (config.num_kv_heads < 1 || config.num_heads % config.num_kv_heads != 0 ||
-      config.group_size() > 8) {
-    return unsupported(fmt::format("{} query heads over {} KV heads; 1 to 8 per KV head",
-                                   config.num_heads, config.num_kv_heads));
-  }
-  if (config.sliding_window > 0) return unsupported("sliding-window attention");
+  if (auto st = check_gpu_model(config, options); !st) return std::unexpected(st.error());
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& i = *m->impl_;
   i.config = config;
@@ -582,8 +592,9 @@ struct GpuModel::Impl {
 GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
 GpuModel::~GpuModel() = default;
 
-Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig&, const ModelWeights&,
-                                                   const GpuModelOptions&) {
+Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig& config, const ModelWeights&,
+                                                   const GpuModelOptions& options) {
+  if (auto st = check_gpu_model(config, options); !st) return std::unexpected(st.error());
   return make_error(ErrorCode::kUnsupported,
                     "this strata was built without CUDA (STRATA_CUDA=OFF, or nvcc was not found "
                     "when it was configured)");
