@@ -290,7 +290,12 @@ TEST_F(EventSubscriberTest, ARestartClearsTheWorkerAndResyncs) {
   seq_ = 0;
   worker_.publish(seq_++, store_payload(other, 0, 1), /*deliver=*/false);
   worker_.publish(seq_++, store_payload(other, 1, 2));  // seq 1: replayed from 0
-  ASSERT_TRUE(wait_for([&] { return sub_->stats().restarts == 1 && sub_->stats().last_seq == 1; }));
+  // The subscriber counts the restart and the sequence before the replayed batches reach the
+  // index (a ThreadSanitizer run saw the counts without the blocks): wait for the blocks too.
+  ASSERT_TRUE(wait_for([&] {
+    return sub_->stats().restarts == 1 && sub_->stats().last_seq == 1 && matched(other) == 2 &&
+           !stale_reasons().empty();
+  }));
   EXPECT_EQ(matched(tokens_), 0u);
   EXPECT_EQ(matched(other), 2u);
   ASSERT_EQ(stale_reasons().size(), 1u);
