@@ -173,6 +173,10 @@ TEST(CudaKernelsTest, BadShapesAreRefusedBeforeAnyLaunch) {
   EXPECT_TRUE(extend_attention(e, nullptr).has_value());  // nothing to do
   e.q_stride = 8 * 64 - 1;                                // narrower than the query heads
   EXPECT_EQ(extend_attention(e, nullptr).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(gather_rows(nullptr, nullptr, nullptr, -1, 8, nullptr).error().code,
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(add_bias(nullptr, nullptr, 2, 8, nullptr).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(gather_rows(nullptr, nullptr, nullptr, 0, 8, nullptr).has_value());  // no rows
 }
 
 TEST(CudaKernelsTest, SplitsFillTheDeviceWithoutShortRanges) {
@@ -497,6 +501,42 @@ void check_extend(const ExtendCase& c, std::mt19937& rng) {
   expect_close(got, want, 2e-2f,
                "head_dim " + std::to_string(c.head_dim) + " group " + std::to_string(c.group) +
                    " page " + std::to_string(c.page_size));
+}
+
+// The row gather (embedding lookup, logit rows) copies rows exactly; the bias add matches
+// the CPU's F32 sum rounded to BF16.
+TEST(CudaKernelsTest, GatherRowsAndAddBiasMatchTheCpu) {
+  STRATA_NEED_GPU();
+  std::mt19937 rng(6);
+  const int32_t rows = 37, cols = 300, picked = 9;
+  const auto src = random_bf16(rng, static_cast<size_t>(rows) * cols, 2.0f);
+  std::vector<int32_t> index(picked);
+  for (auto& i : index) i = static_cast<int32_t>(rng() % rows);
+  std::vector<float> bias(cols);
+  for (auto& b : bias) b = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+  DeviceBuffer dsrc = to_device(src), didx = to_device(index), dbias = to_device(bias);
+  auto dst = DeviceBuffer::allocate(static_cast<size_t>(picked) * cols * 2);
+  ASSERT_TRUE(dst.has_value());
+  ASSERT_TRUE(gather_rows(dsrc.as<uint16_t>(), didx.as<int32_t>(), dst->as<uint16_t>(), picked,
+                          cols, nullptr)
+                  .has_value());
+  const auto gathered = to_host<uint16_t>(*dst, static_cast<size_t>(picked) * cols);
+  for (int32_t r = 0; r < picked; ++r) {
+    for (int32_t c = 0; c < cols; ++c) {
+      ASSERT_EQ(gathered[static_cast<size_t>(r) * cols + c],
+                src[static_cast<size_t>(index[r]) * cols + c])
+          << "row " << r << " col " << c;
+    }
+  }
+  ASSERT_TRUE(add_bias(dst->as<uint16_t>(), dbias.as<float>(), picked, cols, nullptr).has_value());
+  const auto biased = to_host<uint16_t>(*dst, static_cast<size_t>(picked) * cols);
+  for (int32_t r = 0; r < picked; ++r) {
+    for (int32_t c = 0; c < cols; ++c) {
+      const size_t at = static_cast<size_t>(r) * cols + c;
+      ASSERT_EQ(biased[at], f32_to_bf16(bf16_to_f32(gathered[at]) + bias[c]))
+          << "row " << r << " col " << c;
+    }
+  }
 }
 
 // Tiles: each sequence's new tokens cut in order, none for a sequence without any.
