@@ -168,18 +168,12 @@ void add_device_flags(CLI::App& cmd, ServeOptions& o) {
 }
 
 // --device cuda: the model's weights loaded on the host, then uploaded to the GPU with its KV
-// pages (cuda/gpu_model.h). The tiers that copy the pool's bytes do not run on the GPU yet.
+// pages (cuda/gpu_model.h). The engine decides what runs on a model with KV memory of its
+// own (the host and storage tiers through the GPU's copy streams; not P/D yet).
 Result<std::unique_ptr<ForwardModel>> load_gpu_model(const std::filesystem::path& dir,
                                                      ServeOptions& o, bool tokens_given) {
   EngineOptions& eo = o.engine;
-  const auto refuse = [](const std::string& what) {
-    return make_error(ErrorCode::kUnsupported,
-                      "--device cuda: " + what + " does not run on the GPU yet (issue 31)");
-  };
   if (!o.simulate.empty()) return bad_argument("--device cuda and --simulate exclude each other");
-  if (eo.hicache.enabled) return refuse("the host tier (--enable-hierarchical-cache)");
-  if (!eo.hicache.storage_backend.empty()) return refuse("the storage tier");
-  if (eo.pd.role != WorkerRole::kMixed) return refuse("prefill/decode disaggregation");
   auto device = cuda::probe_device(0);
   if (!device) return std::unexpected(device.error());
   auto cpu = Model::load(dir, o.model_options);

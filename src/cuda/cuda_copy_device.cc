@@ -18,16 +18,6 @@
 
 namespace strata::cuda {
 
-Result<CopyPath> parse_copy_path(std::string_view name) {
-  if (name == "direct") return CopyPath::kDirect;
-  if (name == "kernel") return CopyPath::kKernel;
-  return bad_argument(fmt::format("unknown I/O backend '{}' (direct or kernel)", name));
-}
-
-std::string_view copy_path_name(CopyPath path) {
-  return path == CopyPath::kDirect ? "direct" : "kernel";
-}
-
 HostRegistration::HostRegistration(HostRegistration&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)) {}
 
@@ -84,6 +74,8 @@ struct CudaCopyDevice::Impl {
     Descriptors descriptors;
   };
 
+  // Declared first, so undone last: after the destructor has waited for both streams.
+  HostRegistration registration;
   CopyPath path = CopyPath::kDirect;
   cudaStream_t compute = nullptr;
   cudaStream_t streams[2] = {nullptr, nullptr};
@@ -197,9 +189,14 @@ struct CudaCopyDevice::Impl {
 
 CudaCopyDevice::CudaCopyDevice(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Result<std::unique_ptr<CudaCopyDevice>> CudaCopyDevice::create(StreamHandle compute,
-                                                               CopyPath path) {
+Result<std::unique_ptr<CudaCopyDevice>> CudaCopyDevice::create(StreamHandle compute, CopyPath path,
+                                                               std::span<std::byte> host) {
   auto impl = std::make_unique<Impl>();
+  if (!host.empty()) {
+    auto registered = HostRegistration::register_memory(host.data(), host.size());
+    if (!registered) return std::unexpected(registered.error());
+    impl->registration = std::move(*registered);
+  }
   impl->path = path;
   impl->compute = static_cast<cudaStream_t>(compute);
   int device = 0;
@@ -333,7 +330,8 @@ Result<HostRegistration> HostRegistration::register_memory(void*, size_t) {
   return std::unexpected(no_cuda_copies());
 }
 HostRegistration::~HostRegistration() = default;
-Result<std::unique_ptr<CudaCopyDevice>> CudaCopyDevice::create(StreamHandle, CopyPath) {
+Result<std::unique_ptr<CudaCopyDevice>> CudaCopyDevice::create(StreamHandle, CopyPath,
+                                                               std::span<std::byte>) {
   return std::unexpected(no_cuda_copies());
 }
 CudaCopyDevice::~CudaCopyDevice() = default;

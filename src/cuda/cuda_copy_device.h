@@ -28,11 +28,10 @@
 
 namespace strata::cuda {
 
-enum class CopyPath { kDirect, kKernel };
-
-// "direct", "kernel".
-Result<CopyPath> parse_copy_path(std::string_view name);
-std::string_view copy_path_name(CopyPath path);
+// The I/O paths (memory/copy_device.h), named here as the device's.
+using strata::copy_path_name;
+using strata::CopyPath;
+using strata::parse_copy_path;
 
 // Page-locked registration of a range of host memory (the host pool) for the device, undone
 // on destruction. The range must stay allocated while registered.
@@ -57,7 +56,10 @@ class CudaCopyDevice final : public CopyDevice {
   // `compute` is the stream the forward pass runs on (compute_wait makes it wait); null is
   // the legacy default stream. kUnsupported for the kernel path on a system where the device
   // cannot use registered host pointers directly.
-  static Result<std::unique_ptr<CudaCopyDevice>> create(StreamHandle compute, CopyPath path);
+  // `host`, when not empty, is registered (HostRegistration) for the device's lifetime: the
+  // host pool the engine's tiers copy to and from (GpuModel::make_copy_device).
+  static Result<std::unique_ptr<CudaCopyDevice>> create(StreamHandle compute, CopyPath path,
+                                                        std::span<std::byte> host = {});
   // Waits for both copy streams, then frees the streams, events and descriptor buffers.
   ~CudaCopyDevice() override;
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_copy_device.h"
 #include "cuda/cuda_device.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
@@ -299,6 +300,29 @@ int64_t GpuModel::kv_bytes() const {
 
 KvPoolShape GpuModel::kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype dtype) const {
   return KvPoolShape{1, 1, kPoolHeadDim, num_pages, page_size, dtype};
+}
+
+std::optional<ExternalKv> GpuModel::external_kv() const {
+  const Impl& m = *impl_;
+  ExternalKv e;
+  e.shape = KvPoolShape{m.config.num_layers, m.config.num_kv_heads, m.config.head_dim,
+                        m.options.num_pages, m.options.page_size,   KvDtype::kBF16};
+  const size_t block = static_cast<size_t>(m.config.num_kv_heads) * m.options.page_size *
+                       m.config.head_dim * sizeof(uint16_t);
+  e.blocks = KvBlockLayout{.base = static_cast<std::byte*>(m.kv.data()),
+                           .num_layers = m.config.num_layers,
+                           .num_pages = m.options.num_pages,
+                           .block_bytes = block,
+                           .region_stride = m.layer_elems() * sizeof(uint16_t),
+                           .page_stride = block};
+  return e;
+}
+
+Result<std::unique_ptr<CopyDevice>> GpuModel::make_copy_device(std::span<std::byte> host,
+                                                               CopyPath path) {
+  auto device = CudaCopyDevice::create(impl_->stream.handle(), path, host);
+  if (!device) return std::unexpected(device.error());
+  return std::unique_ptr<CopyDevice>(std::move(*device));
 }
 
 Status GpuModel::Impl::validate(std::span<const ForwardSequence> batch, const KvPool& pool) const {
@@ -618,6 +642,14 @@ KvPoolShape GpuModel::kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtyp
 }
 
 Status GpuModel::forward(std::span<const ForwardSequence>, KvPool&, ForwardOutput&) {
+  return make_error(ErrorCode::kUnsupported, "this strata was built without CUDA");
+}
+
+std::optional<ExternalKv> GpuModel::external_kv() const {
+  return std::nullopt;  // never created without CUDA
+}
+
+Result<std::unique_ptr<CopyDevice>> GpuModel::make_copy_device(std::span<std::byte>, CopyPath) {
   return make_error(ErrorCode::kUnsupported, "this strata was built without CUDA");
 }
 

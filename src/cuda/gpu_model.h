@@ -19,9 +19,9 @@
 //
 // The engine's KvPool. The KV is on the GPU, so the pool the engine makes from
 // kv_pool_shape() only counts pages (one layer of one head of 2 values a slot, as the
-// simulator's); forward() checks that it has the GPU's page count and page size. Tiers
-// that copy the pool's bytes (the host pool, storage, P/D transfers) do not work on it
-// yet: `serve --device cuda` refuses them (issue 31).
+// simulator's); forward() checks that it has the GPU's page count and page size. The host
+// tier (and storage behind it) copies the GPU's pages through external_kv() and
+// make_copy_device(); P/D transfers do not run on it yet (the engine refuses them).
 //
 // Threads: forward() on one thread at a time (the engine's forward thread).
 #pragma once
@@ -69,6 +69,15 @@ class GpuModel final : public ForwardModel {
   // not the GPU's. kInternal (the batch's requests fail; the server goes on) when the
   // device reports an error.
   Status forward(std::span<const ForwardSequence> batch, KvPool& pool, ForwardOutput& out) override;
+  // The KV pages on the GPU: BF16, layer-first ([layer][K, V][page] blocks of
+  // [kv_head][slot][head_dim]), so each page's K or V of a layer is one contiguous block and
+  // consecutive pages are adjacent.
+  std::optional<ExternalKv> external_kv() const override;
+  // The GPU's copy streams (cuda/cuda_copy_device.h) by `path`, `host` page-locked for the
+  // device's lifetime; loads land before the forward pass that needs them is issued (the
+  // scheduler waits for their events).
+  Result<std::unique_ptr<CopyDevice>> make_copy_device(std::span<std::byte> host,
+                                                       CopyPath path) override;
 
   const GpuModelOptions& options() const;
   int64_t weight_bytes() const;  // on the device

@@ -148,6 +148,8 @@ Status validate(const EngineOptions& o) {
     }
   } else if (!h.storage_backend.empty()) {
     return bad("--hicache-storage-backend needs --enable-hierarchical-cache");
+  } else if (h.io_backend != CopyPath::kDirect) {
+    return bad("--hicache-io-backend needs --enable-hierarchical-cache");
   }
   return validate_pd(o.pd);
 }
@@ -287,6 +289,11 @@ void add_hicache_flags(CLI::App& cmd, HierarchicalCacheOptions& o) {
   add_enum_flag(cmd, "--hicache-mem-layout", o.layout, parse_host_layout,
                 host_layout_name(o.layout),
                 "Host pool layout: layer_first | page_first | page_first_direct")
+      ->group(group);
+  add_enum_flag(cmd, "--hicache-io-backend", o.io_backend, parse_copy_path,
+                copy_path_name(o.io_backend),
+                "How --device cuda copies pages between the GPU and the host pool: direct (the "
+                "copy engines, one batched call per transfer) | kernel (a copy kernel)")
       ->group(group);
   cmd.add_option("--hicache-storage-backend", o.storage_backend,
                  "Storage tier (L3): file | redis (none when empty)")

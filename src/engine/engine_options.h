@@ -13,6 +13,7 @@
 
 #include "cache/write_policy.h"
 #include "common/result.h"
+#include "memory/copy_device.h"
 #include "memory/host_kv_pool.h"  // HostLayout
 #include "memory/kv_dtype.h"
 
@@ -35,6 +36,9 @@ struct HierarchicalCacheOptions {
   WritePolicy write_policy = WritePolicy::kWriteThrough;
   int32_t write_through_threshold = 2;
   HostLayout layout = HostLayout::kLayerFirst;
+  // How a model with KV memory of its own (--device cuda) copies pages to and from the host
+  // pool; the CPU engine's copy threads have no other path (kKernel is refused there).
+  CopyPath io_backend = CopyPath::kDirect;
   int32_t transfer_threads = 1;
   std::string storage_backend;       // "" (none), "file" or "redis"
   std::string storage_extra_config;  // JSON object or @file

@@ -95,7 +95,24 @@ Scheduler::~Scheduler() {
 
 Status Scheduler::init_hicache() {
   const HierarchicalCacheOptions& h = options_.hicache;
-  const size_t page_bytes = kv_pool_->page_bytes();
+  // A model with KV memory of its own (the GPU's): the host pool takes its pages' real
+  // shape (the engine's pool only counts them), and copies go through its copy device.
+  const std::optional<ExternalKv> external = model_->external_kv();
+  if (!external && h.io_backend != CopyPath::kDirect) {
+    return bad_argument(
+        "--hicache-io-backend kernel needs --device cuda (the CPU engine copies with threads)");
+  }
+  KvPoolShape shape = external ? external->shape : kv_pool_->shape();
+  if (auto st = validate_kv_pool_shape(shape); !st) return st;
+  if (shape.num_pages != num_pages_ || shape.page_size != options_.page_size) {
+    return make_error(ErrorCode::kInternal,
+                      "the model's KV memory has " + std::to_string(shape.num_pages) +
+                          " pages of " + std::to_string(shape.page_size) +
+                          " tokens, the engine's pool " + std::to_string(num_pages_) + " of " +
+                          std::to_string(options_.page_size));
+  }
+  const size_t page_bytes = 2 * static_cast<size_t>(shape.num_layers) * shape.num_kv_heads *
+                            shape.page_size * shape.head_dim * kv_dtype_size_bytes(shape.dtype);
   const double host_pages_d = h.size_gb > 0 ? h.size_gb * 1e9 / static_cast<double>(page_bytes)
                                             : h.ratio * static_cast<double>(num_pages_);
   if (host_pages_d <= num_pages_) {
@@ -105,16 +122,30 @@ Status Scheduler::init_hicache() {
                           std::to_string(num_pages_) + " pages)");
   }
   if (host_pages_d > 1e9) return make_error(ErrorCode::kInvalidArgument, "host pool too large");
-  KvPoolShape shape = kv_pool_->shape();
   shape.num_pages = static_cast<int32_t>(host_pages_d);
   auto host = HostKvPool::create(shape, h.layout);
   if (!host) return std::unexpected(host.error());
   host_pool_ = std::move(*host);
+  if (external) {
+    const auto host_blocks = host_pool_->block_layout();
+    if (!host_blocks) {
+      return bad_argument(
+          "--hicache-mem-layout page_first: a GPU copies whole blocks, which that layout "
+          "interleaves; use layer_first or page_first_direct");
+    }
+    auto device = model_->make_copy_device(
+        std::span<std::byte>(host_pool_->data(), host_pool_->total_bytes()), h.io_backend);
+    if (!device) return std::unexpected(device.error());
+    copy_device_ = std::move(*device);
+    transfers_ = std::make_unique<StreamTransferEngine>(
+        *copy_device_, external->blocks, *host_blocks, StreamTransferOptions{}, *clock_);
+  } else {
+    transfers_ = std::make_unique<TransferEngine>(*kv_pool_, *host_pool_, h.transfer_threads);
+  }
   host_allocator_ = std::make_unique<PageAllocator>(shape.num_pages);
   RadixTreeOptions topts{options_.page_size, h.write_policy, h.write_through_threshold};
   tree_ =
       std::make_unique<RadixTree>(topts, allocator_.get(), &events_, clock_, host_allocator_.get());
-  transfers_ = std::make_unique<TransferEngine>(*kv_pool_, *host_pool_, h.transfer_threads);
   if (!h.storage_backend.empty()) {
     auto cfg = parse_storage_config(h.storage_backend, h.storage_extra_config);
     if (!cfg) return std::unexpected(cfg.error());
@@ -273,8 +304,9 @@ Status Scheduler::use_copy_device(CopyDevice& device, int64_t stall_timeout_ms) 
       (void)transfers_->wait_resolved(ticket);
     poll_io(/*force=*/true);
   }
+  const std::optional<ExternalKv> external = model_->external_kv();
   transfers_ = std::make_unique<StreamTransferEngine>(
-      device, kv_pool_->block_layout(), *host_blocks,
+      device, external ? external->blocks : kv_pool_->block_layout(), *host_blocks,
       StreamTransferOptions{.stall_timeout_ms = stall_timeout_ms}, *clock_);
   return {};
 }

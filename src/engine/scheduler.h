@@ -232,8 +232,11 @@ class Scheduler {
   // Hierarchical cache (null without it).
   std::unique_ptr<HostKvPool> host_pool_;
   std::unique_ptr<PageAllocator> host_allocator_;
-  // The CPU build's TransferEngine; tests put a StreamTransferEngine over a copy device of
-  // theirs in its place (EngineState::use_copy_device).
+  // A model with KV memory of its own (the GPU's): its copy device, which the
+  // StreamTransferEngine below drives (declared first, so it outlives the engine's copies).
+  std::unique_ptr<CopyDevice> copy_device_;
+  // The CPU build's TransferEngine, or a StreamTransferEngine over copy_device_ (tests put
+  // one over a copy device of theirs in its place: EngineState::use_copy_device).
   std::unique_ptr<KvTransfers> transfers_;
   std::unique_ptr<StorageBackend> storage_;
   std::unique_ptr<class StorageWorker> storage_worker_;

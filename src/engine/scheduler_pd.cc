@@ -59,6 +59,13 @@ constexpr int64_t kKeepAliveMs = 1'000;
 }  // namespace
 
 Status Scheduler::init_pd() {
+  if (model_->external_kv()) {
+    // The transports send the engine pool's bytes; a GPU's pages would have to be staged
+    // through the page-locked host pool first (docs/cuda.md): not built yet.
+    return make_error(ErrorCode::kUnsupported,
+                      "prefill/decode disaggregation does not run on a model that keeps its KV "
+                      "in memory of its own (--device cuda) yet (issue 31)");
+  }
   auto link = PdLink::create(options_.pd, *kv_pool_, *clock_, [this] {
     {
       std::lock_guard lock(mutex_);

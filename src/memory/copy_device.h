@@ -28,10 +28,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "common/result.h"
 
 namespace strata {
+
+// How a device moves a batch (HiCache's --hicache-io-backend):
+//   direct  its copy engines, one batched copy call per batch (not one call per page);
+//   kernel  a copy kernel of its own, reading and writing the spans (the host side through
+//           its page-locked mapping): one launch per batch, competing with compute for SMs
+//           but not for the copy engines.
+enum class CopyPath : uint8_t { kDirect, kKernel };
+
+// "direct", "kernel"; kInvalidArgument naming both for anything else.
+Result<CopyPath> parse_copy_path(std::string_view name);
+std::string_view copy_path_name(CopyPath path);
 
 // One contiguous copy of `bytes` bytes; both ranges are in memory the device can reach
 // (its own, or host memory registered with it).

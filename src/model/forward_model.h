@@ -1,8 +1,9 @@
 // What the engine needs of a model: its config, the shape of the KV pool it reads and
-// writes, and the batched forward pass. `Model` (the CPU engine, model/model.h) and
-// `SimulatedModel` (a timing model that does no arithmetic, model/simulated_model.h,
-// docs/simulation.md) implement it; a GPU backend is meant to implement it too, so it holds
-// nothing but plain C++ types.
+// writes, and the batched forward pass; and, for a model that keeps the KV pages in memory
+// of its own (a GPU's), where they are and how to copy them to and from the host. `Model` (the CPU
+// engine, model/model.h) and `SimulatedModel` (a timing model that does no arithmetic,
+// model/simulated_model.h, docs/simulation.md) implement it; a GPU backend is meant to implement it
+// too, so it holds nothing but plain C++ types.
 //
 // Thread: one thread at a time calls forward() (the engine's forward thread); config() and
 // kv_pool_shape() are const and answer the same from any thread for the object's lifetime.
@@ -10,10 +11,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "common/result.h"
+#include "memory/copy_device.h"
+#include "memory/kv_block_layout.h"
 #include "memory/kv_pool.h"
 #include "model/forward.h"
 #include "model/model_config.h"
@@ -26,6 +30,16 @@ namespace strata {
 struct ForwardOutput {
   std::vector<float> logits;    // rows x vocab_size, row-major
   std::vector<int32_t> tokens;  // one per row: the token the sampler must emit
+};
+
+// KV pages a model keeps in memory of its own (GpuModel: GPU memory), the engine's KvPool
+// then only counting them. The host tier copies their bytes through a copy device.
+struct ExternalKv {
+  // The pages' real shape: layers, KV heads, head_dim and dtype (the host pool takes it);
+  // pages and page size are the engine pool's.
+  KvPoolShape shape;
+  // Where each page's K and V of each layer is, in the model's memory.
+  KvBlockLayout blocks;
 };
 
 class ForwardModel {
@@ -50,6 +64,19 @@ class ForwardModel {
   // table too short or naming a page outside the pool, a pool of another shape.
   virtual Status forward(std::span<const ForwardSequence> batch, KvPool& pool,
                          ForwardOutput& out) = 0;
+
+  // The pages' shape and addresses when the model keeps them in memory of its own; nullopt
+  // (the default) when they are the engine's KvPool, which forward() reads and writes.
+  virtual std::optional<ExternalKv> external_kv() const { return std::nullopt; }
+  // For external KV: a copy device between the model's memory and `host` (the host pool's
+  // memory, which it may register with the device for its lifetime; `host` outlives it),
+  // moving batches by `path`. kUnsupported by default.
+  virtual Result<std::unique_ptr<CopyDevice>> make_copy_device(std::span<std::byte> host,
+                                                               CopyPath path) {
+    (void)host;
+    (void)path;
+    return make_error(ErrorCode::kUnsupported, "this model keeps no KV memory of its own");
+  }
 
   // Whether forward() fills out.tokens (the model decides each next token, as the simulator
   // does) rather than out.logits. Constant for the object's lifetime.

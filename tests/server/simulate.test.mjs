@@ -142,9 +142,16 @@ test('device flags that cannot run are refused at start-up, named', () => {
   const fraction = serve('--mem-fraction-static', '0.8');
   assert.equal(fraction.status, 2, fraction.stderr);
   assert.match(fraction.stderr, /--mem-fraction-static needs --device cuda/);
-  const tiers = serve('--device', 'cuda', '--enable-hierarchical-cache');
-  assert.equal(tiers.status, 2, tiers.stderr);
-  assert.match(tiers.stderr, /--device cuda: the host tier .* does not run on the GPU yet/);
+  // The copy kernel is the GPU's: the CPU engine's copy threads have no other path.
+  const kernel = serve('--enable-hierarchical-cache', '--hicache-io-backend', 'kernel');
+  assert.equal(kernel.status, 2, kernel.stderr);
+  assert.match(kernel.stderr, /--hicache-io-backend kernel needs --device cuda/);
+  const alone = serve('--hicache-io-backend', 'kernel');
+  assert.equal(alone.status, 2, alone.stderr);
+  assert.match(alone.stderr, /--hicache-io-backend needs --enable-hierarchical-cache/);
+  const dma = serve('--enable-hierarchical-cache', '--hicache-io-backend', 'dma');
+  assert.notEqual(dma.status, 0);
+  assert.match(dma.stderr, /unknown I\/O backend 'dma' \(direct or kernel\)/);
   const unknown = serve('--device', 'tpu');
   assert.notEqual(unknown.status, 0);
 });

@@ -1,0 +1,282 @@
+// The tiers over a model that keeps its KV pages in memory of its own, as the GPU model does
+// (ForwardModel::external_kv, cuda/gpu_model.h): the engine's pool only counts pages, the
+// host pool takes the model's page shape, and every copy goes through the model's copy
+// device and the StreamTransferEngine. Here the "device memory" is a KvPool the CPU model
+// computes in and the copy device is the test's (tests/memory/fake_copy_device.h), so the
+// whole GPU tier path runs without a GPU: demotion and load-back, pins, tool sessions,
+// storage, faults, and the refusals.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "../memory/fake_copy_device.h"
+#include "engine/engine.h"
+#include "engine/engine_test_access.h"
+#include "engine_test_util.h"
+#include "model/make_model.h"
+
+namespace strata {
+namespace {
+
+constexpr int32_t kOwnKvPageSize = 16;
+constexpr int32_t kOwnKvPages = 64;
+
+// The CPU model with its KV in a pool of its own (the "device"), handing out fake copy
+// devices over it.
+class OwnKvModel final : public ForwardModel {
+ public:
+  explicit OwnKvModel(std::unique_ptr<Model> inner) : inner_(std::move(inner)) {
+    own_ =
+        std::make_unique<KvPool>(inner_->kv_pool_shape(kOwnKvPages, kOwnKvPageSize, KvDtype::kF32));
+  }
+
+  const ModelConfig& config() const override { return inner_->config(); }
+  // Pages counted only, as the GPU model's.
+  KvPoolShape kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype dtype) const override {
+    return KvPoolShape{1, 1, 2, num_pages, page_size, dtype};
+  }
+  Status forward(std::span<const ForwardSequence> batch, KvPool& pool,
+                 ForwardOutput& out) override {
+    if (pool.num_pages() != kOwnKvPages || pool.num_layers() != 1) {
+      return bad_argument("not the counting pool");
+    }
+    return inner_->forward(batch, *own_, out);
+  }
+  std::optional<ExternalKv> external_kv() const override {
+    return ExternalKv{own_->shape(), own_->block_layout()};
+  }
+  Result<std::unique_ptr<CopyDevice>> make_copy_device(std::span<std::byte> host,
+                                                       CopyPath path) override {
+    if (refuse_devices_) return make_error(ErrorCode::kResourceExhausted, "no pinned memory");
+    host_ = host;
+    path_ = path;
+    auto device = std::make_unique<FakeCopyDevice>();
+    device->set_auto(true);
+    device_ = device.get();
+    return std::unique_ptr<CopyDevice>(std::move(device));
+  }
+
+  std::unique_ptr<Model> inner_;
+  std::unique_ptr<KvPool> own_;
+  bool refuse_devices_ = false;
+  std::span<std::byte> host_;
+  CopyPath path_ = CopyPath::kDirect;
+  FakeCopyDevice* device_ = nullptr;  // the last one made (the engine owns it)
+};
+
+class ExternalKvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 11,
+                                   ModelOptions{.num_threads = 1});
+    ASSERT_TRUE(model.has_value()) << model.error().message;
+    model_ = std::make_unique<OwnKvModel>(std::move(*model));
+  }
+
+  static EngineOptions options(WritePolicy policy = WritePolicy::kWriteThrough) {
+    EngineOptions o;
+    o.page_size = kOwnKvPageSize;
+    o.kv_cache_tokens = kOwnKvPages * kOwnKvPageSize;
+    o.max_running_requests = 4;
+    o.chunked_prefill_size = 256;
+    o.hicache.enabled = true;
+    o.hicache.ratio = 4.0;
+    o.hicache.write_policy = policy;
+    return o;
+  }
+
+  std::unique_ptr<Engine> start(EngineOptions o) {
+    auto e = Engine::create(model_.get(), std::move(o), {});
+    EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
+    return e ? std::move(*e) : nullptr;
+  }
+
+  static Outcome run(Engine& e, std::vector<int32_t> p, int32_t max_tokens = 8,
+                     std::string session = {}) {
+    return run_greedy(e, std::move(p), max_tokens, std::move(session));
+  }
+  static void flood(Engine& e, int n, int len, int salt) {
+    for (int i = 0; i < n; ++i) run(e, test_prompt(len, salt + i), 2);
+  }
+  static void settle(Engine& e) {
+    for (int i = 0; i < 2000; ++i) {
+      if (!engine_call(e, [](EngineState& s) { return s.tree.io_pending(); }).get()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ADD_FAILURE() << "transfers never settled";
+  }
+  // The engine's counting pool was never written: every byte went to the model's memory.
+  static void expect_counting_pool_untouched(Engine& e) {
+    const bool zero = engine_call(e, [](EngineState& s) {
+                        const std::byte* p = s.kv_pool.block_layout().base;
+                        return std::all_of(p, p + s.kv_pool.total_bytes(),
+                                           [](std::byte b) { return b == std::byte{0}; });
+                      }).get();
+    EXPECT_TRUE(zero);
+  }
+
+  std::unique_ptr<OwnKvModel> model_;
+};
+
+TEST_F(ExternalKvTest, TheHostPoolTakesTheModelsPageShapeAndItsCopyDevice) {
+  auto e = start(options());
+  ASSERT_NE(model_->device_, nullptr);
+  // The host pool the copy device was given holds 4x the pages, each the model's page.
+  EXPECT_EQ(model_->host_.size(), 4 * model_->own_->total_bytes());
+  EXPECT_EQ(model_->path_, CopyPath::kDirect);
+}
+
+TEST_F(ExternalKvTest, FloodDemotesAndTheNextTurnLoadsBackWithIdenticalOutput) {
+  for (WritePolicy policy :
+       {WritePolicy::kWriteThrough, WritePolicy::kWriteBack, WritePolicy::kWriteThroughSelective}) {
+    SCOPED_TRACE(std::string(write_policy_name(policy)));
+    auto e = start(options(policy));
+    const std::vector<int32_t> vip = test_prompt(400, 1);
+    const Outcome first = run(*e, vip);
+    if (policy == WritePolicy::kWriteThroughSelective) run(*e, vip);
+    flood(*e, 8, 300, 100);
+    settle(*e);
+    const Outcome again = run(*e, vip);
+    EXPECT_EQ(again.tokens, first.tokens);
+    EXPECT_GT(again.usage.cached_host, 0);
+    settle(*e);
+    expect_engine_consistent(*e);
+    expect_counting_pool_untouched(*e);
+  }
+}
+
+TEST_F(ExternalKvTest, APinnedPrefixSurvivesAFloodAndAFlushOnTheHost) {
+  auto e = start(options());
+  const std::vector<int32_t> vip = test_prompt(480, 2);
+  const Outcome first = run(*e, vip);
+  auto hashes =
+      engine_call(*e, [&](EngineState& s) { return s.tree.block_hashes_of(vip, ""); }).get();
+  EXPECT_EQ(engine_call(*e, [&](EngineState& s) { return s.tree.pin(hashes); }).get().pinned,
+            static_cast<int32_t>(hashes.size()));
+  flood(*e, 30, 400, 300);
+  settle(*e);
+  EXPECT_EQ(engine_call(*e, [](EngineState& s) { return s.tree.flush(); }).get().pinned_preserved,
+            static_cast<int32_t>(hashes.size()));
+  settle(*e);
+  const Outcome again = run(*e, vip);
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_GT(again.usage.cached_host, 0);
+  expect_engine_consistent(*e);
+}
+
+TEST_F(ExternalKvTest, AToolSessionLeavesTheDeviceAndComesBackWithIdenticalOutput) {
+  auto e = start(options());
+  const std::vector<int32_t> turn = test_prompt(300, 4);
+  const Outcome first = run(*e, turn, 8, "agent");
+  ASSERT_TRUE(e->cache().tool_start("agent").get().has_value());
+  for (int i = 0; i < 5000; ++i) {
+    if (e->cache().kv_meta("agent").get()->state == ToolSessionState::kOffloaded) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(e->cache().kv_meta("agent").get()->state, ToolSessionState::kOffloaded);
+  flood(*e, 8, 300, 500);  // the device pool cycles while the tool runs
+  ASSERT_TRUE(e->cache().tool_end("agent", 1).get().has_value());
+  // tool_end brought the session back to the device (the flood had cycled it twice over):
+  // the turn is a device hit, its bytes the ones that went out.
+  const Outcome again = run(*e, turn, 8, "agent");
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_GE(again.usage.cached_tokens, 256);
+  settle(*e);
+  expect_engine_consistent(*e);
+}
+
+TEST_F(ExternalKvTest, StorageBehindTheHostPoolServesAFreshEngine) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("strata-external-kv-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  EngineOptions o = options();
+  o.hicache.storage_backend = "file";
+  o.hicache.storage_extra_config =
+      R"({"dir": ")" + dir.string() + R"(", "prefetch_threshold": 64})";
+  o.hicache.storage_namespace = "test";
+  o.hicache.prefetch_policy = PrefetchPolicy::kWaitComplete;
+  const std::vector<int32_t> vip = test_prompt(600, 3);
+  Outcome first;
+  {
+    auto e = start(o);
+    first = run(*e, vip);
+    settle(*e);
+    for (int i = 0; i < 2000 && e->counters().storage_pages_written < 37; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_GE(e->counters().storage_pages_written, 37u);
+  }
+  {
+    auto e = start(o);
+    const Outcome again = run(*e, vip);
+    EXPECT_EQ(again.tokens, first.tokens);
+    EXPECT_GE(again.usage.cached_storage, 37 * kOwnKvPageSize - kOwnKvPageSize);
+    settle(*e);
+    expect_engine_consistent(*e);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(ExternalKvTest, FailedCopiesComputeInsteadAndGiveTheirPagesBack) {
+  auto e = start(options());
+  const std::vector<int32_t> vip = test_prompt(400, 6);
+  const Outcome first = run(*e, vip);
+  flood(*e, 8, 300, 700);
+  settle(*e);
+  model_->device_->fail_all(true);
+  const Outcome again = run(*e, vip);
+  EXPECT_EQ(again.tokens, first.tokens);
+  flood(*e, 4, 300, 800);
+  settle(*e);
+  EXPECT_GT(e->counters().copy_faults, 0u);
+  expect_engine_consistent(*e);
+  model_->device_->fail_all(false);
+  EXPECT_EQ(run(*e, vip).tokens, first.tokens);
+  settle(*e);
+  expect_engine_consistent(*e);
+}
+
+TEST_F(ExternalKvTest, TheIoBackendReachesTheDeviceAndIsRefusedOnTheCpuEngine) {
+  EngineOptions o = options();
+  o.hicache.io_backend = CopyPath::kKernel;
+  {
+    auto e = start(o);
+    EXPECT_EQ(model_->path_, CopyPath::kKernel);
+  }
+  auto cpu = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 11,
+                               ModelOptions{.num_threads = 1});
+  ASSERT_TRUE(cpu.has_value());
+  const auto refused = Engine::create(cpu->get(), o, {});
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.error().message.find("--hicache-io-backend kernel needs --device cuda"),
+            std::string::npos)
+      << refused.error().message;
+}
+
+TEST_F(ExternalKvTest, WhatCannotRunIsRefusedWithItsReason) {
+  // page_first interleaves a page's rows: no whole blocks to copy.
+  EngineOptions o = options();
+  o.hicache.layout = HostLayout::kPageFirst;
+  auto e = Engine::create(model_.get(), o, {});
+  ASSERT_FALSE(e.has_value());
+  EXPECT_NE(e.error().message.find("page_first"), std::string::npos) << e.error().message;
+  // A copy device the model cannot make (no page-locked memory): the engine does not start.
+  model_->refuse_devices_ = true;
+  e = Engine::create(model_.get(), options(), {});
+  ASSERT_FALSE(e.has_value());
+  EXPECT_EQ(e.error().code, ErrorCode::kResourceExhausted);
+  model_->refuse_devices_ = false;
+  // P/D sends the engine pool's bytes: refused on external KV.
+  o = options();
+  o.hicache.enabled = false;
+  o.pd.role = WorkerRole::kPrefill;
+  o.pd.worker_id = "p0";
+  o.pd.bind = "tcp://127.0.0.1:0";
+  e = Engine::create(model_.get(), o, {});
+  ASSERT_FALSE(e.has_value());
+  EXPECT_EQ(e.error().code, ErrorCode::kUnsupported) << e.error().message;
+}
+
+}  // namespace
+}  // namespace strata
