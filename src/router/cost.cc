@@ -76,7 +76,8 @@ std::string_view route_reason_name(RouteReason reason) {
 }
 
 CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
-                     const CostWeights& weights, bool request_is_sticky, double mean_assigned) {
+                     const CostWeights& weights, bool request_is_sticky, double mean_assigned,
+                     int64_t shared_tokens) {
   STRATA_CHECK(request.prompt_tokens >= 0);
   STRATA_CHECK(w.cached_device_blocks >= 0 && w.cached_host_blocks >= 0 &&
                w.cached_storage_blocks >= 0);
@@ -112,10 +113,30 @@ CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
   if (w.sticky && request_is_sticky) t.sticky = weights.sticky_bonus;
   if (!request_is_sticky && weights.load_floor_bonus > 0.0) {
     const double deficit = std::max(0.0, mean_assigned - static_cast<double>(w.sessions_assigned));
-    t.floor = weights.load_floor_bonus * deficit / std::max(1.0, mean_assigned);
+    const double bonus = std::max(weights.load_floor_bonus,
+                                  static_cast<double>(shared_tokens) * weights.prefill_token);
+    t.floor = bonus * deficit / std::max(1.0, mean_assigned);
   }
   t.cost = t.prefill + t.load - t.sticky - t.floor;
   return t;
+}
+
+int64_t shared_cached_tokens(const RequestFeatures& request,
+                             std::span<const WorkerCandidate> candidates) {
+  int64_t longest = 0, second = 0;
+  for (const WorkerCandidate& c : candidates) {
+    if (!c.eligible || c.prefill_only) continue;
+    const int64_t prompt = c.prompt_tokens >= 0 ? c.prompt_tokens : request.prompt_tokens;
+    const int64_t run = c.cached_device_blocks + c.cached_host_blocks + c.cached_storage_blocks;
+    const int64_t tokens = std::min(prompt, run * c.block_size);
+    if (tokens > longest) {
+      second = longest;
+      longest = tokens;
+    } else if (tokens > second) {
+      second = tokens;
+    }
+  }
+  return second;
 }
 
 namespace {
@@ -192,11 +213,12 @@ std::optional<Decision> choose(const RequestFeatures& request,
   }
   const bool request_is_sticky =
       std::ranges::any_of(members, [](const WorkerCandidate* c) { return c->sticky; });
+  const int64_t shared = request_is_sticky ? 0 : shared_cached_tokens(request, candidates);
 
   std::vector<Scored> pool;
   pool.reserve(members.size());
   for (const WorkerCandidate* c : members) {
-    pool.push_back({c, cost_terms(request, *c, weights, request_is_sticky, mean_assigned)});
+    pool.push_back({c, cost_terms(request, *c, weights, request_is_sticky, mean_assigned, shared)});
   }
 
   const size_t best = argmin(pool, [](const Scored& s) { return s.terms.cost; });

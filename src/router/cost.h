@@ -15,7 +15,8 @@
 //   load(w)    = inflight_prefill_tokens(w) * inflight_prefill_token
 //              + decode_requests(w) * decode_request
 //   sticky(w)  = sticky_bonus                      if the request's session is bound to w
-//   floor(w)   = load_floor_bonus * max(0, mean - assigned(w)) / max(1, mean)
+//   floor(w)   = max(load_floor_bonus, shared * prefill_token)
+//                * max(0, mean - assigned(w)) / max(1, mean)
 //                                                  if the request is not sticky (below)
 //
 // Cached credit. The worker's leading cached run of the prompt has n = D + H + S blocks,
@@ -43,7 +44,11 @@
 // and tool schemas of a few thousand tokens that every warm worker holds) but not a
 // genuine long prefix (a conversation of tens of thousands of tokens cached on one
 // worker), so new sessions spread to a cold worker until it catches up while cache hits
-// that matter are kept.
+// that matter are kept. Boilerplate longer than the bonus (an agent's 12K-token system
+// prompt and tool schemas) would outweigh it and keep a cold worker cold for good, so the
+// bonus is at least `shared`: the prompt tokens cached on two or more eligible workers
+// (the second-longest cached run), which a cold worker pays once to join them. A prefix
+// cached on one worker only (a conversation) is not shared and keeps its full weight.
 //
 // The pool. Workers that are not eligible (unhealthy, breaker open, draining) and
 // prefill-role workers (prefill_only: they serve only a decode worker's prefill orders,
@@ -156,10 +161,18 @@ struct CostTerms {
 
 // One worker's terms (the formula above). `request_is_sticky`: some worker of the pool is
 // the session's (then no floor bonus anywhere); `mean_assigned`: the mean of
-// sessions_assigned over the eligible workers. choose() calls it; exposed for tests and
-// for `GET /workers` to show every worker's terms.
+// sessions_assigned over the eligible workers; `shared_tokens`: the prompt tokens cached on
+// two or more eligible workers (shared_cached_tokens). choose() calls it; exposed for tests
+// and for `GET /workers` to show every worker's terms.
 CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& worker,
-                     const CostWeights& weights, bool request_is_sticky, double mean_assigned);
+                     const CostWeights& weights, bool request_is_sticky, double mean_assigned,
+                     int64_t shared_tokens = 0);
+
+// The prompt tokens cached on at least two of the eligible, non-prefill candidates: the
+// second-longest leading cached run (each run is a prefix of the prompt), 0 with fewer
+// than two.
+int64_t shared_cached_tokens(const RequestFeatures& request,
+                             std::span<const WorkerCandidate> candidates);
 
 struct Decision {
   uint32_t worker = 0;

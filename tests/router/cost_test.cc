@@ -123,6 +123,49 @@ TEST(CostTest, AGenuineLongPrefixBeatsTheLoadFloorBonus) {
   EXPECT_GT(d.runner_up_cost, d.terms.cost);
 }
 
+// Boilerplate longer than the bonus (an agent's 12K-token system prompt and tools, held by
+// every warm worker) does not keep a cold worker cold: the bonus is at least the tokens
+// cached on two or more workers...
+TEST(CostTest, ALongSharedBoilerplateStillSendsANewSessionToTheColdWorker) {
+  std::vector<WorkerCandidate> ws;
+  for (uint32_t id = 0; id < 4; ++id) {
+    WorkerCandidate w = worker(id);
+    if (id < 3) {
+      w.cached_device_blocks = 750;  // 12,000 tokens of boilerplate
+      w.sessions_assigned = 4;
+      w.decode_requests = 4;
+    }
+    ws.push_back(w);
+  }
+  const RequestFeatures request = new_session(12'300);
+  EXPECT_EQ(shared_cached_tokens(request, ws), 12'000);
+  const Decision d = choose_or_die(request, ws);
+  EXPECT_EQ(d.worker, 3u);
+  EXPECT_EQ(d.reason, RouteReason::kLoadFloor);
+  EXPECT_DOUBLE_EQ(d.terms.floor, 12'000.0);
+  // With the bonus alone (8192 tokens), the boilerplate would have won.
+  const CostTerms cold = cost_terms(request, ws[3], default_weights(), false, 3.0);
+  const CostTerms warm = cost_terms(request, ws[0], default_weights(), false, 3.0);
+  EXPECT_GT(cold.cost, warm.cost);
+}
+
+// ...and only what two workers share counts: one worker's long run is a conversation.
+TEST(CostTest, OnlyARunCachedOnTwoWorkersIsShared) {
+  std::vector<WorkerCandidate> ws = {worker(0), worker(1), worker(2), worker(3)};
+  const RequestFeatures request = new_session(20'000);
+  EXPECT_EQ(shared_cached_tokens(request, ws), 0);
+  ws[0].cached_device_blocks = 1000;  // 16,000 tokens
+  EXPECT_EQ(shared_cached_tokens(request, ws), 0);
+  ws[2].cached_host_blocks = 300;  // 4,800 tokens, on the host
+  ws[2].cached_device_blocks = 100;
+  EXPECT_EQ(shared_cached_tokens(request, ws), 6'400);
+  ws[1].cached_storage_blocks = 2000;  // beyond the prompt: counts as the prompt
+  EXPECT_EQ(shared_cached_tokens(request, ws), 16'000);
+  ws[0].eligible = false;  // an ineligible or prefill-only worker does not count
+  ws[1].prefill_only = true;
+  EXPECT_EQ(shared_cached_tokens(request, ws), 0);
+}
+
 TEST(CostTest, TheFloorBonusIsGraduated) {
   const CostWeights weights = default_weights();
   const RequestFeatures request = new_session(1000);
