@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine: installs what is missing,
 # builds the release tree and an ASan+UBSan tree, and runs every test through CTest: the
-# GoogleTest programs in the ASan+UBSan tree, the black-box suites in both.
+# GoogleTest programs and the black-box HTTP suites in the ASan+UBSan tree, the benchmarks'
+# quick runs, the browser test and the unit tests with release-only sizes in the release one.
 # The sanitizer trees compile beside the release build and its tests.
 #   scripts/test.sh            everything
 #   STRATA_SKIP_SANITIZERS=1   only the release build's tests
@@ -70,10 +71,13 @@ stage "release build"
 # the threaded modules' under TSan too) and the release tree builds, besides the binary and
 # the micro-benchmarks, only cuda_tests (the one tree with CUDA) and the programs whose
 # randomized and long-input tests run at full size only outside the sanitizers
-# (tests/CMakeLists.txt, STRATA_RELEASE_UNIT_TESTS); the black-box suites run in both.
+# (tests/CMakeLists.txt, STRATA_RELEASE_UNIT_TESTS). The black-box HTTP suites run in the
+# ASan tree, where they check the server's memory as well (STRATA_HTTP_SUITES); the release
+# tree runs the benchmarks' quick runs and the dashboard's browser test.
 unit_tests=OFF
 ((sanitizers)) || unit_tests=ON
-configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}" -DSTRATA_UNIT_TESTS=$unit_tests
+configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo "${flags[@]}" -DSTRATA_UNIT_TESTS=$unit_tests \
+          -DSTRATA_HTTP_SUITES=$unit_tests
 tsan_tests=(engine_tests router_tests pd_tests pd_engine_tests memory_tests http_tests storage_tests)
 logs=$root/build/background-build-logs
 rm -rf "$logs"
