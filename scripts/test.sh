@@ -137,8 +137,11 @@ trap 'for p in "${chain_pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done; r
 # build, on the critical path), then the TSan tree's test programs, then their runs (beside
 # the ASan tests, which start once the ASan tree is built).
 export root
+# The ASan tree builds its binary first (asan-binary), so that the black-box suites can
+# run there while its GoogleTest programs compile.
 if ((sanitizers)); then
-  start_chain 'build asan build-asan -j "$jobs" && build tsan build-tsan -j "$jobs" --target "$@" &&
+  start_chain 'build asan-binary build-asan -j "$jobs" --target strata &&
+    build asan build-asan -j "$jobs" && build tsan build-tsan -j "$jobs" --target "$@" &&
     run_tsan_tests "$@"'
 fi
 # What the tests run first (target strata_tested: the test programs and the binary); the
@@ -170,12 +173,21 @@ stage "waiting for the rest of the release tree (micro-benchmarks)"
 wait_build release-rest
 
 if ((sanitizers)); then
+  asan_ctest() {
+    (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+       STRATA_SANITIZER_BUILD=1 ctest --output-on-failure -j "$jobs" "$@")
+  }
+  # The black-box suites (label blackbox, tests/CMakeLists.txt) need only the binary: they
+  # run while the rest of the ASan tree (its GoogleTest programs) compiles beside them.
+  stage "waiting for the ASan + UBSan binary"
+  wait_build asan-binary
+  stage "sanitizer tests: black-box suites"
+  asan_ctest -L blackbox
   stage "waiting for the ASan + UBSan build"
   wait_build asan
-  stage "sanitizer tests"
-  (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-     STRATA_SANITIZER_BUILD=1 ctest --output-on-failure -j "$jobs")
+  stage "sanitizer tests: GoogleTest programs"
+  asan_ctest -LE blackbox
 
   stage "waiting for the ThreadSanitizer build and tests (threaded modules)"
   wait_build tsan

@@ -100,23 +100,30 @@ class FakeResponsesWorker {
       posts.fetch_add(1);
       const json body = json::parse(ex.request().body, nullptr, false);
       std::string id;
+      std::string unknown;  // a previous_response_id the store does not have
       {
+        // Never held across a co_await: the coroutine would keep it while suspended, and
+        // a load poll's instance() on the server's one worker thread would wait for it
+        // forever (a deadlock seen under ThreadSanitizer).
         std::lock_guard lock(mutex_);
         if (body.contains("previous_response_id")) {
           const std::string previous = body["previous_response_id"].get<std::string>();
           continued_.push_back(previous);
-          if (!stored_.contains(previous)) {
-            http::Response out{
-                .status = 400,
-                .body = openai_error("Previous response with id '" + previous + "' not found.",
-                                     "previous_response_not_found")
-                            .dump()};
-            co_await ex.respond(std::move(out));
-            co_return;
-          }
+          if (!stored_.contains(previous)) unknown = previous;
         }
-        id = "resp_" + tag_ + "_" + std::to_string(next_++);
-        if (body.value("store", true)) stored_.insert(id);
+        if (unknown.empty()) {
+          id = "resp_" + tag_ + "_" + std::to_string(next_++);
+          if (body.value("store", true)) stored_.insert(id);
+        }
+      }
+      if (!unknown.empty()) {
+        http::Response out{
+            .status = 400,
+            .body = openai_error("Previous response with id '" + unknown + "' not found.",
+                                 "previous_response_not_found")
+                        .dump()};
+        co_await ex.respond(std::move(out));
+        co_return;
       }
       const json usage{{"input_tokens", 40},
                        {"input_tokens_details", {{"cached_tokens", 32}}},
