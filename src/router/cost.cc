@@ -213,7 +213,10 @@ std::optional<Decision> choose(const RequestFeatures& request,
   }
   const bool request_is_sticky =
       std::ranges::any_of(members, [](const WorkerCandidate* c) { return c->sticky; });
-  const int64_t shared = request_is_sticky ? 0 : shared_cached_tokens(request, candidates);
+  // Only the floor reads it: not computed when no floor applies.
+  const int64_t shared = request_is_sticky || weights.load_floor_bonus <= 0.0
+                             ? 0
+                             : shared_cached_tokens(request, candidates);
 
   std::vector<Scored> pool;
   pool.reserve(members.size());

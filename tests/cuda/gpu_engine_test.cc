@@ -29,11 +29,7 @@ constexpr int32_t kGpuPageSize = 16;
 class GpuEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto device = probe_device(0);
-    if (!device) {
-      if (gpu_required()) FAIL() << device.error().message;
-      GTEST_SKIP() << device.error().message;
-    }
+    STRATA_NEED_GPU();
     auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 5);
     ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
     cpu_ = std::move(*cpu);
@@ -59,14 +55,6 @@ class GpuEngineTest : public ::testing::Test {
     return o;
   }
 
-  static void settle(Engine& e) {
-    for (int i = 0; i < 5000; ++i) {
-      if (!engine_call(e, [](EngineState& s) { return s.tree.io_pending(); }).get()) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    ADD_FAILURE() << "transfers never settled";
-  }
-
   std::unique_ptr<Model> cpu_;
   std::unique_ptr<GpuModel> gpu_;
 };
@@ -81,12 +69,12 @@ TEST_F(GpuEngineTest, APromptLoadedBackFromTheHostAnswersAsItDidFirst) {
       ASSERT_TRUE(e.has_value()) << what << ": " << e.error().message;
       const std::vector<int32_t> vip = test_prompt(400, 1);
       const Outcome first = run_greedy(**e, vip, 8);
-      for (int i = 0; i < 8; ++i) run_greedy(**e, test_prompt(300, 100 + i), 2);
-      settle(**e);
+      flood_engine(**e, 8, 300, 100);
+      settle_transfers(**e, 5000);
       const Outcome again = run_greedy(**e, vip, 8);
       EXPECT_EQ(again.tokens, first.tokens);
       EXPECT_GT(again.usage.cached_host, 0);
-      settle(**e);
+      settle_transfers(**e, 5000);
       expect_engine_consistent(**e);
       EXPECT_EQ((*e)->counters().copy_faults, 0u);
     }
@@ -103,12 +91,12 @@ TEST_F(GpuEngineTest, AToolSessionLeavesTheGpuAndComesBackTheSame) {
     if ((*e)->cache().kv_meta("agent").get()->state == ToolSessionState::kOffloaded) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  for (int i = 0; i < 8; ++i) run_greedy(**e, test_prompt(300, 500 + i), 2);
+  flood_engine(**e, 8, 300, 500);
   ASSERT_TRUE((*e)->cache().tool_end("agent", 1).get().has_value());
   const Outcome again = run_greedy(**e, turn, 8, "agent");
   EXPECT_EQ(again.tokens, first.tokens);
   EXPECT_GE(again.usage.cached_tokens, 256);
-  settle(**e);
+  settle_transfers(**e, 5000);
   expect_engine_consistent(**e);
 }
 

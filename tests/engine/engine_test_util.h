@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -55,6 +57,22 @@ inline Outcome run_greedy(Engine& e, std::vector<int32_t> prompt, int32_t max_to
   auto stream = e.submit(std::move(spec));
   EXPECT_TRUE(stream.has_value());
   return stream ? drain(**stream) : Outcome{};
+}
+
+// `n` distinct greedy prompts of `len` tokens (2 tokens out each): other traffic, enough to
+// cycle a small device pool.
+inline void flood_engine(Engine& e, int n, int len, int salt) {
+  for (int i = 0; i < n; ++i) run_greedy(e, test_prompt(len, salt + i), 2);
+}
+
+// Waits (up to about `max_ms`) until no copy between the tiers is in flight: backups land
+// asynchronously.
+inline void settle_transfers(Engine& e, int max_ms = 2000) {
+  for (int i = 0; i < max_ms; ++i) {
+    if (!engine_call(e, [](EngineState& s) { return s.tree.io_pending(); }).get()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ADD_FAILURE() << "transfers never settled";
 }
 
 // Every page of both pools accounted for, and the tree's invariants.

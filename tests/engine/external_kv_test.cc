@@ -96,16 +96,7 @@ class ExternalKvTest : public ::testing::Test {
                      std::string session = {}) {
     return run_greedy(e, std::move(p), max_tokens, std::move(session));
   }
-  static void flood(Engine& e, int n, int len, int salt) {
-    for (int i = 0; i < n; ++i) run(e, test_prompt(len, salt + i), 2);
-  }
-  static void settle(Engine& e) {
-    for (int i = 0; i < 2000; ++i) {
-      if (!engine_call(e, [](EngineState& s) { return s.tree.io_pending(); }).get()) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    ADD_FAILURE() << "transfers never settled";
-  }
+
   // The engine's counting pool was never written: every byte went to the model's memory.
   static void expect_counting_pool_untouched(Engine& e) {
     const bool zero = engine_call(e, [](EngineState& s) {
@@ -135,12 +126,12 @@ TEST_F(ExternalKvTest, FloodDemotesAndTheNextTurnLoadsBackWithIdenticalOutput) {
     const std::vector<int32_t> vip = test_prompt(400, 1);
     const Outcome first = run(*e, vip);
     if (policy == WritePolicy::kWriteThroughSelective) run(*e, vip);
-    flood(*e, 8, 300, 100);
-    settle(*e);
+    flood_engine(*e, 8, 300, 100);
+    settle_transfers(*e);
     const Outcome again = run(*e, vip);
     EXPECT_EQ(again.tokens, first.tokens);
     EXPECT_GT(again.usage.cached_host, 0);
-    settle(*e);
+    settle_transfers(*e);
     expect_engine_consistent(*e);
     expect_counting_pool_untouched(*e);
   }
@@ -154,11 +145,11 @@ TEST_F(ExternalKvTest, APinnedPrefixSurvivesAFloodAndAFlushOnTheHost) {
       engine_call(*e, [&](EngineState& s) { return s.tree.block_hashes_of(vip, ""); }).get();
   EXPECT_EQ(engine_call(*e, [&](EngineState& s) { return s.tree.pin(hashes); }).get().pinned,
             static_cast<int32_t>(hashes.size()));
-  flood(*e, 30, 400, 300);
-  settle(*e);
+  flood_engine(*e, 30, 400, 300);
+  settle_transfers(*e);
   EXPECT_EQ(engine_call(*e, [](EngineState& s) { return s.tree.flush(); }).get().pinned_preserved,
             static_cast<int32_t>(hashes.size()));
-  settle(*e);
+  settle_transfers(*e);
   const Outcome again = run(*e, vip);
   EXPECT_EQ(again.tokens, first.tokens);
   EXPECT_GT(again.usage.cached_host, 0);
@@ -175,14 +166,14 @@ TEST_F(ExternalKvTest, AToolSessionLeavesTheDeviceAndComesBackWithIdenticalOutpu
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_EQ(e->cache().kv_meta("agent").get()->state, ToolSessionState::kOffloaded);
-  flood(*e, 8, 300, 500);  // the device pool cycles while the tool runs
+  flood_engine(*e, 8, 300, 500);  // the device pool cycles while the tool runs
   ASSERT_TRUE(e->cache().tool_end("agent", 1).get().has_value());
   // tool_end brought the session back to the device (the flood had cycled it twice over):
   // the turn is a device hit, its bytes the ones that went out.
   const Outcome again = run(*e, turn, 8, "agent");
   EXPECT_EQ(again.tokens, first.tokens);
   EXPECT_GE(again.usage.cached_tokens, 256);
-  settle(*e);
+  settle_transfers(*e);
   expect_engine_consistent(*e);
 }
 
@@ -201,7 +192,7 @@ TEST_F(ExternalKvTest, StorageBehindTheHostPoolServesAFreshEngine) {
   {
     auto e = start(o);
     first = run(*e, vip);
-    settle(*e);
+    settle_transfers(*e);
     for (int i = 0; i < 2000 && e->counters().storage_pages_written < 37; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -212,7 +203,7 @@ TEST_F(ExternalKvTest, StorageBehindTheHostPoolServesAFreshEngine) {
     const Outcome again = run(*e, vip);
     EXPECT_EQ(again.tokens, first.tokens);
     EXPECT_GE(again.usage.cached_storage, 37 * kOwnKvPageSize - kOwnKvPageSize);
-    settle(*e);
+    settle_transfers(*e);
     expect_engine_consistent(*e);
   }
   std::filesystem::remove_all(dir);
@@ -222,18 +213,18 @@ TEST_F(ExternalKvTest, FailedCopiesComputeInsteadAndGiveTheirPagesBack) {
   auto e = start(options());
   const std::vector<int32_t> vip = test_prompt(400, 6);
   const Outcome first = run(*e, vip);
-  flood(*e, 8, 300, 700);
-  settle(*e);
+  flood_engine(*e, 8, 300, 700);
+  settle_transfers(*e);
   model_->device_->fail_all(true);
   const Outcome again = run(*e, vip);
   EXPECT_EQ(again.tokens, first.tokens);
-  flood(*e, 4, 300, 800);
-  settle(*e);
+  flood_engine(*e, 4, 300, 800);
+  settle_transfers(*e);
   EXPECT_GT(e->counters().copy_faults, 0u);
   expect_engine_consistent(*e);
   model_->device_->fail_all(false);
   EXPECT_EQ(run(*e, vip).tokens, first.tokens);
-  settle(*e);
+  settle_transfers(*e);
   expect_engine_consistent(*e);
 }
 

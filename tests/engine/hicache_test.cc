@@ -56,9 +56,7 @@ class HiCacheTest : public ::testing::Test {
   }
 
   // Other traffic: `n` distinct prompts of `len` tokens, enough to cycle the device pool.
-  static void flood(Engine& e, int n, int len, int salt) {
-    for (int i = 0; i < n; ++i) run(e, prompt(len, salt + i), 2);
-  }
+  static void flood(Engine& e, int n, int len, int salt) { flood_engine(e, n, len, salt); }
 
   static void expect_consistent(Engine& e) { expect_engine_consistent(e); }
 
@@ -67,13 +65,7 @@ class HiCacheTest : public ::testing::Test {
   }
 
   // Waits until no copy is in flight (backups land asynchronously).
-  static void settle(Engine& e) {
-    for (int i = 0; i < 2000; ++i) {
-      if (!engine_call(e, [](EngineState& s) { return s.tree.io_pending(); }).get()) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    ADD_FAILURE() << "transfers never settled";
-  }
+  static void settle(Engine& e) { settle_transfers(e); }
 
   std::unique_ptr<Model> model_;
   std::filesystem::path dir_;
