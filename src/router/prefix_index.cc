@@ -7,6 +7,7 @@
 #include <variant>
 
 #include "cache/block_hash.h"
+#include "common/check.h"
 
 namespace strata::router {
 namespace {
@@ -84,6 +85,230 @@ void PrefixIndex::erase_holder_locked(Holders& holders, WorkerId worker) {
     spilled_holders_ -= kInlineHolders;
     holders.shrink_to_fit();  // back inline
   }
+}
+
+bool PrefixIndex::is_tail(const BlockEntry& entry) const {
+  const Chain& c = chains_[entry.chain];
+  return c.index_of(entry.pos) + 1 == c.hashes.size();
+}
+
+uint32_t PrefixIndex::new_chain_locked() {
+  uint32_t id;
+  if (!free_chains_.empty()) {
+    id = free_chains_.back();
+    free_chains_.pop_back();
+  } else {
+    id = static_cast<uint32_t>(chains_.size());
+    chains_.emplace_back();
+  }
+  chains_[id] = Chain{};
+  chains_[id].alive = true;
+  return id;
+}
+
+void PrefixIndex::free_chain_locked(uint32_t id) {
+  chains_[id] = Chain{};  // gives its array back
+  free_chains_.push_back(id);
+}
+
+void PrefixIndex::renumber_locked(uint32_t id, size_t first, size_t last) {
+  Chain& c = chains_[id];
+  for (size_t i = first; i < last; ++i) {
+    BlockEntry& e = blocks_.find(c.hashes[i])->second;
+    e.chain = id;
+    e.pos = c.pos_of(i);
+  }
+}
+
+void PrefixIndex::append_locked(uint32_t id, uint64_t router_hash, BlockEntry& entry) {
+  Chain& c = chains_[id];
+  c.hashes.push_back(router_hash);
+  entry.chain = id;
+  entry.pos = c.pos_of(c.hashes.size() - 1);
+  // Positions are int32: a chain that grew past that many appends and drops is renumbered.
+  if (c.origin + static_cast<int64_t>(c.hashes.size()) >= INT32_MAX) {
+    c.hashes.erase(c.hashes.begin(), c.hashes.begin() + c.begin);
+    c.begin = 0;
+    c.origin = 0;
+    renumber_locked(id, 0, c.hashes.size());
+  }
+}
+
+void PrefixIndex::prepend_locked(uint32_t id, uint64_t router_hash, BlockEntry& entry) {
+  Chain& c = chains_[id];
+  if (c.begin == 0) {  // room in front, doubling: O(1) a block, amortized
+    const size_t room = std::max<size_t>(4, c.size());
+    if (c.origin - static_cast<int64_t>(room) <= INT32_MIN) {
+      c.origin = 0;  // renumbered below, with the room made
+      c.hashes.insert(c.hashes.begin(), room, 0);
+      c.begin = static_cast<uint32_t>(room);
+      renumber_locked(id, c.begin, c.hashes.size());
+    } else {
+      c.hashes.insert(c.hashes.begin(), room, 0);
+      c.begin = static_cast<uint32_t>(room);
+      c.origin -= static_cast<int64_t>(room);
+    }
+  }
+  c.hashes[--c.begin] = router_hash;
+  entry.chain = id;
+  entry.pos = c.pos_of(c.begin);
+}
+
+void PrefixIndex::move_to_back_locked(uint32_t from, uint32_t to) {
+  Chain& f = chains_[from];
+  Chain& t = chains_[to];
+  const size_t first = t.hashes.size();
+  t.hashes.insert(t.hashes.end(), f.hashes.begin() + f.begin, f.hashes.end());
+  t.tail_child = f.tail_child;
+  free_chain_locked(from);
+  renumber_locked(to, first, t.hashes.size());
+}
+
+void PrefixIndex::move_to_front_locked(uint32_t from, uint32_t to) {
+  Chain& f = chains_[from];
+  Chain& t = chains_[to];
+  const size_t n = f.size();
+  if (t.begin < n) {
+    const size_t room = std::max(n, t.size());
+    t.hashes.insert(t.hashes.begin(), room, 0);
+    t.begin += static_cast<uint32_t>(room);
+    t.origin -= static_cast<int64_t>(room);
+  }
+  std::copy(f.hashes.begin() + f.begin, f.hashes.end(), t.hashes.begin() + (t.begin - n));
+  t.begin -= static_cast<uint32_t>(n);
+  t.parent = f.parent;
+  t.has_parent = f.has_parent;
+  rehint_locked(f, from, to);
+  free_chain_locked(from);
+  if (t.origin + static_cast<int64_t>(t.begin) <= INT32_MIN / 2) {
+    t.hashes.erase(t.hashes.begin(), t.hashes.begin() + t.begin);
+    t.begin = 0;
+    t.origin = 0;
+    renumber_locked(to, 0, t.hashes.size());
+  } else {
+    renumber_locked(to, t.begin, t.begin + n);
+  }
+}
+
+void PrefixIndex::rehint_locked(const Chain& chain, uint32_t from, uint32_t to) {
+  if (!chain.has_parent) return;
+  auto it = blocks_.find(chain.parent);
+  if (it == blocks_.end() || it->second.chain == kNoChain || !is_tail(it->second)) return;
+  Chain& p = chains_[it->second.chain];
+  if (p.tail_child == from) p.tail_child = to;
+}
+
+PrefixIndex::Links PrefixIndex::unchain_locked(uint64_t router_hash, BlockEntry& entry) {
+  const uint32_t id = entry.chain;
+  Chain& c = chains_[id];
+  const size_t i = c.index_of(entry.pos);
+  STRATA_CHECK(i >= c.begin && i < c.hashes.size() && c.hashes[i] == router_hash);
+  entry.chain = kNoChain;
+  Links l;
+  if (i == c.begin) {
+    l.pred = c.parent;
+    l.has_pred = c.has_parent;
+  } else {
+    l.pred = c.hashes[i - 1];
+    l.has_pred = true;
+  }
+  if (c.size() == 1) {
+    l.succ = c.tail_child;
+    free_chain_locked(id);
+    return l;
+  }
+  if (i == c.begin) {  // the head: the rest starts after this block
+    ++c.begin;
+    c.parent = router_hash;
+    c.has_parent = true;
+    if (c.begin > 32 && c.begin > c.size()) {  // give back the room of dropped heads
+      c.hashes.erase(c.hashes.begin(), c.hashes.begin() + c.begin);
+      c.origin += c.begin;
+      c.begin = 0;
+    }
+    l.succ = id;
+    return l;
+  }
+  if (i + 1 == c.hashes.size()) {  // the tail
+    c.hashes.pop_back();
+    l.succ = c.tail_child;
+    c.tail_child = kNoChain;
+    return l;
+  }
+  // The middle: the shorter side moves to a new chain.
+  const size_t left = i - c.begin;
+  const size_t right = c.hashes.size() - i - 1;
+  const uint32_t nid = new_chain_locked();
+  Chain& n = chains_[nid];  // chains_ is a deque: `c` stays valid
+  if (right <= left) {
+    n.hashes.assign(c.hashes.begin() + static_cast<long>(i) + 1, c.hashes.end());
+    n.parent = router_hash;
+    n.has_parent = true;
+    n.tail_child = c.tail_child;
+    c.hashes.resize(i);
+    c.tail_child = kNoChain;
+    renumber_locked(nid, 0, n.hashes.size());
+    l.succ = nid;
+  } else {
+    n.hashes.assign(c.hashes.begin() + c.begin, c.hashes.begin() + static_cast<long>(i));
+    n.parent = c.parent;
+    n.has_parent = c.has_parent;
+    rehint_locked(c, id, nid);
+    c.begin = static_cast<uint32_t>(i + 1);
+    c.parent = router_hash;
+    c.has_parent = true;
+    renumber_locked(nid, 0, n.hashes.size());
+    l.succ = id;
+  }
+  return l;
+}
+
+void PrefixIndex::chain_locked(uint64_t router_hash, BlockEntry& entry, const Links& links) {
+  const auto same_holders = [&entry](const Holders& other) {
+    return other.size() == entry.holders.size() &&
+           std::memcmp(other.data(), entry.holders.data(), other.size() * sizeof(Holder)) == 0;
+  };
+  // The chain that ends at the block before (prev), and whether this block may join it.
+  uint32_t prev = kNoChain;
+  bool join_prev = false;
+  if (links.has_pred) {
+    if (auto it = blocks_.find(links.pred);
+        it != blocks_.end() && it->second.chain != kNoChain && is_tail(it->second)) {
+      prev = it->second.chain;
+      join_prev = same_holders(it->second.holders);
+    }
+  }
+  // A chain that starts right after this block with the same holders (next).
+  uint32_t next = kNoChain;
+  if (links.succ != kNoChain && links.succ != prev) {
+    const Chain& s = chains_[links.succ];
+    if (s.alive && s.has_parent && s.parent == router_hash) {
+      auto it = blocks_.find(s.head());
+      if (it != blocks_.end() && same_holders(it->second.holders)) next = links.succ;
+    }
+  }
+  if (join_prev) {
+    append_locked(prev, router_hash, entry);
+    if (next == kNoChain) {
+      chains_[prev].tail_child = links.succ;
+    } else if (chains_[prev].size() >= chains_[next].size()) {
+      move_to_back_locked(next, prev);
+    } else {
+      move_to_front_locked(prev, next);
+    }
+    return;
+  }
+  uint32_t id = next;
+  if (id != kNoChain) {
+    prepend_locked(id, router_hash, entry);
+  } else {
+    id = new_chain_locked();
+    append_locked(id, router_hash, entry);
+    chains_[id].tail_child = links.succ;
+  }
+  chains_[id].parent = links.pred;
+  chains_[id].has_parent = links.has_pred;
+  if (prev != kNoChain) chains_[prev].tail_child = id;
 }
 
 Status PrefixIndex::add_worker(WorkerId worker, int block_size) {
@@ -191,7 +416,7 @@ void PrefixIndex::apply_stored_locked(WorkerId worker, const BlockStoredEvent& e
       chained = false;  // its children cannot be chained either
       continue;
     }
-    store_locked(worker, worker_hash, router_hash, ev.tier);
+    store_locked(worker, worker_hash, router_hash, ev.tier, chained ? &parent : nullptr);
     parent = router_hash;
     chained = true;
   }
@@ -204,27 +429,38 @@ std::optional<uint64_t> PrefixIndex::resolve_locked(WorkerId worker, uint64_t wo
   }
   // Not mapped: the worker hash is the router hash if the worker holds that block.
   if (auto it = blocks_.find(worker_hash);
-      it != blocks_.end() && tiers_of(it->second, worker) != 0) {
+      it != blocks_.end() && tiers_of(it->second.holders, worker) != 0) {
     return worker_hash;
   }
   return std::nullopt;
 }
 
 void PrefixIndex::store_locked(WorkerId worker, uint64_t worker_hash, uint64_t router_hash,
-                               Tier tier) {
+                               Tier tier, const uint64_t* parent) {
   WorkerState& ws = workers_[worker];
   const uint8_t bit = tier_bit(tier);
   const auto t = static_cast<size_t>(tier);
-  Holder& h = holder_locked(blocks_[router_hash], worker);
-  const bool held = h.tiers != 0;
-  if ((h.tiers & bit) != 0) {
+  auto [it, inserted] = blocks_.try_emplace(router_hash);
+  BlockEntry& e = it->second;
+  const uint8_t had = inserted ? 0 : tiers_of(e.holders, worker);
+  if ((had & bit) != 0) {
     ++ws.extra_copies[copy_key(router_hash, tier)];
     ++ws.stats.duplicate_copies;
   } else {
-    h.tiers |= bit;
+    // The holders change: the block leaves its chain and finds its place again. A new
+    // block's place is after its parent.
+    Links links;
+    if (!inserted) {
+      links = unchain_locked(router_hash, e);
+    } else if (parent != nullptr) {
+      links.pred = *parent;
+      links.has_pred = true;
+    }
+    holder_locked(e.holders, worker).tiers |= bit;
     ++ws.stats.blocks_per_tier[t];
+    chain_locked(router_hash, e, links);
   }
-  if (!held) ++ws.stats.blocks;
+  if (had == 0) ++ws.stats.blocks;
   if (worker_hash != router_hash) {
     ws.to_router[worker_hash] = router_hash;
     ws.to_worker[router_hash] = worker_hash;
@@ -238,7 +474,7 @@ void PrefixIndex::remove_locked(WorkerId worker, uint64_t worker_hash, Tier tier
   const auto t = static_cast<size_t>(tier);
   const std::optional<uint64_t> router_hash = resolve_locked(worker, worker_hash);
   auto it = router_hash ? blocks_.find(*router_hash) : blocks_.end();
-  if (it == blocks_.end() || (tiers_of(it->second, worker) & bit) == 0) {
+  if (it == blocks_.end() || (tiers_of(it->second.holders, worker) & bit) == 0) {
     ++ws.stats.unknown_removals;
     return;
   }
@@ -249,29 +485,43 @@ void PrefixIndex::remove_locked(WorkerId worker, uint64_t worker_hash, Tier tier
       return;
     }
   }
-  Holder& h = holder_locked(it->second, worker);
+  BlockEntry& e = it->second;
+  const Links links = unchain_locked(*router_hash, e);
+  Holder& h = holder_locked(e.holders, worker);
   h.tiers = static_cast<uint8_t>(h.tiers & ~bit);
   --ws.stats.blocks_per_tier[t];
-  if (h.tiers != 0) return;
-  --ws.stats.blocks;
-  erase_holder_locked(it->second, worker);
-  if (worker_hash != *router_hash) {
-    ws.to_router.erase(worker_hash);
-    if (auto w = ws.to_worker.find(*router_hash);
-        w != ws.to_worker.end() && w->second == worker_hash) {
-      ws.to_worker.erase(w);
+  if (h.tiers == 0) {
+    --ws.stats.blocks;
+    erase_holder_locked(e.holders, worker);
+    if (worker_hash != *router_hash) {
+      ws.to_router.erase(worker_hash);
+      if (auto w = ws.to_worker.find(*router_hash);
+          w != ws.to_worker.end() && w->second == worker_hash) {
+        ws.to_worker.erase(w);
+      }
     }
   }
-  if (it->second.empty()) blocks_.erase(it);
+  if (e.holders.empty()) {
+    blocks_.erase(it);
+  } else {
+    chain_locked(*router_hash, e, links);
+  }
 }
 
 void PrefixIndex::clear_blocks_locked(WorkerId worker) {
   WorkerState& ws = workers_[worker];
   if (ws.stats.blocks != 0) {
-    absl::erase_if(blocks_, [this, worker](auto& kv) {
-      erase_holder_locked(kv.second, worker);
-      return kv.second.empty();
+    // Every block loses the worker, so a chain's blocks keep equal holders; a chain whose
+    // blocks are left with none goes with them.
+    std::vector<uint32_t> dead;
+    absl::erase_if(blocks_, [this, worker, &dead](auto& kv) {
+      erase_holder_locked(kv.second.holders, worker);
+      if (!kv.second.holders.empty()) return false;
+      const Chain& c = chains_[kv.second.chain];
+      if (c.index_of(kv.second.pos) == c.begin) dead.push_back(kv.second.chain);
+      return true;
     });
+    for (uint32_t id : dead) free_chain_locked(id);
   }
   ws.to_router = {};
   ws.to_worker = {};
@@ -303,20 +553,28 @@ void PrefixIndex::drop_worker_marks_locked(WorkerId worker) {
   workers_[worker].stats.pinned_blocks = 0;
 }
 
-std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_hashes) const {
+std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_hashes,
+                                            MatchCost* cost) const {
   // `run`: the workers whose run still goes on, by increasing id, with their counts so far:
   // the first block's holders (and predictions), then narrowed block by block in place; a
   // worker whose run ends moves to `out` with its counts.
   std::vector<WorkerMatch> run, out;
+  MatchCost spent;
   std::shared_lock lock(mutex_);
   const bool any_predicted = !predicted_.empty();
   const bool any_pinned = !pinned_.empty();
-  // At millions of blocks every probe of blocks_ misses the caches (bench_router_index_scale:
-  // most of match()); the request's hashes are all known, so the probes kPrefetchAhead
-  // blocks ahead are started now and their misses overlap. A run that ends early wastes at
-  // most kPrefetchAhead prefetches.
+  // At millions of blocks every probe of blocks_ misses the caches (bench_router_index_scale);
+  // the request's hashes are all known, so the probes up to kPrefetchAhead blocks ahead are
+  // started early and their misses overlap. Blocks walked along a chain need no probe; a
+  // prefetch of one of them is wasted, which costs a little bandwidth and no wait.
   const size_t n = router_hashes.size();
-  for (size_t k = 0; k < std::min(n, kPrefetchAhead); ++k) blocks_.prefetch(router_hashes[k]);
+  size_t fetched = 0;  // router_hashes[0, fetched) have been prefetched
+  const auto prefetch_from = [&](size_t b) {
+    fetched = std::max(fetched, b);
+    for (; fetched < std::min(n, b + kPrefetchAhead); ++fetched) {
+      blocks_.prefetch(router_hashes[fetched]);
+    }
+  };
   // `same`: the holders of the last block walked in full, when the run is exactly they
   // (that block had no predictions or pins). A next block with equal holders and no
   // predictions or pins advances every run by one block in the same tiers: it is only
@@ -330,12 +588,34 @@ std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_has
     for (size_t k = 0; k < run.size(); ++k) count_block(run[k], same[k].tiers, repeats);
     repeats = 0;
   };
+  // How many blocks after block b, along `entry`'s chain, the request goes on with no
+  // predictions or pins: they have block b's holders.
+  const auto chained_after = [&](size_t b, const BlockEntry& entry) -> uint32_t {
+    const Chain& c = chains_[entry.chain];
+    const size_t i = c.index_of(entry.pos) + 1;
+    const size_t limit = std::min(n - b - 1, c.hashes.size() - i);
+    const uint64_t* want = router_hashes.data() + b + 1;
+    const uint64_t* have = c.hashes.data() + i;
+    size_t k = 0;
+    while (k < limit && want[k] == have[k]) {
+      if (any_predicted && predicted_.contains(want[k])) break;
+      if (any_pinned && pinned_.contains(want[k])) break;
+      ++k;
+    }
+    return static_cast<uint32_t>(k);
+  };
   bool first = true;
+  prefetch_from(0);
   for (size_t b = 0; b < n; ++b) {
     const uint64_t h = router_hashes[b];
-    if (b + kPrefetchAhead < n) blocks_.prefetch(router_hashes[b + kPrefetchAhead]);
+    prefetch_from(b + 1);
     std::span<const Holder> holders;
-    if (auto it = blocks_.find(h); it != blocks_.end()) holders = it->second;
+    const BlockEntry* entry = nullptr;
+    ++spent.probes;
+    if (auto it = blocks_.find(h); it != blocks_.end()) {
+      entry = &it->second;
+      holders = entry->holders;
+    }
     std::span<const uint16_t> pred;
     if (any_predicted) {
       if (auto it = predicted_.find(h); it != predicted_.end()) pred = it->second;
@@ -346,7 +626,11 @@ std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_has
     }
     if (!same.empty() && pred.empty() && pins.empty() && same.size() == holders.size() &&
         std::memcmp(same.data(), holders.data(), same.size_bytes()) == 0) {
-      ++repeats;
+      // The streak goes on, through the block's chain too.
+      const uint32_t k = chained_after(b, *entry);
+      repeats += 1 + k;
+      spent.chained_blocks += k;
+      b += k;
       continue;
     }
     add_repeats();
@@ -356,10 +640,10 @@ std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_has
       size_t i = 0, j = 0;  // the union of holders and predictions, in order
       while (i < holders.size() || j < pred.size()) {
         const WorkerId a = i < holders.size() ? holders[i].worker : kMaxWorkers;
-        const WorkerId b = j < pred.size() ? pred[j] : kMaxWorkers;
-        run.push_back(WorkerMatch{.worker = std::min(a, b)});
-        i += a <= b ? 1 : 0;
-        j += b <= a ? 1 : 0;
+        const WorkerId w = j < pred.size() ? pred[j] : kMaxWorkers;
+        run.push_back(WorkerMatch{.worker = std::min(a, w)});
+        i += a <= w ? 1 : 0;
+        j += w <= a ? 1 : 0;
       }
     }
     size_t hi = 0, pi = 0, ni = 0, kept = 0;
@@ -380,11 +664,28 @@ std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_has
       run[kept++] = m;  // kept <= k: compaction in place
     }
     run.resize(kept);
+    if (run.empty()) break;
     // After this block the run is exactly its holders when none left and none was only
     // predicted (run is a subset of holders then, in the same order).
     same = pred.empty() && pins.empty() && run.size() == holders.size() ? holders
                                                                         : std::span<const Holder>();
-    if (run.empty()) break;
+    // Without predictions here every worker of the run holds this block, so the blocks
+    // that follow along its chain take each run on in that worker's tiers.
+    if (entry != nullptr && pred.empty()) {
+      const uint32_t k = chained_after(b, *entry);
+      if (k == 0) continue;
+      spent.chained_blocks += k;
+      b += k;
+      if (!same.empty()) {
+        repeats += k;
+        continue;
+      }
+      hi = 0;
+      for (WorkerMatch& m : run) {
+        while (holders[hi].worker < m.worker) ++hi;
+        count_block(m, holders[hi].tiers, k);
+      }
+    }
   }
   add_repeats();
   if (out.empty()) {
@@ -395,6 +696,7 @@ std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_has
               [](const WorkerMatch& a, const WorkerMatch& b) { return a.worker < b.worker; });
   }
   for (WorkerMatch& m : out) m.stale = workers_[m.worker].stale;
+  if (cost != nullptr) *cost = spent;
   return out;
 }
 
@@ -411,7 +713,8 @@ void PrefixIndex::insert_predicted(WorkerId worker, std::span<const uint64_t> ro
   WorkerState& ws = workers_[worker];
   if (!ws.present) return;
   for (uint64_t h : router_hashes) {
-    if (auto it = blocks_.find(h); it != blocks_.end() && tiers_of(it->second, worker) != 0) {
+    if (auto it = blocks_.find(h);
+        it != blocks_.end() && tiers_of(it->second.holders, worker) != 0) {
       continue;
     }
     auto [it, inserted] = expiry_ms_.try_emplace(PredictedKey{h, worker}, at_ms);
@@ -471,7 +774,8 @@ std::vector<uint64_t> PrefixIndex::held(WorkerId worker,
   if (worker >= kMaxWorkers) return out;
   std::shared_lock lock(mutex_);
   for (uint64_t h : router_hashes) {
-    if (auto it = blocks_.find(h); it != blocks_.end() && tiers_of(it->second, worker) != 0) {
+    if (auto it = blocks_.find(h);
+        it != blocks_.end() && tiers_of(it->second.holders, worker) != 0) {
       out.push_back(h);
     }
   }
@@ -514,7 +818,7 @@ void PrefixIndex::rebuild_worker(WorkerId worker, std::span<const SnapshotBlock>
   for (const SnapshotBlock& b : blocks) {
     for (Tier tier : {Tier::kDevice, Tier::kHost, Tier::kStorage}) {
       if ((b.tier_mask & tier_bit(tier)) != 0)
-        store_locked(worker, b.worker_hash, b.router_hash, tier);
+        store_locked(worker, b.worker_hash, b.router_hash, tier, nullptr);
     }
   }
 }
@@ -529,7 +833,7 @@ std::vector<uint64_t> PrefixIndex::worker_hashes(WorkerId worker,
   out.reserve(router_hashes.size());
   for (uint64_t h : router_hashes) {
     auto it = blocks_.find(h);
-    if (it == blocks_.end() || tiers_of(it->second, worker) == 0) continue;
+    if (it == blocks_.end() || tiers_of(it->second.holders, worker) == 0) continue;
     auto w = ws.to_worker.find(h);
     out.push_back(w != ws.to_worker.end() ? w->second : h);
   }
@@ -545,10 +849,13 @@ PrefixIndexStats PrefixIndex::stats() const {
   std::shared_lock lock(mutex_);
   PrefixIndexStats s;
   s.distinct_blocks = blocks_.size();
+  s.chains = chains_.size() - free_chains_.size();
   s.predicted_entries = expiry_ms_.size();
   s.memory_bytes = table_bytes(blocks_) + spilled_holders_ * sizeof(Holder) +
                    table_bytes(predicted_) + table_bytes(expiry_ms_) + table_bytes(pinned_) +
-                   expiry_heap_.capacity() * sizeof(Expiry);
+                   expiry_heap_.capacity() * sizeof(Expiry) + chains_.size() * sizeof(Chain) +
+                   free_chains_.capacity() * sizeof(uint32_t);
+  for (const Chain& c : chains_) s.memory_bytes += c.hashes.capacity() * sizeof(uint64_t);
   for (const WorkerState& ws : workers_) {
     if (!ws.present) continue;
     s.memory_bytes +=
@@ -559,6 +866,54 @@ PrefixIndexStats PrefixIndex::stats() const {
     s.workers.push_back(st);
   }
   return s;
+}
+
+std::vector<ChainView> PrefixIndex::chains() const {
+  std::shared_lock lock(mutex_);
+  std::vector<ChainView> out;
+  for (const Chain& c : chains_) {
+    if (!c.alive) continue;
+    ChainView v;
+    if (c.has_parent) v.parent = c.parent;
+    v.blocks.assign(c.hashes.begin() + c.begin, c.hashes.end());
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+Status PrefixIndex::check_chains() const {
+  std::shared_lock lock(mutex_);
+  const auto broken = [](const std::string& what) {
+    return make_error(ErrorCode::kInternal, "chains: " + what);
+  };
+  size_t chained = 0, live = 0;
+  for (uint32_t id = 0; id < chains_.size(); ++id) {
+    const Chain& c = chains_[id];
+    if (!c.alive) continue;
+    ++live;
+    if (c.size() == 0) return broken("chain " + std::to_string(id) + " is empty");
+    const Holders* first = nullptr;
+    for (size_t i = c.begin; i < c.hashes.size(); ++i) {
+      auto it = blocks_.find(c.hashes[i]);
+      if (it == blocks_.end()) return broken("chain " + std::to_string(id) + " names a gone block");
+      const BlockEntry& e = it->second;
+      if (e.chain != id || c.index_of(e.pos) != i) {
+        return broken("block at " + std::to_string(i) + " of chain " + std::to_string(id) +
+                      " points elsewhere");
+      }
+      if (first == nullptr) {
+        first = &e.holders;
+      } else if (*first != e.holders) {
+        return broken("chain " + std::to_string(id) + " has unequal holders");
+      }
+      ++chained;
+    }
+  }
+  if (chained != blocks_.size()) {
+    return broken(std::to_string(blocks_.size() - chained) + " blocks are in no chain");
+  }
+  if (live + free_chains_.size() != chains_.size()) return broken("free list miscounted");
+  return {};
 }
 
 }  // namespace strata::router

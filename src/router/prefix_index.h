@@ -28,23 +28,43 @@
 // tier that already has it (vLLM can hold two physical copies of one hash) is counted, and
 // the matching removal takes the copy back before the tier bit.
 //
-// Layout and size. One absl::flat_hash_map<router hash, Holders> for all workers, where
-// Holders lists the workers that hold the block, by increasing id, each with a mask of its
-// tiers (4 bytes a worker); up to 4 of them sit inline, so a block on at most 4 workers
-// takes 32 bytes plus the table's slack (1M distinct blocks: about 34 to 68 MB whatever
-// the number of workers), and a block on more workers adds 4 bytes per holder on the heap.
-// Workers are ids in [0, kMaxWorkers = 1,024). Workers whose hashes differ add two
-// worker-hash maps of 16 bytes per entry. match() does one probe per request block (plus
-// one in the predicted and pinned maps when they are not empty), walks the block's holders
-// beside the workers still in the run (both sorted by id), and stops when no worker is
-// left in the run.
+// Layout and size. One absl::flat_hash_map<router hash, BlockEntry> for all workers: a
+// block's holders (the workers that hold it, by increasing id, each with a mask of its
+// tiers: 4 bytes a worker; up to 4 inline) and its place in a chain (below). A block on at
+// most 4 workers takes a 40-byte slot plus the table's slack and 8 bytes in its chain; a
+// block on more workers adds 4 bytes per holder on the heap. Workers are ids in
+// [0, kMaxWorkers = 1,024). Workers whose hashes differ add two worker-hash maps of 16
+// bytes per entry.
+//
+// Chains. Blocks that follow one another (each the parent of the next, by router hash)
+// and have equal holder lists (the same workers with the same tiers) form a chain: an
+// array of their router hashes. Every block is in exactly one chain (often of one block).
+// A conversation stored by one worker is one chain; a system prompt every worker stored
+// whole is one chain; they split where a block's holders change (a second worker stores a
+// prefix of it, a tier leaves one block) and join again when the holders agree (the
+// second worker stores the rest: each block leaves the head of the old chain and joins
+// the tail of the new one, O(1) per block). A change in the middle of a chain moves the
+// shorter side to a new chain; two chains that meet with equal holders merge the smaller
+// into the larger, so a block moves O(log n) times over a chain's life. A chain knows the
+// block before its head and keeps a hint to one chain that starts after its tail, which is
+// how blocks that change tail first (a conversation demoted from the device leaf by leaf)
+// join again. Chains only make match() cheaper; what it returns is exactly the per-block
+// answer (the randomized test checks it against a reference, and the chains' invariants
+// after every step).
+//
+// match() probes the table for the first block, then compares the request's next hashes
+// with the block's chain, in order, as far as they agree: those blocks have the first's
+// holders, so every run goes on through them in the same tiers. One probe per chain, not
+// per block: at 10M blocks each probe is a DRAM (and TLB) miss, while a chain is read
+// sequentially. A block with predictions or pin marks ends the walk there (it is probed).
+// match() stops when no worker is left in the run.
 //
 // At scale (bench_router_index_scale, 10M blocks: docs/benchmarks.md). The block table is
-// then hundreds of MB and every probe misses the caches: match() prefetches the probes
+// then hundreds of MB and every probe misses the caches: match() prefetches its probes
 // kPrefetchAhead blocks ahead, and the table is mapped on transparent huge pages where the
 // kernel allows (huge_page_allocator.h), so a probe is not also a TLB miss. A block whose
 // holders equal the previous block's, when the run is exactly those holders (a shared
-// stem on hundreds of workers), costs one memcmp of the two lists instead of a merge.
+// stem split into several chains), costs one memcmp of the two lists instead of a merge.
 //
 // Predicted entries ("approximate" and "predict-on-route"). insert_predicted() records
 // that the router sent blocks to a worker, with a TTL: a long one for workers without
@@ -63,15 +83,16 @@
 // Threads. Every method is thread-safe. One std::shared_mutex guards all state: match(),
 // worker_hashes(), stats() and is_stale() take it shared, so router coroutines match
 // concurrently; apply(), rebuild_worker() and the other mutators take it exclusively,
-// apply() once per batch, hashing included (bench_router_index: 0.12 us per new block for
-// a Strata worker, 0.25 us for a worker with other hashes, so a batch of 1,024 new blocks
-// holds it for 0.13 to 0.26 ms, which a concurrent match() may wait). The mutex is a leaf:
+// apply() once per batch, hashing and chains included (bench_router_index: 0.12 us per new
+// block for a Strata worker, 0.28 us for a worker with other hashes, so a batch of 1,024
+// new blocks holds it for 0.13 to 0.29 ms, which a concurrent match() may wait). The mutex is a leaf:
 // nothing is called back under it. (glibc's rwlock prefers readers; writers are sporadic and short,
 // so they get through between matches.)
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <shared_mutex>
@@ -133,8 +154,23 @@ struct WorkerIndexStats {
   uint64_t pinned_blocks = 0;     // blocks marked pinned
 };
 
+// What one match() cost (for tests and benchmarks): probes of the block table, and blocks
+// walked along a chain instead.
+struct MatchCost {
+  uint32_t probes = 0;
+  uint32_t chained_blocks = 0;
+};
+
+// A chain (see the top), for tests: the block before its head, if known, and its blocks'
+// router hashes in order.
+struct ChainView {
+  std::optional<uint64_t> parent;
+  std::vector<uint64_t> blocks;
+};
+
 struct PrefixIndexStats {
   uint64_t distinct_blocks = 0;    // event-derived blocks held by any worker
+  uint64_t chains = 0;             // the chains of those blocks (one or more blocks each)
   uint64_t predicted_entries = 0;  // live (block, worker) predictions
   uint64_t memory_bytes = 0;       // estimate of the tables' heap use
   std::vector<WorkerIndexStats> workers;
@@ -166,7 +202,9 @@ class PrefixIndex {
 
   // For each present worker whose run is not empty, what it holds of `router_hashes` (a
   // request's hash_tokens(), first block first); in increasing worker order.
-  std::vector<WorkerMatch> match(std::span<const uint64_t> router_hashes) const;
+  // `cost`, when given, receives what the call cost.
+  std::vector<WorkerMatch> match(std::span<const uint64_t> router_hashes,
+                                 MatchCost* cost = nullptr) const;
 
   // Router hashes of the full blocks of `tokens` (strata::hash_blocks, no salt).
   static std::vector<uint64_t> hash_tokens(std::span<const int32_t> tokens, int block_size);
@@ -205,6 +243,13 @@ class PrefixIndex {
 
   PrefixIndexStats stats() const;
 
+  // Every chain, in no order (tests: the parent links).
+  std::vector<ChainView> chains() const;
+  // Checks the chains' invariants: every block in exactly one live chain, at the position
+  // its entry says; a chain's blocks with equal holder lists; no live chain empty. OK, or
+  // the first broken one named (tests, after every step).
+  Status check_chains() const;
+
  private:
   // One worker's hold on a block: its id and the tier_bit()s of the tiers that hold it
   // (never 0 in a stored entry).
@@ -212,6 +257,7 @@ class PrefixIndex {
     uint16_t worker;
     uint8_t tiers;
     uint8_t zero = 0;  // no padding: match() compares holder lists with memcmp
+    friend bool operator==(const Holder&, const Holder&) = default;
   };
   static_assert(std::has_unique_object_representations_v<Holder>);
   static constexpr size_t kInlineHolders = 4;
@@ -220,6 +266,38 @@ class PrefixIndex {
   static constexpr size_t kPrefetchAhead = 8;
   // A block's holders by increasing worker id; empty entries are erased.
   using Holders = absl::InlinedVector<Holder, kInlineHolders>;
+  static constexpr uint32_t kNoChain = UINT32_MAX;
+  // One block of the table.
+  struct BlockEntry {
+    Holders holders;            // never empty in the table
+    uint32_t chain = kNoChain;  // the chain that holds it (kNoChain only while it moves)
+    int32_t pos = 0;            // its logical position there (Chain::origin)
+  };
+  // A chain (see the top). Its blocks are hashes[begin..]; [0, begin) is room to prepend.
+  // A block's logical position is origin + its index in `hashes`, so neither prepending
+  // nor dropping the head moves the others' positions.
+  struct Chain {
+    std::vector<uint64_t> hashes;
+    uint32_t begin = 0;
+    int64_t origin = 0;
+    uint64_t parent = 0;  // router hash of the block before the head, if has_parent
+    bool has_parent = false;
+    bool alive = false;              // in use (dead ones are on free_chains_)
+    uint32_t tail_child = kNoChain;  // hint: a chain whose head's parent is the tail
+    size_t size() const { return hashes.size() - begin; }
+    uint64_t head() const { return hashes[begin]; }
+    size_t index_of(int32_t pos) const { return static_cast<size_t>(pos - origin); }
+    int32_t pos_of(size_t index) const {
+      return static_cast<int32_t>(origin + static_cast<int64_t>(index));
+    }
+  };
+  // Where a block sat before its holders changed, so that it can find its place again:
+  // the block before it (router hash) and a chain that may start right after it.
+  struct Links {
+    uint64_t pred = 0;
+    bool has_pred = false;
+    uint32_t succ = kNoChain;
+  };
   // Workers by increasing id: a block's predictions or pin marks.
   using WorkerSet = absl::InlinedVector<uint16_t, 8>;
   using PredictedKey = std::pair<uint64_t, WorkerId>;  // (router hash, worker)
@@ -251,22 +329,47 @@ class PrefixIndex {
 
   // All require mutex_ held exclusively (the const ones: at least shared).
   std::optional<uint64_t> resolve_locked(WorkerId worker, uint64_t worker_hash) const;
-  void store_locked(WorkerId worker, uint64_t worker_hash, uint64_t router_hash, Tier tier);
+  // `parent`: the router hash of the block before, when the event names it (a new block
+  // joins the chain there).
+  void store_locked(WorkerId worker, uint64_t worker_hash, uint64_t router_hash, Tier tier,
+                    const uint64_t* parent);
   void remove_locked(WorkerId worker, uint64_t worker_hash, Tier tier);
   void apply_stored_locked(WorkerId worker, const BlockStoredEvent& ev);
   void clear_blocks_locked(WorkerId worker);
   void drop_prediction_locked(WorkerId worker, uint64_t router_hash);
   void drop_worker_marks_locked(WorkerId worker);
 
+  // Chains (mutex_ held exclusively). unchain_locked() takes a block out of its chain
+  // before its holders change; chain_locked() puts it back where its holders fit: at the
+  // tail of the chain before it, at the head of the chain after it, joining the two, or in
+  // a chain of its own.
+  Links unchain_locked(uint64_t router_hash, BlockEntry& entry);
+  void chain_locked(uint64_t router_hash, BlockEntry& entry, const Links& links);
+  uint32_t new_chain_locked();
+  void free_chain_locked(uint32_t id);
+  bool is_tail(const BlockEntry& entry) const;
+  // Appends (prepends) the block to chain `id` and sets its entry.
+  void append_locked(uint32_t id, uint64_t router_hash, BlockEntry& entry);
+  void prepend_locked(uint32_t id, uint64_t router_hash, BlockEntry& entry);
+  // Moves every block of chain `from` to the end (the front) of chain `to`; frees `from`.
+  void move_to_back_locked(uint32_t from, uint32_t to);
+  void move_to_front_locked(uint32_t from, uint32_t to);
+  // Sets the entries of the chain's blocks at indices [first, last) to their positions.
+  void renumber_locked(uint32_t id, size_t first, size_t last);
+  // If the chain ending at `chain`'s parent block hints `from`, it hints `to` now.
+  void rehint_locked(const Chain& chain, uint32_t from, uint32_t to);
+
   // The block table, on huge pages once it is large (huge_page_allocator.h).
   using BlockTable =
-      absl::flat_hash_map<uint64_t, Holders, absl::Hash<uint64_t>, std::equal_to<uint64_t>,
-                          HugePageAllocator<std::pair<const uint64_t, Holders>>>;
+      absl::flat_hash_map<uint64_t, BlockEntry, absl::Hash<uint64_t>, std::equal_to<uint64_t>,
+                          HugePageAllocator<std::pair<const uint64_t, BlockEntry>>>;
 
   mutable std::shared_mutex mutex_;
   std::vector<WorkerState> workers_ = std::vector<WorkerState>(kMaxWorkers);  // GUARDED_BY(mutex_)
   BlockTable blocks_;                                                         // GUARDED_BY(mutex_)
-  uint64_t spilled_holders_ = 0;  // GUARDED_BY(mutex_) holders of blocks beyond kInlineHolders
+  std::deque<Chain> chains_;           // GUARDED_BY(mutex_) by id (a deque keeps references)
+  std::vector<uint32_t> free_chains_;  // GUARDED_BY(mutex_) ids of dead chains
+  uint64_t spilled_holders_ = 0;       // GUARDED_BY(mutex_) holders of blocks beyond kInlineHolders
   absl::flat_hash_map<uint64_t, WorkerSet> predicted_;    // GUARDED_BY(mutex_)
   absl::flat_hash_map<PredictedKey, int64_t> expiry_ms_;  // GUARDED_BY(mutex_)
   std::vector<Expiry> expiry_heap_;                       // GUARDED_BY(mutex_) min-heap

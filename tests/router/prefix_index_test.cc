@@ -368,10 +368,40 @@ std::vector<WorkerMatch> reference_match(const std::vector<RefWorker>& ref,
   return out;
 }
 
+// The block before each block of the universe (kRootParentHash before a first block).
+std::map<uint64_t, uint64_t> parents_of(const Universe& u) {
+  std::map<uint64_t, uint64_t> parent;
+  for (const auto& r : u.router) {
+    for (size_t i = 0; i < r.size(); ++i) parent[r[i]] = i == 0 ? kRootParentHash : r[i - 1];
+  }
+  return parent;
+}
+
+// The chains' invariants (PrefixIndex::check_chains) and their links: each block of a chain
+// is the child of the one before it, the head the child of the chain's parent.
+void expect_chains_sound(const PrefixIndex& index, const std::map<uint64_t, uint64_t>& parent,
+                         const std::string& where) {
+  const Status st = index.check_chains();
+  ASSERT_TRUE(st) << where << ": " << st.error().message;
+  for (const ChainView& c : index.chains()) {
+    ASSERT_FALSE(c.blocks.empty()) << where;
+    if (c.parent) {
+      ASSERT_EQ(parent.at(c.blocks[0]), *c.parent) << where;
+    }
+    for (size_t i = 1; i < c.blocks.size(); ++i) {
+      ASSERT_EQ(parent.at(c.blocks[i]), c.blocks[i - 1]) << where;
+    }
+  }
+}
+
+// Seeds 1-6: many short sequences; seeds 7-10: fewer, longer ones (long chains that
+// split, join and are removed tail first, as a worker's tree evicts leaves first).
 TEST(PrefixIndexRandomTest, MatchesTheReferenceModelUnderRandomEventStreams) {
-  for (uint64_t seed = 1; seed <= 6; ++seed) {
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
     std::mt19937_64 rng(seed);
-    const Universe u = make_universe(rng, 40, 10);
+    const bool long_seqs = seed > 6;
+    const Universe u = long_seqs ? make_universe(rng, 16, 48) : make_universe(rng, 40, 10);
+    const auto parent = parents_of(u);
     PrefixIndex index;
     // Seven workers, so that blocks have more holders than the index keeps inline, with
     // ids up to the last one. Workers 0, 2 and 1023 hash like Strata; the others like
@@ -412,6 +442,18 @@ TEST(PrefixIndexRandomTest, MatchesTheReferenceModelUnderRandomEventStreams) {
             } else {
               chained = false;
             }
+          }
+        } else if (op < 70 && long_seqs) {  // a sequence's tail, leaf first, on one tier
+          const size_t s = rng() % u.tokens.size();
+          const int n = static_cast<int>(u.router[s].size());
+          const int a = static_cast<int>(rng() % n);
+          const Tier tier = tier_of();
+          for (int i = n - 1; i >= a; --i) {
+            const uint64_t h = u.router[s][i];
+            if (!rw.holds(h)) continue;
+            rw.remove(h, tier);
+            KvEventBatch one = removed(rw.kind, {h}, tier);
+            batch.events.push_back(std::move(one.events[0]));
           }
         } else if (op < 90) {  // remove held blocks (and sometimes one that is not held)
           std::vector<uint64_t> hs;
@@ -470,11 +512,15 @@ TEST(PrefixIndexRandomTest, MatchesTheReferenceModelUnderRandomEventStreams) {
         index.rebuild_worker(ids[rwid], snap);
       }
 
-      // Check: matches for queries, per-worker counts, worker hashes.
+      // Check: the chains, matches for queries, per-worker counts, worker hashes.
+      expect_chains_sound(index, parent,
+                          "seed " + std::to_string(seed) + " step " + std::to_string(step));
       for (int qn = 0; qn < 8; ++qn) {
         std::vector<uint64_t> q = u.router[rng() % u.router.size()];
         if (rng() % 3 == 0) q.push_back(rng());  // a tail nobody holds
-        const auto got = index.match(q);
+        MatchCost cost;
+        const auto got = index.match(q, &cost);
+        ASSERT_LE(cost.probes + cost.chained_blocks, q.size());
         const auto want = reference_match(ref, ids, q);
         ASSERT_EQ(got.size(), want.size()) << "seed " << seed << " step " << step;
         for (size_t i = 0; i < got.size(); ++i) {
@@ -697,6 +743,86 @@ TEST(PrefixIndexTest, IndexesAThousandAndTwentyFourWorkers) {
   EXPECT_TRUE(index.match(q).empty());
   EXPECT_EQ(index.stats().workers.size(), kMaxWorkers - 1);
   ASSERT_TRUE(index.add_worker(3, kBs));
+}
+
+// Chains (prefix_index.h): a conversation on one worker after a stem that several workers
+// hold is matched with one probe per chain, not per block, and the chains split and join
+// as holders change: a second worker storing the stem in order, a host copy of one block in
+// the middle, a conversation demoted to the host leaf first, then evicted.
+TEST(PrefixIndexTest, ChainsMatchWithOneProbePerChain) {
+  PrefixIndex index;
+  for (WorkerId w = 0; w < 3; ++w) ASSERT_TRUE(index.add_worker(w, kBs));
+  const auto conv = seq_tokens(256, 1);  // a 64-block stem, then 192 blocks of worker 0
+  const auto q = hash_blocks(conv, kBs);
+  const auto parent = parents_of(Universe{{conv}, {q}});
+  index.apply(0, stored(0, conv, 0, 64, Tier::kDevice));
+  index.apply(0, stored(0, conv, 64, 256, Tier::kDevice));
+  EXPECT_EQ(index.stats().chains, 1u);  // one worker: one chain
+  // Workers 1 and 2 store the stem, block by block in order: it leaves the chain's head.
+  for (WorkerId w = 1; w < 3; ++w) {
+    for (int i = 0; i < 64; ++i) index.apply(w, stored(0, conv, i, i + 1, Tier::kDevice));
+  }
+  expect_chains_sound(index, parent, "stem stored");
+  EXPECT_EQ(index.stats().chains, 2u);
+  MatchCost cost;
+  auto ms = index.match(q, &cost);
+  ASSERT_EQ(ms.size(), 3u);
+  EXPECT_EQ(ms[0].matched_blocks, 256u);
+  EXPECT_EQ(ms[0].device_blocks, 256u);
+  EXPECT_EQ(ms[1].matched_blocks, 64u);
+  EXPECT_EQ(ms[2].matched_blocks, 64u);
+  EXPECT_EQ(cost.probes, 2u);
+  EXPECT_EQ(cost.chained_blocks, 254u);
+
+  // A host copy of block 100 alone splits the conversation's chain in three; a pin mark
+  // on block 200 ends a walk there. The counts are the per-block ones.
+  index.apply(0, stored(0, conv, 100, 101, Tier::kHost));
+  index.set_pinned(0, std::span<const uint64_t>(q).subspan(200, 1), true);
+  expect_chains_sound(index, parent, "host copy in the middle");
+  EXPECT_EQ(index.stats().chains, 4u);
+  ms = index.match(q, &cost);
+  EXPECT_EQ(ms[0].matched_blocks, 256u);
+  EXPECT_EQ(ms[0].device_blocks, 256u);
+  EXPECT_EQ(ms[0].pinned_blocks, 1u);
+  EXPECT_EQ(cost.probes, 5u);  // the stem, 64, 100, 101, 200
+
+  // The rest of the conversation copied to the host (in order) and then demoted
+  // from the device leaf first: each step keeps it one chain.
+  index.set_pinned(0, std::span<const uint64_t>(q).subspan(200, 1), false);
+  index.apply(0, stored(0, conv, 64, 100, Tier::kHost));  // block 100 has its copy
+  index.apply(0, stored(0, conv, 101, 256, Tier::kHost));
+  expect_chains_sound(index, parent, "copied to host");
+  EXPECT_EQ(index.stats().chains, 2u);
+  for (size_t i = 255; i >= 64; --i) {
+    index.apply(0, removed(0, {q[i]}, Tier::kDevice));
+    ASSERT_LE(index.stats().chains, 3u) << i;
+  }
+  expect_chains_sound(index, parent, "demoted");
+  EXPECT_EQ(index.stats().chains, 2u);
+  ms = index.match(q, &cost);
+  EXPECT_EQ(ms[0].device_blocks, 64u);
+  EXPECT_EQ(ms[0].host_blocks, 192u);
+  EXPECT_EQ(cost.probes, 2u);
+
+  // Evicted leaf first, then the stem from worker 0: the stem stays with workers 1 and 2.
+  for (size_t i = 255; i >= 64; --i) index.apply(0, removed(0, {q[i]}, Tier::kHost));
+  for (size_t i = 63;; --i) {
+    index.apply(0, removed(0, {q[i]}, Tier::kDevice));
+    if (i == 0) break;
+  }
+  expect_chains_sound(index, parent, "evicted");
+  EXPECT_EQ(index.stats().chains, 1u);
+  EXPECT_EQ(index.stats().distinct_blocks, 64u);
+  ms = index.match(q, &cost);
+  ASSERT_EQ(ms.size(), 2u);
+  EXPECT_EQ(ms[0].worker, 1u);
+  EXPECT_EQ(ms[0].matched_blocks, 64u);
+  EXPECT_EQ(cost.probes, 2u);  // the stem's chain, and the first block past it
+  index.clear_worker(1);
+  index.remove_worker(2);
+  expect_chains_sound(index, parent, "cleared");
+  EXPECT_EQ(index.stats().chains, 0u);
+  EXPECT_EQ(index.stats().distinct_blocks, 0u);
 }
 
 }  // namespace

@@ -23,12 +23,13 @@
 //
 // Run: build/src/bench/micro/bench_router_index_scale [--workers 64,1024] [--blocks 10000000]
 //        [--stem-blocks 64] [--own-blocks 192] [--decisions 200000]
-// Memory: about 60 bytes per distinct block (10M blocks: about 0.6 GB, 0.9 GB while the
+// Memory: about 80 bytes per distinct block (10M blocks: about 0.8 GB, 1.2 GB while the
 // table grows), one worker count at a time.
 #include <malloc.h>
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -253,12 +254,14 @@ void run(const Options& o, uint32_t num_workers) {
   const auto n = static_cast<size_t>(o.decisions);
   std::vector<int64_t> decision_ns(n), match_ns(n), decision_cpu_ns(n);
   std::vector<std::vector<int64_t>> match_ns_by_kind(3);
+  std::array<uint64_t, 3> probes_by_kind{}, chained_by_kind{};
   uint64_t matched = 0, chosen_sum = 0;
   for (size_t i = 0; i < n; ++i) {
     const auto& q = queries[i & 4095];
     const int64_t cpu0 = thread_cpu_ns();
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<WorkerMatch> ms = index->match(q);
+    MatchCost cost;
+    const std::vector<WorkerMatch> ms = index->match(q, &cost);
     const auto t1 = std::chrono::steady_clock::now();
     std::vector<WorkerCandidate> cands = base;
     for (const WorkerMatch& m : ms) {
@@ -278,6 +281,8 @@ void run(const Options& o, uint32_t num_workers) {
     chosen_sum += d ? d->worker : 0;
     match_ns[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
     match_ns_by_kind[query_kind[i & 4095]].push_back(match_ns[i]);
+    probes_by_kind[query_kind[i & 4095]] += cost.probes;
+    chained_by_kind[query_kind[i & 4095]] += cost.chained_blocks;
     decision_ns[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(t2 - t0).count();
   }
   std::sort(decision_ns.begin(), decision_ns.end());
@@ -304,8 +309,13 @@ void run(const Options& o, uint32_t num_workers) {
     std::vector<int64_t>& v = match_ns_by_kind[k];
     if (v.empty()) continue;
     std::sort(v.begin(), v.end());
-    std::printf("  match() of a %s (%zu calls): p50 %.2f us, p99 %.2f us\n", kind_names[k],
-                v.size(), percentile(v, 0.5), percentile(v, 0.99));
+    const auto calls = static_cast<double>(v.size());
+    std::printf(
+        "  match() of a %s (%zu calls): p50 %.2f us, p99 %.2f us; per call %.1f table probes, "
+        "%.1f blocks along chains\n",
+        kind_names[k], v.size(), percentile(v, 0.5), percentile(v, 0.99),
+        static_cast<double>(probes_by_kind[k]) / calls,
+        static_cast<double>(chained_by_kind[k]) / calls);
   }
   std::fflush(stdout);
 }
