@@ -85,9 +85,9 @@
 // concurrently; apply(), rebuild_worker() and the other mutators take it exclusively,
 // apply() once per batch, hashing and chains included (bench_router_index: 0.12 us per new
 // block for a Strata worker, 0.28 us for a worker with other hashes, so a batch of 1,024
-// new blocks holds it for 0.13 to 0.29 ms, which a concurrent match() may wait). The mutex is a leaf:
-// nothing is called back under it. (glibc's rwlock prefers readers; writers are sporadic and short,
-// so they get through between matches.)
+// new blocks holds it for 0.13 to 0.29 ms, which a concurrent match() may wait). The mutex is a
+// leaf: nothing is called back under it. (glibc's rwlock prefers readers; writers are sporadic and
+// short, so they get through between matches.)
 #pragma once
 
 #include <array>
