@@ -116,33 +116,20 @@ start_chain() {
       echo "$rc $((SECONDS - s))" >"$logs/$name.done"
       ((rc == 0)) || exit 1
     }
-    # The ThreadSanitizer programs, one after the other, each under a ten-minute timeout (they
-    # take well under two: a hang fails the run with its name instead of running into CI'"'"'s
-    # limit); each one'"'"'s output in its log; "<rc> <seconds>" to tsan-tests.done, the
-    # failed program'"'"'s name to tsan-tests.failed.
-    run_tsan_tests() {
-      local s=$SECONDS t rc=0
-      for t in "$@"; do
-        UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp \
-          timeout -k 10 600 "build-tsan/tests/$t" --gtest_brief=1 >"$logs/tsan-$t.log" 2>&1 || rc=$?
-        if ((rc != 0)); then echo "$t" >"$logs/tsan-tests.failed"; break; fi
-      done
-      echo "$rc $((SECONDS - s))" >"$logs/tsan-tests.done"
-    }
     '"$1" background-builds "${tsan_tests[@]}" &
   chain_pids+=($!)
 }
 trap 'for p in "${chain_pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done; report' EXIT
 # The sanitizer trees start at once, beside the release build: the ASan tree (the longest
-# build, on the critical path), then the TSan tree's test programs, then their runs (beside
-# the ASan tests, which start once the ASan tree is built).
+# build, on the critical path), then the TSan tree's test programs (beside the ASan tests,
+# which start once the ASan tree is built); the TSan programs run last, in the foreground,
+# $jobs at a time.
 export root
 # The ASan tree builds its binary first (asan-binary), so that the black-box suites can
 # run there while its GoogleTest programs compile.
 if ((sanitizers)); then
   start_chain 'build asan-binary build-asan -j "$jobs" --target strata &&
-    build asan build-asan -j "$jobs" && build tsan build-tsan -j "$jobs" --target "$@" &&
-    run_tsan_tests "$@"'
+    build asan build-asan -j "$jobs" && build tsan build-tsan -j "$jobs" --target "$@"'
 fi
 # What the tests run first (target strata_tested: the test programs and the binary); the
 # rest of the tree (the micro-benchmarks) compiles beside the tests, below.
@@ -189,25 +176,40 @@ if ((sanitizers)); then
   stage "sanitizer tests: GoogleTest programs"
   asan_ctest -LE blackbox
 
-  stage "waiting for the ThreadSanitizer build and tests (threaded modules)"
+  stage "waiting for the ThreadSanitizer build (threaded modules)"
   wait_build tsan
-  while [[ ! -f "$logs/tsan-tests.done" ]]; do
-    alive=0
-    for p in "${chain_pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    ((alive)) || { echo "== the ThreadSanitizer tests stopped without a result"; exit 1; }
-    sleep 2
-  done
-  read -r rc secs <"$logs/tsan-tests.done"
-  timings+=("$(printf '%5d s  %s' "$secs" "ThreadSanitizer tests (beside the others)")")
+  # The ThreadSanitizer programs, $jobs at a time (the longest first: tsan_tests' order),
+  # each under a ten-minute timeout (they take well under one: a hang fails the run with
+  # its name instead of running into CI's limit); each one's output in its log.
+  stage "ThreadSanitizer tests"
+  run_tsan_test() {
+    local rc=0
+    UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp \
+      timeout -k 10 600 "build-tsan/tests/$1" --gtest_brief=1 >"$logs/tsan-$1.log" 2>&1 || rc=$?
+    echo "$rc" >"$logs/tsan-$1.rc"
+  }
+  tsan_pids=()
   for t in "${tsan_tests[@]}"; do
-    if [[ -f "$logs/tsan-$t.log" ]]; then
-      echo "-- $t: $(grep -E "tests? from .* ran" "$logs/tsan-$t.log" | tail -n 1 || true)"
+    while :; do  # a free slot: fewer than $jobs of the started programs still running
+      running=0
+      for p in "${tsan_pids[@]}"; do kill -0 "$p" 2>/dev/null && running=$((running + 1)); done
+      ((running < jobs)) && break
+      sleep 1
+    done
+    run_tsan_test "$t" &
+    tsan_pids+=($!)
+  done
+  wait "${tsan_pids[@]}" || true
+  failed=""
+  for t in "${tsan_tests[@]}"; do
+    echo "-- $t: $(grep -E "tests? from .* ran" "$logs/tsan-$t.log" | tail -n 1 || true)"
+    rc=$(cat "$logs/tsan-$t.rc" 2>/dev/null || echo missing)
+    if [[ "$rc" != 0 ]]; then
+      echo "== $t failed or hung under ThreadSanitizer (exit $rc)"; cat "$logs/tsan-$t.log"
+      failed=1
     fi
   done
-  if ((rc != 0)); then
-    t=$(cat "$logs/tsan-tests.failed")
-    echo "== $t failed or hung under ThreadSanitizer (exit $rc)"; cat "$logs/tsan-$t.log"; exit 1
-  fi
+  [[ -z "$failed" ]] || exit 1
 fi
 stage ""
 echo "== all tests passed"
