@@ -107,6 +107,7 @@ uint32_t PrefixIndex::new_chain_locked() {
 }
 
 void PrefixIndex::free_chain_locked(uint32_t id) {
+  chain_array_bytes_ -= chains_[id].hashes.capacity() * sizeof(uint64_t);
   chains_[id] = Chain{};  // gives its array back
   free_chains_.push_back(id);
 }
@@ -122,7 +123,9 @@ void PrefixIndex::renumber_locked(uint32_t id, size_t first, size_t last) {
 
 void PrefixIndex::append_locked(uint32_t id, uint64_t router_hash, BlockEntry& entry) {
   Chain& c = chains_[id];
+  const size_t capacity = c.hashes.capacity();
   c.hashes.push_back(router_hash);
+  chain_array_bytes_ += (c.hashes.capacity() - capacity) * sizeof(uint64_t);
   entry.chain = id;
   entry.pos = c.pos_of(c.hashes.size() - 1);
   // Positions are int32: a chain that grew past that many appends and drops is renumbered.
@@ -136,6 +139,7 @@ void PrefixIndex::append_locked(uint32_t id, uint64_t router_hash, BlockEntry& e
 
 void PrefixIndex::prepend_locked(uint32_t id, uint64_t router_hash, BlockEntry& entry) {
   Chain& c = chains_[id];
+  const size_t capacity = c.hashes.capacity();
   if (c.begin == 0) {  // room in front, doubling: O(1) a block, amortized
     const size_t room = std::max<size_t>(4, c.size());
     if (c.origin - static_cast<int64_t>(room) <= INT32_MIN) {
@@ -149,6 +153,7 @@ void PrefixIndex::prepend_locked(uint32_t id, uint64_t router_hash, BlockEntry& 
       c.origin -= static_cast<int64_t>(room);
     }
   }
+  chain_array_bytes_ += (c.hashes.capacity() - capacity) * sizeof(uint64_t);
   c.hashes[--c.begin] = router_hash;
   entry.chain = id;
   entry.pos = c.pos_of(c.begin);
@@ -158,7 +163,9 @@ void PrefixIndex::move_to_back_locked(uint32_t from, uint32_t to) {
   Chain& f = chains_[from];
   Chain& t = chains_[to];
   const size_t first = t.hashes.size();
+  const size_t capacity = t.hashes.capacity();
   t.hashes.insert(t.hashes.end(), f.hashes.begin() + f.begin, f.hashes.end());
+  chain_array_bytes_ += (t.hashes.capacity() - capacity) * sizeof(uint64_t);
   t.tail_child = f.tail_child;
   free_chain_locked(from);
   renumber_locked(to, first, t.hashes.size());
@@ -170,7 +177,9 @@ void PrefixIndex::move_to_front_locked(uint32_t from, uint32_t to) {
   const size_t n = f.size();
   if (t.begin < n) {
     const size_t room = std::max(n, t.size());
+    const size_t capacity = t.hashes.capacity();
     t.hashes.insert(t.hashes.begin(), room, 0);
+    chain_array_bytes_ += (t.hashes.capacity() - capacity) * sizeof(uint64_t);
     t.begin += static_cast<uint32_t>(room);
     t.origin -= static_cast<int64_t>(room);
   }
@@ -221,7 +230,7 @@ PrefixIndex::Links PrefixIndex::unchain_locked(uint64_t router_hash, BlockEntry&
     ++c.begin;
     c.parent = router_hash;
     c.has_parent = true;
-    if (c.begin > 32 && c.begin > c.size()) {  // give back the room of dropped heads
+    if (c.begin > 32 && c.begin > c.size()) {  // the room of dropped heads, to append into
       c.hashes.erase(c.hashes.begin(), c.hashes.begin() + c.begin);
       c.origin += c.begin;
       c.begin = 0;
@@ -242,6 +251,7 @@ PrefixIndex::Links PrefixIndex::unchain_locked(uint64_t router_hash, BlockEntry&
   Chain& n = chains_[nid];  // chains_ is a deque: `c` stays valid
   if (right <= left) {
     n.hashes.assign(c.hashes.begin() + static_cast<long>(i) + 1, c.hashes.end());
+    chain_array_bytes_ += n.hashes.capacity() * sizeof(uint64_t);
     n.parent = router_hash;
     n.has_parent = true;
     n.tail_child = c.tail_child;
@@ -251,6 +261,7 @@ PrefixIndex::Links PrefixIndex::unchain_locked(uint64_t router_hash, BlockEntry&
     l.succ = nid;
   } else {
     n.hashes.assign(c.hashes.begin() + c.begin, c.hashes.begin() + static_cast<long>(i));
+    chain_array_bytes_ += n.hashes.capacity() * sizeof(uint64_t);
     n.parent = c.parent;
     n.has_parent = c.has_parent;
     rehint_locked(c, id, nid);
@@ -855,7 +866,7 @@ PrefixIndexStats PrefixIndex::stats() const {
                    table_bytes(predicted_) + table_bytes(expiry_ms_) + table_bytes(pinned_) +
                    expiry_heap_.capacity() * sizeof(Expiry) + chains_.size() * sizeof(Chain) +
                    free_chains_.capacity() * sizeof(uint32_t);
-  for (const Chain& c : chains_) s.memory_bytes += c.hashes.capacity() * sizeof(uint64_t);
+  s.memory_bytes += chain_array_bytes_;
   for (const WorkerState& ws : workers_) {
     if (!ws.present) continue;
     s.memory_bytes +=
@@ -913,6 +924,9 @@ Status PrefixIndex::check_chains() const {
     return broken(std::to_string(blocks_.size() - chained) + " blocks are in no chain");
   }
   if (live + free_chains_.size() != chains_.size()) return broken("free list miscounted");
+  uint64_t array_bytes = 0;
+  for (const Chain& c : chains_) array_bytes += c.hashes.capacity() * sizeof(uint64_t);
+  if (array_bytes != chain_array_bytes_) return broken("array bytes miscounted");
   return {};
 }
 

@@ -246,7 +246,8 @@ class PrefixIndex {
   // Every chain, in no order (tests: the parent links).
   std::vector<ChainView> chains() const;
   // Checks the chains' invariants: every block in exactly one live chain, at the position
-  // its entry says; a chain's blocks with equal holder lists; no live chain empty. OK, or
+  // its entry says; a chain's blocks with equal holder lists; no live chain empty; their
+  // arrays' bytes counted right (stats() reads the count, not the chains). OK, or
   // the first broken one named (tests, after every step).
   Status check_chains() const;
 
@@ -369,6 +370,7 @@ class PrefixIndex {
   BlockTable blocks_;                                                         // GUARDED_BY(mutex_)
   std::deque<Chain> chains_;           // GUARDED_BY(mutex_) by id (a deque keeps references)
   std::vector<uint32_t> free_chains_;  // GUARDED_BY(mutex_) ids of dead chains
+  uint64_t chain_array_bytes_ = 0;     // GUARDED_BY(mutex_) the chains' arrays' capacity
   uint64_t spilled_holders_ = 0;       // GUARDED_BY(mutex_) holders of blocks beyond kInlineHolders
   absl::flat_hash_map<uint64_t, WorkerSet> predicted_;    // GUARDED_BY(mutex_)
   absl::flat_hash_map<PredictedKey, int64_t> expiry_ms_;  // GUARDED_BY(mutex_)
