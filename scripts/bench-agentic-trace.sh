@@ -18,6 +18,8 @@
 #                on the H100 profile, docs/benchmarks.md)
 #   POLICIES     policies                                (default: all five)
 #   BUILD_DIR    build folder                            (default: build)
+#   TAG_SUFFIX   appended to the run folders' "-agentic", so that a rerun of some policies
+#                does not overwrite an earlier run's files (e.g. "-floor")
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -36,7 +38,7 @@ for seed in "${seeds[@]}"; do
     --output-tokens-max 160} || exit 2
   # The arrivals stretched by the dilation: the same trace in slow motion.
   WORKERS=$workers SCALES=$(python3 -c "print($scale * $dilation)") SEEDS=$seed LIMIT=0 \
-    TRACE=$trace TAG=-agentic \
+    TRACE=$trace TAG=-agentic${TAG_SUFFIX:-} \
     ARGS="--trace-sessions --server-arg=--simulate-time-scale --server-arg=$dilation ${ARGS:-}" \
     scripts/bench-cluster-trace.sh || status=1
 done

@@ -115,7 +115,8 @@ CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
     const double deficit = std::max(0.0, mean_assigned - static_cast<double>(w.sessions_assigned));
     const double bonus = std::max(weights.load_floor_bonus,
                                   static_cast<double>(shared_tokens) * weights.prefill_token);
-    t.floor = bonus * deficit / std::max(1.0, mean_assigned);
+    // Full at half the mean or below, nothing at the mean (cost.h).
+    t.floor = bonus * std::min(1.0, 2.0 * deficit / std::max(1.0, mean_assigned));
   }
   t.cost = t.prefill + t.load - t.sticky - t.floor;
   return t;

@@ -16,7 +16,7 @@
 //              + decode_requests(w) * decode_request
 //   sticky(w)  = sticky_bonus                      if the request's session is bound to w
 //   floor(w)   = max(load_floor_bonus, shared * prefill_token)
-//                * max(0, mean - assigned(w)) / max(1, mean)
+//                * min(1, 2 * max(0, mean - assigned(w)) / max(1, mean))
 //                                                  if the request is not sticky (below)
 //
 // Cached credit. The worker's leading cached run of the prompt has n = D + H + S blocks,
@@ -38,9 +38,15 @@
 // TTL, so the count decays as sessions end), mean is its mean over the eligible workers.
 // It applies only when the request is not sticky: no candidate in the pool is its
 // session's worker (a new session, a request without a session, an expired binding, or a
-// session whose worker is saturated, ineligible or being migrated away from). A cold
-// worker (assigned 0) gets the full bonus; one a session below a mean of 16 gets 1/16 of
-// it. The default (8192 tokens) dominates a shared boilerplate prefix (a system prompt
+// session whose worker is saturated, ineligible or being migrated away from). A worker at
+// or below half the mean gets the full bonus (a cold one, and one left with a session or
+// two while the others have many); above that it falls linearly to nothing at the mean:
+// one a session below a mean of 16 gets 1/8 of it. So a worker below half the mean beats a
+// warm one at the mean on the floor alone, and no worker is left far behind: with the
+// bonus divided by the mean itself (session 17), a worker with one session of a mean of
+// three kept only two thirds of it, less than the boilerplate a warm worker had cached,
+// and 3-7 of 64 workers ended a trace with one session (docs/benchmarks.md). Below a mean
+// of one session the mean counts as one. The default (8192 tokens) dominates a shared boilerplate prefix (a system prompt
 // and tool schemas of a few thousand tokens that every warm worker holds) but not a
 // genuine long prefix (a conversation of tens of thousands of tokens cached on one
 // worker), so new sessions spread to a cold worker until it catches up while cache hits

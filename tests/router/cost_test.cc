@@ -172,15 +172,24 @@ TEST(CostTest, TheFloorBonusIsGraduated) {
   WorkerCandidate w = worker(0);
   w.sessions_assigned = 0;
   EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 16.0).floor, weights.load_floor_bonus);
+  // Full at half the mean or below, then falling linearly to nothing at the mean.
+  w.sessions_assigned = 8;
+  EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 16.0).floor, weights.load_floor_bonus);
+  w.sessions_assigned = 12;
+  EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 16.0).floor,
+                   weights.load_floor_bonus / 2.0);
   w.sessions_assigned = 15;
   EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 16.0).floor,
-                   weights.load_floor_bonus / 16.0);
+                   weights.load_floor_bonus / 8.0);
+  w.sessions_assigned = 16;
+  EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 16.0).floor, 0.0);
   w.sessions_assigned = 20;
   EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 16.0).floor, 0.0);
-  // A mean below one session is divided by one: no huge bonus for the first sessions.
+  // A mean below one session counts as one: a quarter of a session below it is half.
   w.sessions_assigned = 0;
-  EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 0.5).floor,
+  EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 0.25).floor,
                    weights.load_floor_bonus * 0.5);
+  EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 0.5).floor, weights.load_floor_bonus);
   // Never for a sticky request.
   EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, true, 16.0).floor, 0.0);
 }
