@@ -338,6 +338,7 @@ Status PrefixIndex::add_worker(WorkerId worker, int block_size) {
                       "worker id " + std::to_string(worker) + " is already indexed");
   }
   ws = WorkerState{};
+  stale_[worker] = false;
   ws.present = true;
   ws.block_size = block_size;
   ws.stats.worker = worker;
@@ -352,6 +353,7 @@ void PrefixIndex::remove_worker(WorkerId worker) {
   clear_blocks_locked(worker);
   drop_worker_marks_locked(worker);
   workers_[worker] = WorkerState{};
+  stale_[worker] = false;
 }
 
 void PrefixIndex::clear_worker(WorkerId worker) {
@@ -706,7 +708,7 @@ std::vector<WorkerMatch> PrefixIndex::match(std::span<const uint64_t> router_has
     std::sort(out.begin(), out.end(),
               [](const WorkerMatch& a, const WorkerMatch& b) { return a.worker < b.worker; });
   }
-  for (WorkerMatch& m : out) m.stale = workers_[m.worker].stale;
+  for (WorkerMatch& m : out) m.stale = stale_[m.worker];
   if (cost != nullptr) *cost = spent;
   return out;
 }
@@ -812,13 +814,13 @@ void PrefixIndex::set_pinned(WorkerId worker, std::span<const uint64_t> router_h
 void PrefixIndex::mark_stale(WorkerId worker, bool stale) {
   if (worker >= kMaxWorkers) return;
   std::unique_lock lock(mutex_);
-  if (workers_[worker].present) workers_[worker].stale = stale;
+  if (workers_[worker].present) stale_[worker] = stale;
 }
 
 bool PrefixIndex::is_stale(WorkerId worker) const {
   if (worker >= kMaxWorkers) return false;
   std::shared_lock lock(mutex_);
-  return workers_[worker].stale;
+  return stale_[worker];
 }
 
 void PrefixIndex::rebuild_worker(WorkerId worker, std::span<const SnapshotBlock> blocks) {
@@ -872,7 +874,7 @@ PrefixIndexStats PrefixIndex::stats() const {
     s.memory_bytes +=
         table_bytes(ws.to_router) + table_bytes(ws.to_worker) + table_bytes(ws.extra_copies);
     WorkerIndexStats st = ws.stats;
-    st.stale = ws.stale;
+    st.stale = stale_[ws.stats.worker];
     st.mapped_hashes = ws.to_router.size();
     s.workers.push_back(st);
   }

@@ -309,7 +309,6 @@ class PrefixIndex {
   };
   struct WorkerState {
     bool present = false;
-    bool stale = false;
     int block_size = 0;
     // Only for blocks whose worker hash differs from their router hash (see the top).
     absl::flat_hash_map<uint64_t, uint64_t> to_router;  // worker hash -> router hash
@@ -367,11 +366,14 @@ class PrefixIndex {
 
   mutable std::shared_mutex mutex_;
   std::vector<WorkerState> workers_ = std::vector<WorkerState>(kMaxWorkers);  // GUARDED_BY(mutex_)
-  BlockTable blocks_;                                                         // GUARDED_BY(mutex_)
-  std::deque<Chain> chains_;           // GUARDED_BY(mutex_) by id (a deque keeps references)
-  std::vector<uint32_t> free_chains_;  // GUARDED_BY(mutex_) ids of dead chains
-  uint64_t chain_array_bytes_ = 0;     // GUARDED_BY(mutex_) the chains' arrays' capacity
-  uint64_t spilled_holders_ = 0;       // GUARDED_BY(mutex_) holders of blocks beyond kInlineHolders
+  // The stale marks, apart from workers_ (each WorkerState is hundreds of bytes): match()
+  // reads one per matched worker.
+  std::array<bool, kMaxWorkers> stale_{};  // GUARDED_BY(mutex_)
+  BlockTable blocks_;                      // GUARDED_BY(mutex_)
+  std::deque<Chain> chains_;               // GUARDED_BY(mutex_) by id (a deque keeps references)
+  std::vector<uint32_t> free_chains_;      // GUARDED_BY(mutex_) ids of dead chains
+  uint64_t chain_array_bytes_ = 0;         // GUARDED_BY(mutex_) the chains' arrays' capacity
+  uint64_t spilled_holders_ = 0;  // GUARDED_BY(mutex_) holders of blocks beyond kInlineHolders
   absl::flat_hash_map<uint64_t, WorkerSet> predicted_;    // GUARDED_BY(mutex_)
   absl::flat_hash_map<PredictedKey, int64_t> expiry_ms_;  // GUARDED_BY(mutex_)
   std::vector<Expiry> expiry_heap_;                       // GUARDED_BY(mutex_) min-heap
