@@ -209,6 +209,7 @@ void PrefixIndex::rehint_locked(const Chain& chain, uint32_t from, uint32_t to) 
 
 PrefixIndex::Links PrefixIndex::unchain_locked(uint64_t router_hash, BlockEntry& entry) {
   const uint32_t id = entry.chain;
+  STRATA_CHECK(id < chains_.size() && chains_[id].alive);
   Chain& c = chains_[id];
   const size_t i = c.index_of(entry.pos);
   STRATA_CHECK(i >= c.begin && i < c.hashes.size() && c.hashes[i] == router_hash);
