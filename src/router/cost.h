@@ -41,12 +41,12 @@
 // session whose worker is saturated, ineligible or being migrated away from). A worker at
 // or below half the mean gets the full bonus (a cold one, and one left with a session or
 // two while the others have many); above that it falls linearly to nothing at the mean:
-// one a session below a mean of 16 gets 1/8 of it. So a worker below half the mean beats a
-// warm one at the mean on the floor alone, and no worker is left far behind: with the
-// bonus divided by the mean itself (session 17), a worker with one session of a mean of
-// three kept only two thirds of it, less than the boilerplate a warm worker had cached,
-// and 3-7 of 64 workers ended a trace with one session (docs/benchmarks.md). Below a mean
-// of one session the mean counts as one. The default (8192 tokens) dominates a shared boilerplate prefix (a system prompt
+// one a session below a mean of 16 gets 1/8 of it. Below a mean of one session the mean
+// counts as one. With the bonus scaled by (mean - assigned) / mean instead (session 17), a
+// worker with one session of a mean of three kept only two thirds of it, less than the
+// boilerplate a warm worker had cached, and 3-7 of 64 workers ended an agentic trace with
+// one session; with the full bonus up to half the mean, 0-2 (docs/benchmarks.md). The
+// default (8192 tokens) dominates a shared boilerplate prefix (a system prompt
 // and tool schemas of a few thousand tokens that every warm worker holds) but not a
 // genuine long prefix (a conversation of tens of thousands of tokens cached on one
 // worker), so new sessions spread to a cold worker until it catches up while cache hits
