@@ -121,6 +121,14 @@ void PrefixIndex::renumber_locked(uint32_t id, size_t first, size_t last) {
   }
 }
 
+void PrefixIndex::rebase_locked(uint32_t id) {
+  Chain& c = chains_[id];
+  c.hashes.erase(c.hashes.begin(), c.hashes.begin() + c.begin);
+  c.begin = 0;
+  c.origin = 0;
+  renumber_locked(id, 0, c.hashes.size());
+}
+
 void PrefixIndex::append_locked(uint32_t id, uint64_t router_hash, BlockEntry& entry) {
   Chain& c = chains_[id];
   const size_t capacity = c.hashes.capacity();
@@ -128,13 +136,7 @@ void PrefixIndex::append_locked(uint32_t id, uint64_t router_hash, BlockEntry& e
   chain_array_bytes_ += (c.hashes.capacity() - capacity) * sizeof(uint64_t);
   entry.chain = id;
   entry.pos = c.pos_of(c.hashes.size() - 1);
-  // Positions are int32: a chain that grew past that many appends and drops is renumbered.
-  if (c.origin + static_cast<int64_t>(c.hashes.size()) >= INT32_MAX) {
-    c.hashes.erase(c.hashes.begin(), c.hashes.begin() + c.begin);
-    c.begin = 0;
-    c.origin = 0;
-    renumber_locked(id, 0, c.hashes.size());
-  }
+  if (c.origin + static_cast<int64_t>(c.hashes.size()) >= INT32_MAX) rebase_locked(id);
 }
 
 void PrefixIndex::prepend_locked(uint32_t id, uint64_t router_hash, BlockEntry& entry) {
@@ -142,16 +144,10 @@ void PrefixIndex::prepend_locked(uint32_t id, uint64_t router_hash, BlockEntry& 
   const size_t capacity = c.hashes.capacity();
   if (c.begin == 0) {  // room in front, doubling: O(1) a block, amortized
     const size_t room = std::max<size_t>(4, c.size());
-    if (c.origin - static_cast<int64_t>(room) <= INT32_MIN) {
-      c.origin = 0;  // renumbered below, with the room made
-      c.hashes.insert(c.hashes.begin(), room, 0);
-      c.begin = static_cast<uint32_t>(room);
-      renumber_locked(id, c.begin, c.hashes.size());
-    } else {
-      c.hashes.insert(c.hashes.begin(), room, 0);
-      c.begin = static_cast<uint32_t>(room);
-      c.origin -= static_cast<int64_t>(room);
-    }
+    if (c.origin - static_cast<int64_t>(room) <= INT32_MIN / 2) rebase_locked(id);
+    c.hashes.insert(c.hashes.begin(), room, 0);
+    c.begin = static_cast<uint32_t>(room);
+    c.origin -= static_cast<int64_t>(room);
   }
   chain_array_bytes_ += (c.hashes.capacity() - capacity) * sizeof(uint64_t);
   c.hashes[--c.begin] = router_hash;
@@ -190,10 +186,7 @@ void PrefixIndex::move_to_front_locked(uint32_t from, uint32_t to) {
   rehint_locked(f, from, to);
   free_chain_locked(from);
   if (t.origin + static_cast<int64_t>(t.begin) <= INT32_MIN / 2) {
-    t.hashes.erase(t.hashes.begin(), t.hashes.begin() + t.begin);
-    t.begin = 0;
-    t.origin = 0;
-    renumber_locked(to, 0, t.hashes.size());
+    rebase_locked(to);
   } else {
     renumber_locked(to, t.begin, t.begin + n);
   }
@@ -276,10 +269,7 @@ PrefixIndex::Links PrefixIndex::unchain_locked(uint64_t router_hash, BlockEntry&
 }
 
 void PrefixIndex::chain_locked(uint64_t router_hash, BlockEntry& entry, const Links& links) {
-  const auto same_holders = [&entry](const Holders& other) {
-    return other.size() == entry.holders.size() &&
-           std::memcmp(other.data(), entry.holders.data(), other.size() * sizeof(Holder)) == 0;
-  };
+  const auto same_holders = [&entry](const Holders& other) { return other == entry.holders; };
   // The chain that ends at the block before (prev), and whether this block may join it.
   uint32_t prev = kNoChain;
   bool join_prev = false;

@@ -356,6 +356,9 @@ class PrefixIndex {
   void move_to_front_locked(uint32_t from, uint32_t to);
   // Sets the entries of the chain's blocks at indices [first, last) to their positions.
   void renumber_locked(uint32_t id, size_t first, size_t last);
+  // Drops the room in front and numbers the blocks from 0 again (positions are int32: a
+  // chain that drifted near their end, after billions of prepends or appends and drops).
+  void rebase_locked(uint32_t id);
   // If the chain ending at `chain`'s parent block hints `from`, it hints `to` now.
   void rehint_locked(const Chain& chain, uint32_t from, uint32_t to);
 
