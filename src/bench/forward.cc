@@ -66,12 +66,12 @@ struct Measurement {
 };
 
 nlohmann::json profile_json(const ForwardProfile& p) {
-  return {{"embed_s", p.embed_s},         {"rmsnorm_s", p.norm_s},
-          {"qkv_proj_s", p.qkv_s},        {"rope_kv_store_s", p.rope_store_s},
-          {"attention_s", p.attention_s}, {"o_proj_s", p.o_proj_s},
-          {"gate_up_s", p.gate_up_s},     {"silu_mul_s", p.silu_s},
-          {"down_proj_s", p.down_s},      {"logits_s", p.logits_s},
-          {"total_s", p.total_s()}};
+  return {{"embed_s", p.embed_s},     {"rmsnorm_s", p.norm_s},
+          {"qkv_proj_s", p.qkv_s},    {"rope_kv_store_s", p.rope_store_s},
+          {"kv_wait_s", p.kv_wait_s}, {"attention_s", p.attention_s},
+          {"o_proj_s", p.o_proj_s},   {"gate_up_s", p.gate_up_s},
+          {"silu_mul_s", p.silu_s},   {"down_proj_s", p.down_s},
+          {"logits_s", p.logits_s},   {"total_s", p.total_s()}};
 }
 
 // Deterministic pseudo-random prompt ids.

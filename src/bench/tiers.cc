@@ -45,6 +45,7 @@ struct TierBenchOptions {
   std::string store_dir = "/tmp/strata-bench-tiers-store";
   bool skip_session = false;
   bool json = false;
+  std::string load_overlap = "layer";  // --hicache-load-overlap of the engines
 };
 
 std::vector<int32_t> random_tokens(int32_t n, uint32_t seed, int32_t vocab) {
@@ -121,6 +122,8 @@ int run_tier_bench(const TierBenchOptions& o) {
   auto kv = parse_kv_dtype(o.kv_dtype);
   if (!kv) return fail(kv.error().message);
   const int32_t vocab = (*model)->config().vocab_size;
+  auto overlap = parse_load_overlap(o.load_overlap);
+  if (!overlap) return fail(overlap.error().message);
 
   // A fresh namespace per run: a store left over from an earlier run must not turn the
   // cold measurement into a storage hit.
@@ -135,6 +138,7 @@ int run_tier_bench(const TierBenchOptions& o) {
     eo.hicache.storage_backend = backend;
     eo.hicache.storage_namespace = name_space;
     eo.hicache.prefetch_policy = PrefetchPolicy::kWaitComplete;
+    eo.hicache.load_overlap = *overlap;
     if (backend == "file") {
       eo.hicache.storage_extra_config = nlohmann::json{{"dir", o.store_dir}}.dump();
     } else if (backend == "redis") {
@@ -145,7 +149,8 @@ int run_tier_bench(const TierBenchOptions& o) {
   nlohmann::json report = {{"prompt_tokens", o.prompt_tokens},
                            {"kv_dtype", o.kv_dtype},
                            {"weight_dtype", o.weight_dtype},
-                           {"threads", o.threads}};
+                           {"threads", o.threads},
+                           {"load_overlap", o.load_overlap}};
   auto print = [&](const std::string& what, const Timed& t) {
     std::printf("%-44s TTFT %8.1f ms   cached device %6d host %6d storage %6d\n", what.c_str(),
                 t.ttft_s * 1e3, t.usage.cached_device, t.usage.cached_host, t.usage.cached_storage);
@@ -280,6 +285,10 @@ void add_bench_tiers(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--redis-port", o->redis_port, "A running redis-server on 127.0.0.1 (0: skip)");
   cmd->add_option("--store-dir", o->store_dir, "Directory for the file store (wiped first)")
+      ->capture_default_str();
+  cmd->add_option("--hicache-load-overlap", o->load_overlap,
+                  "How the host and storage hits load back: layer | none (serve's flag)")
+      ->check(CLI::IsMember({"layer", "none"}))
       ->capture_default_str();
   cmd->add_flag("--skip-session", o->skip_session, "Only the tier TTFTs");
   cmd->add_flag("--json", o->json, "Also print one JSON object");

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <algorithm>
+#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -80,10 +81,19 @@ struct CudaCopyDevice::Impl {
   cudaStream_t compute = nullptr;
   cudaStream_t streams[2] = {nullptr, nullptr};
   int multiprocessors = 1;
-  std::unordered_map<CopyEvent, Event> live;
-  std::vector<cudaEvent_t> free_events;
-  std::vector<Descriptors> free_descriptors;
-  CopyEvent next = 1;
+  // The scheduler thread enqueues, polls and releases while the forward thread makes the
+  // compute stream wait (compute_wait): the tables below under one lock (the CUDA calls are
+  // thread-safe).
+  std::mutex mutex;
+  std::unordered_map<CopyEvent, Event> live;  // GUARDED_BY(mutex)
+  std::vector<cudaEvent_t> free_events;       // GUARDED_BY(mutex)
+  std::vector<Descriptors> free_descriptors;  // GUARDED_BY(mutex)
+  CopyEvent next = 1;                         // GUARDED_BY(mutex)
+
+  cudaEvent_t event_of(CopyEvent id) {
+    std::lock_guard lock(mutex);
+    return live.at(id).event;
+  }
 
   ~Impl() {
     for (cudaStream_t s : streams) {
@@ -230,6 +240,7 @@ CopyPath CudaCopyDevice::path() const {
 
 Result<CopyEvent> CudaCopyDevice::enqueue(CopyQueue queue, std::span<const CopySpan> spans) {
   Impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
   const cudaStream_t s = m.stream(queue);
   Impl::Event ev;
   if (!spans.empty()) {
@@ -262,7 +273,7 @@ Result<CopyEvent> CudaCopyDevice::enqueue(CopyQueue queue, std::span<const CopyS
 }
 
 Result<bool> CudaCopyDevice::ready(CopyEvent event) {
-  const cudaError_t e = cudaEventQuery(impl_->live.at(event).event);
+  const cudaError_t e = cudaEventQuery(impl_->event_of(event));
   if (e == cudaSuccess) return true;
   if (e == cudaErrorNotReady) return false;
   return std::unexpected(cuda_error(e, "a KV copy"));
@@ -271,7 +282,7 @@ Result<bool> CudaCopyDevice::ready(CopyEvent event) {
 Result<bool> CudaCopyDevice::wait(CopyEvent event, int64_t timeout_ms) {
   // cudaEventSynchronize cannot be bounded: the event is queried until it is done or the
   // time is up (a yield between queries; copies take microseconds to milliseconds).
-  const cudaEvent_t ev = impl_->live.at(event).event;
+  const cudaEvent_t ev = impl_->event_of(event);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
     const cudaError_t e = cudaEventQuery(ev);
@@ -283,8 +294,7 @@ Result<bool> CudaCopyDevice::wait(CopyEvent event, int64_t timeout_ms) {
 }
 
 Status CudaCopyDevice::queue_wait(CopyQueue queue, CopyEvent event) {
-  if (const cudaError_t e =
-          cudaStreamWaitEvent(impl_->stream(queue), impl_->live.at(event).event, 0);
+  if (const cudaError_t e = cudaStreamWaitEvent(impl_->stream(queue), impl_->event_of(event), 0);
       e != cudaSuccess) {
     return std::unexpected(cuda_error(e, "ordering KV copies"));
   }
@@ -292,7 +302,7 @@ Status CudaCopyDevice::queue_wait(CopyQueue queue, CopyEvent event) {
 }
 
 Status CudaCopyDevice::compute_wait(CopyEvent event) {
-  if (const cudaError_t e = cudaStreamWaitEvent(impl_->compute, impl_->live.at(event).event, 0);
+  if (const cudaError_t e = cudaStreamWaitEvent(impl_->compute, impl_->event_of(event), 0);
       e != cudaSuccess) {
     return std::unexpected(cuda_error(e, "making compute wait for a KV copy"));
   }
@@ -300,6 +310,7 @@ Status CudaCopyDevice::compute_wait(CopyEvent event) {
 }
 
 void CudaCopyDevice::release(CopyEvent event) {
+  std::lock_guard lock(impl_->mutex);
   const auto it = impl_->live.find(event);
   if (it == impl_->live.end()) return;
   impl_->free_events.push_back(it->second.event);

@@ -504,6 +504,12 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
     r.page_size = ps;
     r.eps = eps;
     if (auto s = qk_norm_rope_store(r, st); !s) return s;
+    // A prefix still landing (a load-back overlapped with this pass): the stream waits for
+    // this layer's copy event, so the later layers keep crossing the bus meanwhile.
+    for (const ForwardSequence& seq : batch) {
+      if (seq.layer_wait == nullptr) continue;
+      if (auto s = (*seq.layer_wait)(l); !s) return s;
+    }
     Status attended;
     if (all_decode) {
       DecodeAttentionArgs a;

@@ -28,6 +28,17 @@ std::string_view prefetch_policy_name(PrefetchPolicy policy) {
   return "best_effort";
 }
 
+Result<LoadOverlap> parse_load_overlap(std::string_view name) {
+  if (name == "layer") return LoadOverlap::kLayer;
+  if (name == "none") return LoadOverlap::kNone;
+  return make_error(ErrorCode::kInvalidArgument,
+                    "unknown load overlap '" + std::string(name) + "' (layer or none)");
+}
+
+std::string_view load_overlap_name(LoadOverlap overlap) {
+  return overlap == LoadOverlap::kNone ? "none" : "layer";
+}
+
 Result<WorkerRole> parse_worker_role(std::string_view name) {
   if (name == "mixed") return WorkerRole::kMixed;
   if (name == "prefill") return WorkerRole::kPrefill;
@@ -150,6 +161,8 @@ Status validate(const EngineOptions& o) {
     return bad("--hicache-storage-backend needs --enable-hierarchical-cache");
   } else if (h.io_backend != CopyPath::kDirect) {
     return bad("--hicache-io-backend needs --enable-hierarchical-cache");
+  } else if (h.load_overlap != LoadOverlap::kLayer) {
+    return bad("--hicache-load-overlap needs --enable-hierarchical-cache");
   }
   return validate_pd(o.pd);
 }
@@ -294,6 +307,12 @@ void add_hicache_flags(CLI::App& cmd, HierarchicalCacheOptions& o) {
                 copy_path_name(o.io_backend),
                 "How --device cuda copies pages between the GPU and the host pool: direct (the "
                 "copy engines, one batched call per transfer) | kernel (a copy kernel)")
+      ->group(group);
+  add_enum_flag(cmd, "--hicache-load-overlap", o.load_overlap, parse_load_overlap,
+                load_overlap_name(o.load_overlap),
+                "How a prefix on the host loads back: layer (the request runs at once, each "
+                "layer's attention waiting for its pages) | none (the request waits for the "
+                "whole load)")
       ->group(group);
   cmd.add_option("--hicache-storage-backend", o.storage_backend,
                  "Storage tier (L3): file | redis (none when empty)")

@@ -28,6 +28,16 @@ enum class PrefetchPolicy : uint8_t { kBestEffort, kWaitComplete, kTimeout };
 Result<PrefetchPolicy> parse_prefetch_policy(std::string_view name);
 std::string_view prefetch_policy_name(PrefetchPolicy policy);
 
+// How a request whose cached prefix continues on the host waits for its load-back
+// (docs/hierarchical-cache.md, Load-back):
+//   layer  it joins the next forward pass at once, and each layer's attention waits for that
+//          layer's pages (HiCache's layer-by-layer overlap: the copy of the later layers
+//          hides behind the compute of the earlier ones);
+//   none   it is parked until the whole load has landed; the other requests step meanwhile.
+enum class LoadOverlap : uint8_t { kLayer, kNone };
+Result<LoadOverlap> parse_load_overlap(std::string_view name);
+std::string_view load_overlap_name(LoadOverlap overlap);
+
 // The hierarchical cache (SGLang HiCache's options; docs/hierarchical-cache.md).
 struct HierarchicalCacheOptions {
   bool enabled = false;
@@ -39,6 +49,7 @@ struct HierarchicalCacheOptions {
   // How a model with KV memory of its own (--device cuda) copies pages to and from the host
   // pool; the CPU engine's copy threads have no other path (kKernel is refused there).
   CopyPath io_backend = CopyPath::kDirect;
+  LoadOverlap load_overlap = LoadOverlap::kLayer;
   int32_t transfer_threads = 1;
   std::string storage_backend;       // "" (none), "file" or "redis"
   std::string storage_extra_config;  // JSON object or @file
@@ -155,6 +166,10 @@ struct EngineCounters {
   uint64_t cached_host_tokens = 0;     // prompt tokens loaded back from the host
   uint64_t cached_storage_tokens = 0;  // prompt tokens prefetched from storage
   uint64_t loads_failed = 0;           // load-backs refused for want of device pages
+  uint64_t loads_overlapped = 0;       // load-backs read layer by layer by the prefill
+  // Of which the copy failed or stalled under the pass: the request stepped back and
+  // computed its prefix instead.
+  uint64_t loads_abandoned = 0;
   uint64_t prefetches_started = 0;
   uint64_t prefetch_pages_read = 0;
   uint64_t storage_pages_written = 0;

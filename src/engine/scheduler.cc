@@ -167,16 +167,65 @@ bool Scheduler::io_busy() const {
   return !pending_transfers_.empty() || !pending_storage_.empty() || !parked_.empty();
 }
 
-void Scheduler::submit_transfers(uint64_t load_for_seq) {
-  if (!transfers_) return;
+TransferTicket Scheduler::submit_transfers(uint64_t load_for_seq, bool overlapped) {
+  if (!transfers_) return 0;
+  TransferTicket load = 0;
   for (TransferRequest& req : tree_->take_transfers()) {
+    const bool is_load = req.direction == TransferDirection::kHostToDevice && load_for_seq != 0;
     TransferJob job;
     job.direction = req.direction;
     job.device_pages = req.device_pages;
     job.host_pages = req.host_pages;
+    job.layer_by_layer = is_load && overlapped;
     const TransferTicket t = transfers_->submit(std::move(job));
-    const uint64_t waiter = req.direction == TransferDirection::kHostToDevice ? load_for_seq : 0;
-    pending_transfers_.emplace(t, PendingTransfer{std::move(req), waiter});
+    PendingTransfer pending{std::move(req)};
+    if (is_load) {
+      (overlapped ? pending.running_seq : pending.waiting_seq) = load_for_seq;
+      load = t;
+    }
+    pending_transfers_.emplace(t, std::move(pending));
+  }
+  return load;
+}
+
+void Scheduler::settle_load(Seq& seq) {
+  const TransferTicket t = seq.load_ticket;
+  if (t == 0 || seq.load_failed) return;
+  // The pass waited for every layer, so the copy has landed unless it failed; a stalled one
+  // gives up at its deadline.
+  if (pending_transfers_.contains(t)) {
+    (void)transfers_->wait_resolved(t);  // the outcome comes through poll_io
+    poll_io(/*force=*/true);
+  }
+  if (seq.load_ticket != 0 && !seq.load_failed) {
+    // Still unresolved after its deadline (no outcome yet): what the pass read is not known.
+    seq.load_failed = true;
+  }
+}
+
+void Scheduler::abandon_failed_loads() {
+  for (size_t i = 0; i < running_.size();) {
+    Seq& seq = *running_[i];
+    if (!seq.load_failed) {
+      ++i;
+      continue;
+    }
+    // pages[0, tree_pages) are the load's (its node's, given back or held by the copy): only
+    // the request's own pages go, uncached, as what it computed over them may be wrong.
+    allocator_->free(
+        std::span<const PageId>(seq.pages).subspan(static_cast<size_t>(seq.tree_pages)));
+    seq.pages.clear();
+    seq.tree_pages = 0;
+    seq.computed = 0;
+    if (seq.receipt.valid()) STRATA_CHECK(tree_->release(seq.receipt).has_value());
+    seq.receipt = LockReceipt{};
+    seq.load_ticket = 0;
+    seq.load_failed = false;
+    seq.layer_wait = nullptr;
+    seq.move_to(SeqState::kWaiting);
+    ++counters_.loads_abandoned;
+    waiting_.push_front(std::move(running_[i]));
+    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
 
@@ -264,12 +313,23 @@ void Scheduler::start_prefetch(Seq& seq, const MatchResult& m) {
 void Scheduler::on_transfer(const TransferOutcome& outcome) {
   auto it = pending_transfers_.find(outcome.ticket);
   if (it == pending_transfers_.end()) return;
+  // The running request that reads this load as it lands (overlapped), if it still does.
+  Seq* reader = nullptr;
+  if (it->second.running_seq != 0) {
+    for (auto& seq : running_) {
+      if (seq->id == it->second.running_seq && seq->load_ticket == outcome.ticket) {
+        reader = seq.get();
+      }
+    }
+  }
   if (outcome.result == TransferResult::kStalled) {
     ++counters_.copies_stalled;
     it->second.stalled = true;
     STRATA_LOG_WARN("a KV copy of {} pages is stalled ({})", it->second.request.hashes.size(),
                     outcome.error);
     if (it->second.waiting_seq != 0) unpark(std::exchange(it->second.waiting_seq, 0));
+    it->second.running_seq = 0;
+    if (reader != nullptr) reader->load_failed = true;
     return;
   }
   PendingTransfer done = std::move(it->second);
@@ -280,6 +340,15 @@ void Scheduler::on_transfer(const TransferOutcome& outcome) {
     STRATA_LOG_WARN("a KV copy of {} pages failed: {}", done.request.hashes.size(), outcome.error);
   }
   tree_->complete_transfer(done.request, ok);
+  if (reader != nullptr) {
+    if (ok) {
+      // Its prefix is the tree's device pages now: counted as loaded from the host.
+      reader->load_ticket = 0;
+      count_admission(*reader);
+    } else {
+      reader->load_failed = true;  // the pages went back: it steps back (abandon_failed_loads)
+    }
+  }
   if (ok && done.request.direction == TransferDirection::kDeviceToHost && storage_worker_) {
     auto items = tree_->begin_storage_write(done.request.hashes);
     if (!items.empty()) {
@@ -825,6 +894,11 @@ void Scheduler::release_seq_pages(Seq& seq) {
   seq.receipt = LockReceipt{};
   if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
   seq.load_receipt = LockReceipt{};
+  // An overlapped load still in flight lands into its node by itself (the node's io_ref
+  // keeps it); this request no longer reads it.
+  seq.load_ticket = 0;
+  seq.load_failed = false;
+  seq.layer_wait = nullptr;
 }
 
 void Scheduler::end_order_request(Seq& seq) {
@@ -882,13 +956,39 @@ Scheduler::Admission Scheduler::try_admit(Seq& seq) {
   if (m.host_num_pages > 0 && !seq.load_tried && !seq.counted) {
     // The continuation is on the host: load it back (all or nothing) before prefill.
     seq.load_tried = true;
+    // Overlapped when the whole request fits now: it runs at once, each layer of its first
+    // pass waiting for that layer's pages. Otherwise (or by the option) it is parked until
+    // the load has landed, and admitted then like any device hit.
+    // (Not for a prefill order: its cached pages are sent at admission.)
+    const bool overlap =
+        options_.hicache.load_overlap == LoadOverlap::kLayer && seq.remote_room == 0 &&
+        device_room(m.last_node) >=
+            pages_to_run(static_cast<int64_t>(seq.tokens.size()), ps) - m.num_pages;
     const LockReceipt hold = tree_->lock(m.host_last_node);
     if (tree_->load_back(m)) {
       if (seq.load_receipt.valid()) STRATA_CHECK(tree_->release(seq.load_receipt).has_value());
-      seq.load_receipt = hold;
+      seq.load_receipt = LockReceipt{};
       seq.host_tokens = m.host_num_pages * ps;
-      submit_transfers(seq.id);
-      return Admission::kParked;
+      if (!overlap) {
+        seq.load_receipt = hold;
+        submit_transfers(seq.id);
+        return Admission::kParked;
+      }
+      // The lock on the host path's last node protects the device part before it too.
+      seq.receipt = hold;
+      seq.pages = std::move(m.device_pages);
+      for (const RadixNode* n = m.host_last_node; n != m.last_node; n = n->parent) {
+        seq.pages.insert(seq.pages.begin() + m.num_pages, n->device_pages.begin(),
+                         n->device_pages.end());
+      }
+      seq.tree_pages = m.num_pages + m.host_num_pages;
+      STRATA_CHECK(static_cast<int32_t>(seq.pages.size()) == seq.tree_pages);
+      seq.computed = static_cast<int64_t>(seq.tree_pages) * ps;
+      seq.load_ticket = submit_transfers(seq.id, /*overlapped=*/true);
+      STRATA_CHECK(seq.load_ticket != 0);
+      ++counters_.loads_overlapped;
+      // Counted when the load lands (on_transfer): a failed one computes the prefix instead.
+      return Admission::kAdmitted;
     }
     STRATA_CHECK(tree_->release(hold).has_value());
     if (tree_->io_pending() && !only_stalled_copies()) {
@@ -1189,6 +1289,7 @@ bool Scheduler::step() {
       ++i;
     }
   }
+  abandon_failed_loads();  // a copy reported failed between steps
   admit();
   const bool sampled_hits = sample_full_hits();
   if (running_.empty()) return sampled_hits;
@@ -1304,6 +1405,10 @@ bool Scheduler::step() {
     fs.start_position = p.start;
     fs.page_table = p.seq->pages;
     fs.want_logits = p.start + p.count == static_cast<int64_t>(p.seq->tokens.size());
+    if (p.seq->load_ticket != 0 && !p.seq->load_failed) {
+      p.seq->layer_wait = transfers_->layer_wait(p.seq->load_ticket);
+      fs.layer_wait = &p.seq->layer_wait;
+    }
     batch.push_back(fs);
   }
   int64_t step_prefill = 0;
@@ -1320,6 +1425,14 @@ bool Scheduler::step() {
       step_prefill, step_decode,
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   ++counters_.forward_steps;
+  // The loads the pass read as they landed: settled now, before anything reads its output.
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Seq& seq = *plan[i].seq;
+    if (batch[i].layer_wait == nullptr) continue;
+    transfers_->end_layer_wait(seq.load_ticket);
+    seq.layer_wait = nullptr;
+    settle_load(seq);
+  }
   if (!st) {
     // The batch was validated at submit; a failure here is a fault: end those requests.
     STRATA_LOG_ERROR("forward pass failed: {}", st.error().message);
@@ -1342,6 +1455,11 @@ bool Scheduler::step() {
   std::vector<Seq*> sent;  // orders whose prompt is computed: their last pages go out
   for (size_t i = 0; i < plan.size(); ++i) {
     Seq& seq = *plan[i].seq;
+    if (seq.load_failed) {
+      // Computed over pages that did not land: its row and pages are void.
+      if (batch[i].want_logits) ++row;
+      continue;
+    }
     seq.computed = plan[i].start + plan[i].count;
     if (!batch[i].want_logits) {
       cache_computed_pages(seq);
@@ -1384,6 +1502,7 @@ bool Scheduler::step() {
       return std::find(done.begin(), done.end(), s.get()) != done.end();
     });
   }
+  abandon_failed_loads();
   return true;
 }
 

@@ -206,8 +206,15 @@ class Scheduler {
   // Hierarchical cache, all on the scheduler thread.
   Status init_hicache();
   // Hands the tree's requested copies to the transfer threads; a load among them wakes
-  // the parked request `load_for_seq` when it lands.
-  void submit_transfers(uint64_t load_for_seq = 0);
+  // the parked request `load_for_seq` when it lands, or, `overlapped`, is read by that
+  // running request's forward pass layer by layer. Returns the load's ticket (0: none).
+  TransferTicket submit_transfers(uint64_t load_for_seq = 0, bool overlapped = false);
+  // Overlapped load-backs (LoadOverlap::kLayer). After the forward pass that read `seq`'s
+  // loading prefix: the load has resolved, or counts as failed (load_failed).
+  void settle_load(Seq& seq);
+  // Running requests whose overlapped load failed or stalled step back: their own pages go
+  // back uncached, and they compute the prefix when admitted again.
+  void abandon_failed_loads();
   // `force`: every finished copy lands now, whatever copy_gate_ says.
   void poll_io(bool force = false);
   // A copy job resolved or stalled (poll_io).
@@ -244,6 +251,7 @@ class Scheduler {
   struct PendingTransfer {
     TransferRequest request;
     uint64_t waiting_seq = 0;  // a parked request waiting for this load, or 0
+    uint64_t running_seq = 0;  // a running request reading it as it lands (overlapped), or 0
     bool stalled = false;      // reported kStalled: nobody waits for it any more
   };
   // A load (host -> device) in flight was reported stalled.

@@ -40,7 +40,14 @@ struct Scheduler::Seq {
   // once per turn in the queue and reset where trying again makes sense: not a state.)
   bool load_tried = false;
   bool prefetch_tried = false;
-  LockReceipt load_receipt;      // holds a host path while it loads to the device
+  LockReceipt load_receipt;  // holds a host path while it loads to the device (parked)
+  // A load-back overlapped with the prefill (LoadOverlap::kLayer): the request runs while
+  // pages[0, tree_pages) land. The load's ticket until it is settled (0: none), the wait its
+  // forward pass calls per layer (while the pass runs), and whether the copy failed or
+  // stalled (then what it computed over those pages is void: it steps back).
+  TransferTicket load_ticket = 0;
+  LayerWait layer_wait;
+  bool load_failed = false;
   int64_t park_deadline_ms = 0;  // parked for a prefetch: stop waiting then (0: never)
   int32_t host_tokens = 0;       // prompt tokens loaded back from the host
   int32_t storage_tokens = 0;    // of which first read from storage

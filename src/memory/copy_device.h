@@ -22,7 +22,10 @@
 // - release(e): the caller no longer asks about `e`; the device may reuse its resources. Each
 //   event is released exactly once.
 //
-// Thread: one thread (the scheduler's) calls a device at a time.
+// Thread: one thread (the scheduler's) makes every call but compute_wait, which comes from the
+// thread that issues the compute (the forward pass's, while the scheduler thread goes on:
+// a load-back overlapped with the pass), concurrently with the others, for events not yet
+// released.
 #pragma once
 
 #include <cstddef>

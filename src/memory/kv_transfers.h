@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "memory/layer_wait.h"
 #include "memory/page_id.h"
 #include "memory/transfer_direction.h"
 
@@ -55,6 +56,15 @@ class KvTransfers {
   virtual Status wait_resolved(TransferTicket ticket) = 0;
   // The outcomes since the last call (non-blocking).
   virtual std::vector<TransferOutcome> take_outcomes() = 0;
+
+  // A load-back overlapped with the forward pass that reads it (a layer-by-layer host ->
+  // device job): what the pass calls before it reads layer l of the job's pages, from the
+  // forward thread (memory/layer_wait.h). It stays valid, whatever the job's outcome
+  // and whether take_outcomes() reported it, until end_layer_wait(ticket), which the caller
+  // makes once the pass that used it has returned; one open wait per ticket. A job that
+  // fails lets the wait return (the caller learns the outcome from take_outcomes()).
+  virtual LayerWait layer_wait(TransferTicket ticket) = 0;
+  virtual void end_layer_wait(TransferTicket ticket) = 0;
 };
 
 }  // namespace strata

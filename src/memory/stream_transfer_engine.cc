@@ -60,6 +60,9 @@ StreamTransferEngine::~StreamTransferEngine() {
       device_.release(e);
     }
   }
+  for (auto& [ticket, events] : held_events_) {
+    for (CopyEvent e : events) device_.release(e);
+  }
 }
 
 void StreamTransferEngine::check_job(const TransferJob& job) const {
@@ -198,7 +201,12 @@ bool StreamTransferEngine::poll(std::map<TransferTicket, Job>::iterator it) {
 
 void StreamTransferEngine::finish(std::map<TransferTicket, Job>::iterator it) {
   Job& job = it->second;
-  for (CopyEvent e : job.events) device_.release(e);
+  if (job.compute_hold) {
+    // The forward pass may still make its compute wait for them: released at end_layer_wait.
+    held_events_[it->first] = std::move(job.events);
+  } else {
+    for (CopyEvent e : job.events) device_.release(e);
+  }
   TransferOutcome out{it->first, TransferResult::kLanded, {}};
   ++stats_.jobs;
   if (job.error) {
@@ -288,6 +296,36 @@ std::vector<TransferOutcome> StreamTransferEngine::take_completed() {
   std::vector<TransferOutcome> out;
   out.swap(resolved_);
   return out;
+}
+
+LayerWait StreamTransferEngine::layer_wait(TransferTicket ticket) {
+  check_issued(ticket);
+  const auto it = jobs_.find(ticket);
+  // Resolved (landed: nothing to wait for; failed: the caller learns it from the outcome), or
+  // refused before any copy ran.
+  if (it == jobs_.end() || it->second.error || it->second.events.empty()) {
+    return [](int32_t) { return Status{}; };
+  }
+  Job& job = it->second;
+  STRATA_CHECK_MSG(!job.compute_hold, "a second layer wait for one transfer");
+  job.compute_hold = true;
+  const bool per_layer = job.queue == CopyQueue::kLoad && job.job.layer_by_layer;
+  // The events are the job's until end_layer_wait (finish() keeps them in held_events_), so
+  // the forward thread may use this copy of their ids after the job has resolved.
+  return [device = &device_, events = job.events, per_layer](int32_t layer) -> Status {
+    const size_t last = events.size() - 1;
+    const size_t i = per_layer ? std::min(static_cast<size_t>(layer), last) : last;
+    return device->compute_wait(events[i]);
+  };
+}
+
+void StreamTransferEngine::end_layer_wait(TransferTicket ticket) {
+  if (const auto held = held_events_.find(ticket); held != held_events_.end()) {
+    for (CopyEvent e : held->second) device_.release(e);
+    held_events_.erase(held);
+    return;
+  }
+  if (const auto it = jobs_.find(ticket); it != jobs_.end()) it->second.compute_hold = false;
 }
 
 }  // namespace strata

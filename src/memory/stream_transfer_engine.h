@@ -86,6 +86,12 @@ class StreamTransferEngine final : public KvTransfers {
   // layer-by-layer load (for any other job, for all of it); the caller does not block. The
   // job's error if it has already failed.
   Status wait_layer(TransferTicket ticket, int32_t layer);
+  // KvTransfers: a copy of the job's event ids, for compute_wait from the forward thread (the
+  // device must take compute_wait from that thread: copy_device.h). The events stay unreleased
+  // until end_layer_wait, even once the job has resolved. A job already resolved, failed or
+  // refused gets a wait that returns at once.
+  LayerWait layer_wait(TransferTicket ticket) override;
+  void end_layer_wait(TransferTicket ticket) override;
   // Polls the device: the jobs resolved since the last call, and those newly stalled.
   std::vector<TransferOutcome> take_completed();
   std::vector<TransferOutcome> take_outcomes() override { return take_completed(); }
@@ -103,6 +109,7 @@ class StreamTransferEngine final : public KvTransfers {
     std::optional<std::string> error;  // refused or failed
     int64_t enqueued_ms = 0;
     bool stall_reported = false;
+    bool compute_hold = false;  // a layer_wait is open: finish() keeps the events
   };
 
   void check_job(const TransferJob& job) const;
@@ -134,6 +141,8 @@ class StreamTransferEngine final : public KvTransfers {
   // the page too; a job the device refused outright copies nothing and is not recorded.
   std::vector<TransferTicket> latest_[2][2];
   std::vector<TransferOutcome> resolved_;  // since the last take_completed()
+  // Events of resolved jobs whose layer_wait is still open, by ticket (end_layer_wait).
+  std::map<TransferTicket, std::vector<CopyEvent>> held_events_;
   TransferTicket next_ticket_ = 1;
   Stats stats_;
 };

@@ -79,6 +79,14 @@ class TransferEngine final : public KvTransfers {
     return {};
   }
   std::vector<TransferOutcome> take_outcomes() override;
+  // KvTransfers: wait_layer from the forward thread (the engine takes any thread).
+  LayerWait layer_wait(TransferTicket ticket) override {
+    return [this, ticket](int32_t layer) {
+      wait_layer(ticket, layer);
+      return Status{};
+    };
+  }
+  void end_layer_wait(TransferTicket) override {}
 
  private:
   struct QueuedJob {

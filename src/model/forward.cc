@@ -1,6 +1,7 @@
 // Model::forward: the batched forward pass. All new tokens of all sequences form one
 // matrix of T rows, so every projection is one GEMM over the whole batch; only
 // attention looks at sequences (each over its own pages).
+#include <algorithm>
 #include <chrono>
 #include <new>
 #include <string>
@@ -181,6 +182,8 @@ Status Model::forward_validated(std::span<const ForwardSequence> batch, KvPool& 
   }
 
   const int32_t page_size = pool.page_size();
+  const bool waits_prefix = std::any_of(
+      batch.begin(), batch.end(), [](const ForwardSequence& s) { return s.layer_wait != nullptr; });
 
   for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
     const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
@@ -218,6 +221,13 @@ Status Model::forward_validated(std::span<const ForwardSequence> batch, KvPool& 
                          static_cast<int32_t>(position % page_size), row + q_size,
                          row + q_size + kv_size);
       });
+    }
+    if (waits_prefix) {
+      PhaseTimer timer(prof, pr.kv_wait_s);
+      for (const ForwardSequence& seq : batch) {
+        if (seq.layer_wait == nullptr) continue;
+        if (auto st = (*seq.layer_wait)(layer); !st) return st;
+      }
     }
     {
       PhaseTimer timer(prof, pr.attention_s);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/layer_wait.h"
 #include "memory/page_id.h"
 
 namespace strata {
@@ -25,6 +26,10 @@ struct ForwardSequence {
   std::span<const PageId> page_table;
   // Whether to compute the logits of the last new token (the one sampled next).
   bool want_logits = true;
+  // Pages of [0, start_position) still landing (null: all readable): called before each
+  // layer's attention reads them (memory/layer_wait.h). The pages of the new positions are
+  // never among them.
+  const LayerWait* layer_wait = nullptr;
 };
 
 // Wall time per phase of the forward passes since the last reset, in seconds, when
@@ -34,6 +39,7 @@ struct ForwardProfile {
   double norm_s = 0;        // RMSNorms (attention, MLP; final is in logits_s)
   double qkv_s = 0;         // fused q/k/v projection
   double rope_store_s = 0;  // biases, q/k norms, RoPE, K/V written to pages
+  double kv_wait_s = 0;     // waiting for a cached prefix's pages to land (LayerWait)
   double attention_s = 0;
   double o_proj_s = 0;
   double gate_up_s = 0;  // fused gate/up projection
@@ -44,8 +50,8 @@ struct ForwardProfile {
   int64_t tokens = 0;
 
   double total_s() const {
-    return embed_s + norm_s + qkv_s + rope_store_s + attention_s + o_proj_s + gate_up_s + silu_s +
-           down_s + logits_s;
+    return embed_s + norm_s + qkv_s + rope_store_s + kv_wait_s + attention_s + o_proj_s +
+           gate_up_s + silu_s + down_s + logits_s;
   }
   // One line per phase: name, seconds, share of the total.
   std::string to_string() const;

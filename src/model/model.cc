@@ -32,6 +32,7 @@ std::string ForwardProfile::to_string() const {
   line("rmsnorm", norm_s);
   line("qkv_proj", qkv_s);
   line("rope+kv", rope_store_s);
+  if (kv_wait_s > 0) line("kv_wait", kv_wait_s);
   line("attention", attention_s);
   line("o_proj", o_proj_s);
   line("gate_up", gate_up_s);

@@ -165,6 +165,10 @@ Status SimulatedModel::forward(std::span<const ForwardSequence> batch, KvPool& p
     int64_t pos = s.start_position;
     uint32_t h = kSimSeed;
     if (pos > 0) {
+      // The pool has one layer: its wait is the whole prefix's.
+      if (s.layer_wait != nullptr) {
+        if (auto st = (*s.layer_wait)(0); !st) return st;
+      }
       h = sim_load(pool, s.page_table[static_cast<size_t>((pos - 1) / ps)],
                    static_cast<int32_t>((pos - 1) % ps));
     }

@@ -137,6 +137,42 @@ TEST_F(ExternalKvTest, FloodDemotesAndTheNextTurnLoadsBackWithIdenticalOutput) {
   }
 }
 
+TEST_F(ExternalKvTest, TheLoadBackOverlapsThePrefillLayerByLayerOrWaitsForItWhole) {
+  for (LoadOverlap overlap : {LoadOverlap::kLayer, LoadOverlap::kNone}) {
+    SCOPED_TRACE(std::string(load_overlap_name(overlap)));
+    EngineOptions o = options();
+    o.hicache.load_overlap = overlap;
+    auto e = start(o);
+    const std::vector<int32_t> vip = test_prompt(400, 9);
+    const Outcome first = run(*e, vip);
+    flood_engine(*e, 8, 300, 900);
+    settle_transfers(*e);
+    const size_t waits_before = model_->device_->compute_waits_now().size();
+    const Outcome again = run(*e, vip);
+    EXPECT_EQ(again.tokens, first.tokens);
+    EXPECT_GT(again.usage.cached_host, 0);
+    const std::vector<CopyEvent> waits = model_->device_->compute_waits_now();
+    if (overlap == LoadOverlap::kLayer) {
+      // The first pass over the loaded prefix made the model's compute wait once per layer,
+      // on that layer's load event.
+      EXPECT_EQ(e->counters().loads_overlapped, 1u);
+      ASSERT_EQ(waits.size() - waits_before, static_cast<size_t>(model_->config().num_layers));
+      for (size_t i = waits_before; i < waits.size(); ++i) {
+        EXPECT_EQ(model_->device_->queue_of(waits[i]), CopyQueue::kLoad);
+        if (i > waits_before) {
+          EXPECT_GT(waits[i], waits[i - 1]);
+        }
+      }
+    } else {
+      EXPECT_EQ(e->counters().loads_overlapped, 0u);
+      EXPECT_EQ(waits.size(), waits_before);
+    }
+    settle_transfers(*e);
+    expect_engine_consistent(*e);
+    expect_counting_pool_untouched(*e);
+  }
+}
+
 TEST_F(ExternalKvTest, APinnedPrefixSurvivesAFloodAndAFlushOnTheHost) {
   auto e = start(options());
   const std::vector<int32_t> vip = test_prompt(480, 2);
@@ -221,6 +257,7 @@ TEST_F(ExternalKvTest, FailedCopiesComputeInsteadAndGiveTheirPagesBack) {
   flood_engine(*e, 4, 300, 800);
   settle_transfers(*e);
   EXPECT_GT(e->counters().copy_faults, 0u);
+  EXPECT_EQ(e->counters().loads_abandoned, 1u);  // it had started over the failed load
   expect_engine_consistent(*e);
   model_->device_->fail_all(false);
   EXPECT_EQ(run(*e, vip).tokens, first.tokens);

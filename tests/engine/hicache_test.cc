@@ -188,8 +188,11 @@ TEST_F(HiCacheTest, BadOptionsAreRefused) {
 class CopyFaultTest : public HiCacheTest {
  protected:
   // `device` must outlive the engine (declared before it).
-  std::unique_ptr<Engine> start_on(FakeCopyDevice& device) {
-    auto e = start(options(WritePolicy::kWriteThrough));
+  std::unique_ptr<Engine> start_on(FakeCopyDevice& device,
+                                   LoadOverlap overlap = LoadOverlap::kLayer) {
+    EngineOptions o = options(WritePolicy::kWriteThrough);
+    o.hicache.load_overlap = overlap;
+    auto e = start(o);
     device.set_auto(true);
     const Status st = engine_call(*e, [&](EngineState& s) {
                         return s.use_copy_device(device, /*stall_timeout_ms=*/100);
@@ -231,6 +234,7 @@ TEST_F(CopyFaultTest, FailedCopiesFallBackToComputingAndGiveTheirPagesBack) {
   flood(*e, 4, 300, 200);  // backups that fail: their host pages come back
   settle(*e);
   EXPECT_GT(counters(*e).copy_faults, 0u);
+  EXPECT_EQ(counters(*e).loads_abandoned, 1u);  // the overlapped load's request stepped back
   expect_consistent(*e);
   device.fail_all(false);  // and the tier works again
   const Outcome third = run(*e, vip);
@@ -240,16 +244,50 @@ TEST_F(CopyFaultTest, FailedCopiesFallBackToComputingAndGiveTheirPagesBack) {
 }
 
 TEST_F(CopyFaultTest, AStalledLoadStopsHoldingUpItsRequest) {
+  // Parked until the load lands, or overlapped with its prefill (which then read pages that
+  // never came): either way the request computes its prefix instead, with the same output.
+  for (LoadOverlap overlap : {LoadOverlap::kNone, LoadOverlap::kLayer}) {
+    SCOPED_TRACE(std::string(load_overlap_name(overlap)));
+    FakeCopyDevice device;
+    auto e = start_on(device, overlap);
+    const std::vector<int32_t> vip = prompt(400, 1);
+    const Outcome first = run_then_demote(*e, vip);
+    device.hang(CopyQueue::kLoad, true);  // nothing of the load lands: it stalls
+    const Outcome again = run(*e, vip);   // computed instead, after the stall timeout
+    EXPECT_EQ(again.tokens, first.tokens);
+    EXPECT_GT(counters(*e).copies_stalled, 0u);
+    EXPECT_EQ(counters(*e).loads_abandoned, overlap == LoadOverlap::kLayer ? 1u : 0u);
+    device.hang(CopyQueue::kLoad, false);  // the copies land late; their pages come back then
+    device.land_all();
+    settle(*e);
+    expect_consistent(*e);
+    EXPECT_EQ(run(*e, vip).tokens, first.tokens);
+    settle(*e);
+    expect_consistent(*e);
+  }
+}
+
+TEST_F(CopyFaultTest, AnOverlappedLoadWaitsLayerByLayerOnTheComputeStream) {
   FakeCopyDevice device;
   auto e = start_on(device);
   const std::vector<int32_t> vip = prompt(400, 1);
   const Outcome first = run_then_demote(*e, vip);
-  device.set_auto(false);              // nothing lands: the load back stalls
-  const Outcome again = run(*e, vip);  // computed instead, after the stall timeout
+  const size_t waits_before = device.compute_waits_now().size();
+  const Outcome again = run(*e, vip);
   EXPECT_EQ(again.tokens, first.tokens);
-  EXPECT_GT(counters(*e).copies_stalled, 0u);
-  device.set_auto(true);  // the copies land late; their pages come back then
-  device.land_all();
+  EXPECT_GT(again.usage.cached_host, 0);
+  EXPECT_EQ(counters(*e).loads_overlapped, 1u);
+  EXPECT_EQ(counters(*e).loads_abandoned, 0u);
+  // One compute wait per layer of the model, each on a load event, in increasing order (a
+  // layer's event is issued after the one before it).
+  const std::vector<CopyEvent> waits = device.compute_waits_now();
+  ASSERT_EQ(waits.size() - waits_before, static_cast<size_t>(model_->config().num_layers));
+  for (size_t i = waits_before; i < waits.size(); ++i) {
+    EXPECT_EQ(device.queue_of(waits[i]), CopyQueue::kLoad);
+    if (i > waits_before) {
+      EXPECT_GT(waits[i], waits[i - 1]);
+    }
+  }
   settle(*e);
   expect_consistent(*e);
 }

@@ -106,10 +106,15 @@ class FakeCopyDevice final : public CopyDevice {
     return {};
   }
 
+  // Recorded. In auto mode the event also lands first (unless its queue hangs), as the compute
+  // a GPU issues next would start only then: an engine's caller computes on the CPU right
+  // after (a hung queue lets it compute over bytes that never came, as a test of the engine's
+  // stall handling wants).
   Status compute_wait(CopyEvent event) override {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     check_live(event);
     compute_waits_.push_back(event);
+    if (auto_ && !hung_[q(queue_of_.at(event))]) land_through(event);
     return {};
   }
 
@@ -165,6 +170,16 @@ class FakeCopyDevice final : public CopyDevice {
   // (Single-threaded tests only: no lock held while the caller reads them.)
   const std::deque<Batch>& queued(CopyQueue queue) const { return queues_[q(queue)]; }
   const std::vector<CopyEvent>& compute_waits() const { return compute_waits_; }
+  // A copy of the compute waits so far, under the lock (an engine's forward thread adds them).
+  std::vector<CopyEvent> compute_waits_now() const {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    return compute_waits_;
+  }
+  // The event's queue (events never released are still known).
+  CopyQueue queue_of(CopyEvent event) const {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    return queue_of_.at(event);
+  }
   uint64_t batches() const {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     return batches_;

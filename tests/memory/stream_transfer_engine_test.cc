@@ -191,6 +191,53 @@ TEST_P(StreamTransferEngineTest, ALayerByLayerLoadLetsComputeWaitForEachLayer) {
   EXPECT_TRUE(engine_->done(t));
 }
 
+TEST_P(StreamTransferEngineTest, AnOpenLayerWaitKeepsItsEventsPastTheJobsResolution) {
+  // The forward thread's wait (KvTransfers::layer_wait) names the job's events; the job may
+  // resolve and be reported while the pass still runs, so its events are released only at
+  // end_layer_wait.
+  const TransferTicket t = engine_->submit(load(pages({6, 7}), pages({3, 4}), true));
+  std::vector<CopyEvent> layer_events;
+  for (const auto& b : copies_.queued(CopyQueue::kLoad)) layer_events.push_back(b.event);
+  ASSERT_EQ(layer_events.size(), static_cast<size_t>(kStreamLayers));
+  const LayerWait wait = engine_->layer_wait(t);
+  EXPECT_TRUE(wait(0));
+  EXPECT_TRUE(wait(1));
+  copies_.land_all();
+  poll();
+  EXPECT_TRUE(landed(t));
+  EXPECT_EQ(copies_.live_events(), layer_events.size());  // held for the open wait
+  // Used after the job resolved: still live events (the fake checks), each layer its own.
+  EXPECT_TRUE(wait(2));
+  EXPECT_TRUE(wait(kStreamLayers - 1));
+  EXPECT_EQ(copies_.compute_waits(),
+            (std::vector<CopyEvent>{layer_events[0], layer_events[1], layer_events[2],
+                                    layer_events[static_cast<size_t>(kStreamLayers - 1)]}));
+  engine_->end_layer_wait(t);
+  EXPECT_EQ(copies_.live_events(), 0u);
+
+  // Closed before the job resolves: the events go when it does, as for any job.
+  const TransferTicket u = engine_->submit(load(pages({8}), pages({9}), true));
+  const LayerWait early = engine_->layer_wait(u);
+  EXPECT_TRUE(early(0));
+  engine_->end_layer_wait(u);
+  EXPECT_EQ(copies_.live_events(), static_cast<size_t>(kStreamLayers));
+  copies_.land_all();
+  poll();
+  EXPECT_TRUE(landed(u));
+  EXPECT_EQ(copies_.live_events(), 0u);
+
+  // A job already resolved, or refused, gets a wait that names no event.
+  const size_t waits = copies_.compute_waits().size();
+  EXPECT_TRUE(engine_->layer_wait(u)(0));
+  engine_->end_layer_wait(u);
+  copies_.refuse_next_enqueue();
+  const TransferTicket refused = engine_->submit(load(pages({10}), pages({11}), true));
+  EXPECT_TRUE(engine_->layer_wait(refused)(0));
+  engine_->end_layer_wait(refused);
+  EXPECT_EQ(copies_.compute_waits().size(), waits);
+  poll();
+}
+
 TEST_P(StreamTransferEngineTest, AWholeJobIsOneBatchOfMergedSpans) {
   // Four consecutive device pages to four consecutive host pages.
   const uint64_t before = copies_.batches();
