@@ -173,15 +173,34 @@ int run_tier_bench(const TierBenchOptions& o) {
     if (!cold) return fail(cold.error().message);
     print("cold prefill", *cold);
     settle(**e);
+    // The same prompt again is a full hit (its last position's logits are remembered:
+    // docs/full-hit.md), whatever tier holds its KV; a next turn (the prompt and 64 new
+    // tokens) computes over the restored prefix, which is where the tiers differ.
+    auto next_turn = [&](uint32_t seed) {
+      std::vector<int32_t> t = prompt;
+      const std::vector<int32_t> more = random_tokens(64, seed, vocab);
+      t.insert(t.end(), more.begin(), more.end());
+      return t;
+    };
     auto dev = timed_request(**e, prompt, 1);
     if (!dev) return fail(dev.error().message);
     print("from the device pool", *dev);
+    settle(**e);
+    auto dev_turn = timed_request(**e, next_turn(21), 1);
+    if (!dev_turn) return fail(dev_turn.error().message);
+    print("  a next turn (+64 tokens), device", *dev_turn);
     settle(**e);
     (*e)->cache().evict_lru(int64_t{1} << 30).get();  // demote all
     settle(**e);
     auto host = timed_request(**e, prompt, 1);
     if (!host) return fail(host.error().message);
     print("from the host pool (device copy evicted)", *host);
+    settle(**e);
+    (*e)->cache().evict_lru(int64_t{1} << 30).get();
+    settle(**e);
+    auto host_turn = timed_request(**e, next_turn(22), 1);
+    if (!host_turn) return fail(host_turn.error().message);
+    print("  a next turn (+64 tokens), host", *host_turn);
   }
   for (const std::string& backend : backends) {
     {

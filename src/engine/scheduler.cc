@@ -920,6 +920,9 @@ void Scheduler::finish(Seq& seq, FinishReason reason, std::string error, int32_t
       it->second.why = error.empty() ? std::string(finish_reason_name(reason)) : error;
     }
   }
+  // A request that ends before its overlapped load settled (a full hit sampled from
+  // remembered logits, max_tokens 1) was still served its prefix from the host.
+  if (!seq.counted && seq.load_ticket != 0 && !seq.load_failed) count_admission(seq);
   const int64_t cached = seq.holds_pages() ? seq.computed : 0;
   release_seq_pages(seq);
   seq.move_to(SeqState::kFinished);

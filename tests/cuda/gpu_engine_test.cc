@@ -60,23 +60,31 @@ class GpuEngineTest : public ::testing::Test {
 };
 
 TEST_F(GpuEngineTest, APromptLoadedBackFromTheHostAnswersAsItDidFirst) {
+  // Each I/O path and layout, the load-back overlapped with the prefill layer by layer (the
+  // compute stream waiting on each layer's copy event) or landed whole first.
   for (CopyPath path : {CopyPath::kDirect, CopyPath::kKernel}) {
     for (HostLayout layout : {HostLayout::kLayerFirst, HostLayout::kPageFirstDirect}) {
-      const std::string what =
-          std::string(copy_path_name(path)) + " " + std::string(host_layout_name(layout));
-      SCOPED_TRACE(what);
-      auto e = Engine::create(gpu_.get(), options(path, layout), {});
-      ASSERT_TRUE(e.has_value()) << what << ": " << e.error().message;
-      const std::vector<int32_t> vip = test_prompt(400, 1);
-      const Outcome first = run_greedy(**e, vip, 8);
-      flood_engine(**e, 8, 300, 100);
-      settle_transfers(**e, 5000);
-      const Outcome again = run_greedy(**e, vip, 8);
-      EXPECT_EQ(again.tokens, first.tokens);
-      EXPECT_GT(again.usage.cached_host, 0);
-      settle_transfers(**e, 5000);
-      expect_engine_consistent(**e);
-      EXPECT_EQ((*e)->counters().copy_faults, 0u);
+      for (LoadOverlap overlap : {LoadOverlap::kLayer, LoadOverlap::kNone}) {
+        const std::string what = std::string(copy_path_name(path)) + " " +
+                                 std::string(host_layout_name(layout)) + " overlap " +
+                                 std::string(load_overlap_name(overlap));
+        SCOPED_TRACE(what);
+        EngineOptions o = options(path, layout);
+        o.hicache.load_overlap = overlap;
+        auto e = Engine::create(gpu_.get(), o, {});
+        ASSERT_TRUE(e.has_value()) << what << ": " << e.error().message;
+        const std::vector<int32_t> vip = test_prompt(400, 1);
+        const Outcome first = run_greedy(**e, vip, 8);
+        flood_engine(**e, 8, 300, 100);
+        settle_transfers(**e, 5000);
+        const Outcome again = run_greedy(**e, vip, 8);
+        EXPECT_EQ(again.tokens, first.tokens);
+        EXPECT_GT(again.usage.cached_host, 0);
+        settle_transfers(**e, 5000);
+        expect_engine_consistent(**e);
+        EXPECT_EQ((*e)->counters().copy_faults, 0u);
+        EXPECT_EQ((*e)->counters().loads_overlapped, overlap == LoadOverlap::kLayer ? 1u : 0u);
+      }
     }
   }
 }

@@ -97,6 +97,28 @@ TEST_F(HiCacheTest, FloodDemotesToHostAndTheNextTurnLoadsBackWithIdenticalOutput
   }
 }
 
+TEST_F(HiCacheTest, AFullHitOnTheHostIsCountedEvenWhenItEndsBeforeItsLoadLands) {
+  // The same prompt again samples its first token from the remembered logits at admission;
+  // with one token asked for it ends before its overlapped load settles, and its usage still
+  // says where its prefix came from.
+  for (LoadOverlap overlap : {LoadOverlap::kLayer, LoadOverlap::kNone}) {
+    SCOPED_TRACE(std::string(load_overlap_name(overlap)));
+    EngineOptions o = options();
+    o.hicache.load_overlap = overlap;
+    auto e = start(o);
+    const std::vector<int32_t> vip = prompt(400, 5);
+    const Outcome first = run(*e, vip, 1);
+    settle(*e);
+    ASSERT_TRUE(e->cache().evict_lru(int64_t{1} << 30).get().has_value());
+    settle(*e);
+    const Outcome again = run(*e, vip, 1);
+    EXPECT_EQ(again.tokens, first.tokens);
+    EXPECT_EQ(again.usage.cached_host, 384);  // the full pages of all but the last token
+    settle(*e);
+    expect_consistent(*e);
+  }
+}
+
 TEST_F(HiCacheTest, PinnedPrefixSurvivesOnTheHostAndFlushKeepsIt) {
   auto e = start(options());
   const std::vector<int32_t> vip = prompt(480, 2);
