@@ -39,10 +39,12 @@ struct RoomCase {
   bool tiers = false;
   WritePolicy policy = WritePolicy::kWriteThrough;
   uint32_t seed = 1;
+  LoadOverlap overlap = LoadOverlap::kLayer;  // how host hits load back
 };
 
 void PrintTo(const RoomCase& c, std::ostream* os) {
-  *os << (c.tiers ? write_policy_name(c.policy) : "device only") << ", seed " << c.seed;
+  *os << (c.tiers ? write_policy_name(c.policy) : "device only") << ", seed " << c.seed
+      << ", load overlap " << load_overlap_name(c.overlap);
 }
 
 std::string case_name(const ::testing::TestParamInfo<RoomCase>& info) {
@@ -51,6 +53,7 @@ std::string case_name(const ::testing::TestParamInfo<RoomCase>& info) {
   for (char& ch : name) {
     if (ch == '-') ch = '_';
   }
+  if (c.overlap == LoadOverlap::kNone) name += "_parked_loads";
   return name + "_seed" + std::to_string(c.seed);
 }
 
@@ -96,6 +99,7 @@ TEST_P(RoomRandomTest, EveryRequestThatFitsCompletesAndPinsDemoteNeverDrop) {
     o.hicache.enabled = true;
     o.hicache.ratio = 3.0;
     o.hicache.write_policy = c.policy;
+    o.hicache.load_overlap = c.overlap;
   }
   auto created = Engine::create(model_.get(), o, {});
   ASSERT_TRUE(created.has_value()) << created.error().message;
@@ -251,6 +255,7 @@ std::vector<RoomCase> room_cases() {
     cases.push_back(RoomCase{false, WritePolicy::kWriteThrough, seed});
     cases.push_back(RoomCase{true, WritePolicy::kWriteThrough, seed});
     cases.push_back(RoomCase{true, WritePolicy::kWriteBack, seed});
+    cases.push_back(RoomCase{true, WritePolicy::kWriteThrough, seed, LoadOverlap::kNone});
   }
   return cases;
 }

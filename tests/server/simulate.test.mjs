@@ -154,4 +154,11 @@ test('device flags that cannot run are refused at start-up, named', () => {
   assert.match(dma.stderr, /unknown I\/O backend 'dma' \(direct or kernel\)/);
   const unknown = serve('--device', 'tpu');
   assert.notEqual(unknown.status, 0);
+  // How host hits load back: named values only, and only with a host tier.
+  const overlap = serve('--enable-hierarchical-cache', '--hicache-load-overlap', 'sometimes');
+  assert.notEqual(overlap.status, 0);
+  assert.match(overlap.stderr, /unknown load overlap 'sometimes' \(layer or none\)/);
+  const parked = serve('--hicache-load-overlap', 'none');
+  assert.equal(parked.status, 2, parked.stderr);
+  assert.match(parked.stderr, /--hicache-load-overlap needs --enable-hierarchical-cache/);
 });
