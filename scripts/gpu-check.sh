@@ -23,8 +23,10 @@
 # Each check prints what it compared; a failure names the kernel, the shape and the values.
 # The checks: the kernels against the CPU engine's code (tests/cuda/cuda_kernels_test.cc),
 # the whole forward pass on the GPU against the CPU engine's (tests/cuda/gpu_model_test.cc),
-# and the KV tiers' copies through CUDA streams, bytes and bandwidth per I/O path and host
-# layout (tests/cuda/cuda_copy_test.cc).
+# the KV tiers' copies through CUDA streams, bytes and bandwidth per I/O path and host
+# layout (tests/cuda/cuda_copy_test.cc), and the engine with the host tier on the GPU
+# (tests/cuda/gpu_engine_test.cc: outputs after a load-back, overlapped or not, and a next
+# turn's TTFT by tier).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -98,6 +100,10 @@ run_checks() {
   # The KV tiers' copy bandwidth per I/O path and host layout, against cudaMemcpy (issue 31).
   grep -F "[copy bandwidth]" "$out/cuda_tests.txt" >"$out/copy_bandwidth.txt" || true
   cat "$out/copy_bandwidth.txt"
+  # A next turn's TTFT with its prefix on the GPU and on the host, the load-back overlapped
+  # layer by layer or not (issue 31; tests/cuda/gpu_engine_test.cc).
+  grep -F "[tier ttft]" "$out/cuda_tests.txt" >"$out/tier_ttft.txt" || true
+  cat "$out/tier_ttft.txt"
   echo "== gpu-check: all passed"
 }
 
