@@ -138,6 +138,7 @@ Status validate(const EngineOptions& o) {
   }
   if (o.min_prefill_tokens < 1) return bad("--min-prefill-tokens must be >= 1");
   if (o.priority_aging_ms < 1) return bad("--priority-aging-ms must be >= 1");
+  if (o.shared_prefill_wait_tokens < 0) return bad("--shared-prefill-wait-tokens must be >= 0");
   if (!(o.max_pinned_ratio >= 0.0 && o.max_pinned_ratio <= 1.0)) {
     return bad("--max-pinned-ratio must be in [0, 1]");
   }
@@ -246,6 +247,12 @@ void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
   cmd.add_option("--priority-aging-ms", o.priority_aging_ms,
                  "Waiting time worth one point of request priority (no request starves)")
       ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--shared-prefill-wait-tokens", o.shared_prefill_wait_tokens,
+                 "A request sharing at least this many uncached prompt tokens with one still "
+                 "being prefilled waits for those pages instead of computing them too (0: never)")
+      ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str()
       ->group(group);
   cmd.add_option("--max-pinned-ratio", o.max_pinned_ratio, "Pinned pages / pool pages, in [0, 1]")

@@ -123,7 +123,12 @@ struct EngineOptions {
   double itl_target_ms = 0.0;       // --itl-target-ms, >= 0
   int32_t min_prefill_tokens = 64;  // --min-prefill-tokens, >= 1 (at most the chunk)
   int64_t priority_aging_ms = 100;  // --priority-aging-ms: waiting worth one priority point
-  double max_pinned_ratio = 0.8;    // pinned pages / pool pages, in [0, 1]
+  // A request whose prompt shares at least this many tokens, beyond what the cache holds,
+  // with a prompt that a running request is still prefilling waits for those pages instead
+  // of computing them beside it (SGLang's in-batch prefix caching; docs/scheduling.md).
+  // --shared-prefill-wait-tokens, >= 0 (0: never wait).
+  int32_t shared_prefill_wait_tokens = 64;
+  double max_pinned_ratio = 0.8;  // pinned pages / pool pages, in [0, 1]
   // Pins a client makes without the admin key (a message's cache_control): always soft,
   // their TTL capped, inside a budget of their own (engine/pin_policy.h).
   int64_t max_client_pin_ttl_ms = 300'000;  // --max-client-pin-ttl-s, >= 1 s
@@ -162,7 +167,9 @@ struct EngineCounters {
   // them that had no room otherwise.
   uint64_t queued_holds_released = 0;
   uint64_t forward_steps = 0;
-  uint64_t prompt_logits_hits = 0;     // full hits sampled from remembered logits (no forward)
+  uint64_t prompt_logits_hits = 0;  // full hits sampled from remembered logits (no forward)
+  // Requests that waited for a running request to prefill the prompt they share (once each).
+  uint64_t shared_prefill_waits = 0;
   uint64_t cached_host_tokens = 0;     // prompt tokens loaded back from the host
   uint64_t cached_storage_tokens = 0;  // prompt tokens prefetched from storage
   uint64_t loads_failed = 0;           // load-backs refused for want of device pages

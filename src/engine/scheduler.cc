@@ -1225,13 +1225,43 @@ bool Scheduler::sample_full_hits() {
   return sampled;
 }
 
+bool Scheduler::waits_for_shared_prefill(Seq& seq) {
+  const int64_t min_tokens = options_.shared_prefill_wait_tokens;
+  if (min_tokens <= 0 || seq.counted) return false;
+  const int64_t ps = options_.page_size;
+  // What a match can use: the full pages of all but the last token.
+  const int64_t matchable = (static_cast<int64_t>(seq.tokens.size()) - 1) / ps * ps;
+  for (const auto& r : running_) {
+    // Only prompt pages still to compute are worth waiting for (a running request's own
+    // pages are inserted as they fill; its generated tokens are not another's prompt).
+    if (r->computed >= r->prompt_len || r->spec.cache_salt != seq.spec.cache_salt) continue;
+    const int64_t limit = std::min<int64_t>(matchable, r->prompt_len);
+    if (limit - r->computed / ps * ps < min_tokens) continue;
+    const auto end = seq.tokens.begin() + static_cast<std::ptrdiff_t>(limit);
+    const int64_t common =
+        std::mismatch(seq.tokens.begin(), end, r->tokens.begin()).first - seq.tokens.begin();
+    // Pages [r computed, common) would come from r's prefill; the ones before are in the tree.
+    if (common / ps * ps - r->computed / ps * ps >= min_tokens) {
+      if (!seq.waited_shared) {
+        seq.waited_shared = true;
+        ++counters_.shared_prefill_waits;
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
 void Scheduler::admit() {
   order_queues();
-  while (!waiting_.empty()) {
-    Seq& seq = *waiting_.front();
+  // waiting_[0, at) wait this step for a prefill they share (waits_for_shared_prefill); the
+  // requests behind them are not held up by it.
+  size_t at = 0;
+  while (at < waiting_.size()) {
+    Seq& seq = *waiting_[at];
     if (seq.stream->cancelled()) {
       finish(seq, FinishReason::kCancelled);
-      waiting_.pop_front();
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(at));
       continue;
     }
     if (static_cast<int32_t>(running_.size() + remote_.size()) >= options_.max_running_requests) {
@@ -1239,17 +1269,21 @@ void Scheduler::admit() {
       if (preempt_for(seq)) continue;
       break;
     }
+    if (waits_for_shared_prefill(seq)) {
+      ++at;
+      continue;
+    }
     const Admission a = try_admit(seq);
     if (a == Admission::kParked) {
       seq.move_to(SeqState::kParked);
-      parked_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
+      parked_.push_back(std::move(waiting_[at]));
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(at));
       continue;
     }
     if (a == Admission::kRemote) {
       seq.move_to(SeqState::kOrdered);
-      remote_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
+      remote_.push_back(std::move(waiting_[at]));
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(at));
       continue;
     }
     if (a == Admission::kNoRoom) {
@@ -1271,12 +1305,12 @@ void Scheduler::admit() {
           seq.tokens.size(), allocator_->num_free(), tree_->stats().cached_pages,
           tree_->unevictable_pages());
       finish(seq, FinishReason::kError, "the request cannot fit the KV pool");
-      waiting_.pop_front();
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(at));
       continue;
     }
     seq.move_to(SeqState::kRunning);
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(waiting_[at]));
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(at));
     // An order's pages that this worker's own cache held go out at once.
     if (running_.back()->remote_room != 0) pd_send_ready(*running_.back(), false);
   }

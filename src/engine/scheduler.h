@@ -111,6 +111,11 @@ class Scheduler {
   // kRemote: the prompt's KV is ordered from a prefill worker (the request waits in remote_).
   enum class Admission : uint8_t { kAdmitted, kNoRoom, kParked, kRemote };
   Admission try_admit(Seq& seq);
+  // Whether `seq` should wait this step because a running request is prefilling at least
+  // shared_prefill_wait_tokens of the prompt they share beyond what the tree holds: those
+  // pages join the tree as it computes them, and `seq` then matches them instead of
+  // computing them a second time.
+  bool waits_for_shared_prefill(Seq& seq);
   bool ensure_pages(Seq& seq, int64_t positions);
   // Device pages the running requests still need to finish their prompts, plus one decode
   // slot each; admission leaves them this room.

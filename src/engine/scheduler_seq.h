@@ -48,6 +48,7 @@ struct Scheduler::Seq {
   TransferTicket load_ticket = 0;
   LayerWait layer_wait;
   bool load_failed = false;
+  bool waited_shared = false;    // waited for a running request's prefill (counted once)
   int64_t park_deadline_ms = 0;  // parked for a prefetch: stop waiting then (0: never)
   int32_t host_tokens = 0;       // prompt tokens loaded back from the host
   int32_t storage_tokens = 0;    // of which first read from storage

@@ -9,6 +9,7 @@
 
 #include "cache/block_hash.h"
 #include "engine/engine.h"
+#include "engine/engine_test_access.h"
 #include "engine_test_util.h"
 #include "model/make_model.h"
 
@@ -256,6 +257,42 @@ TEST_F(SchedulingTest, ARestoreUnderAFullPoolDoesNotWaitForRunningRequests) {
 // Found by the request fuzzer: a request without max_tokens on a pool smaller than the
 // context failed with "cannot fit the KV pool". Output is now capped by the pool: the
 // request ends with kLength once prompt + output fill it.
+// Two prompts sharing 960 tokens arrive together: the second waits for the first's prefill
+// of them (--shared-prefill-wait-tokens) and matches them, instead of computing them too.
+TEST_F(SchedulingTest, APromptSharedWithOneBeingPrefilledWaitsForItsPages) {
+  std::vector<int32_t> a = test_prompt(1000, 41);
+  std::vector<int32_t> b(a.begin(), a.begin() + 960);
+  const std::vector<int32_t> tail = test_prompt(40, 42);
+  b.insert(b.end(), tail.begin(), tail.end());
+  EngineOptions o = serial();
+  o.max_running_requests = 4;
+  o.chunked_prefill_size = 128;  // the first prompt takes eight steps
+  const Outcome b_alone = run_greedy(*start(o), b, 4);
+  for (int32_t wait_tokens : {64, 0}) {
+    SCOPED_TRACE("--shared-prefill-wait-tokens " + std::to_string(wait_tokens));
+    o.shared_prefill_wait_tokens = wait_tokens;
+    auto e = start(o);
+    // Submitted from the scheduler thread, so that both reach the same admission.
+    std::shared_ptr<RequestStream> first, second;
+    engine_call(*e, [&](EngineState&) {
+      first = *e->submit(spec(a, 4));
+      second = *e->submit(spec(b, 4));
+      return 0;
+    }).get();
+    const Outcome got_a = drain(*first);
+    const Outcome got_b = drain(*second);
+    EXPECT_EQ(got_b.tokens, b_alone.tokens);
+    EXPECT_EQ(got_a.usage.cached_tokens, 0);
+    if (wait_tokens > 0) {
+      EXPECT_EQ(got_b.usage.cached_tokens, 960);
+      EXPECT_EQ(e->counters().shared_prefill_waits, 1u);
+    } else {
+      EXPECT_EQ(got_b.usage.cached_tokens, 0);  // admitted beside it: computed it all
+      EXPECT_EQ(e->counters().shared_prefill_waits, 0u);
+    }
+  }
+}
+
 TEST_F(SchedulingTest, OutputBeyondThePoolEndsWithLengthNotAnError) {
   EngineOptions o = serial();
   o.kv_cache_tokens = 256;
