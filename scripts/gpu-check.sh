@@ -5,18 +5,21 @@
 #
 #   scripts/gpu-check.sh prepare   here, on a machine with the build's dependencies and
 #                                  nvcc (no GPU needed): builds the CUDA tree (build-cuda,
-#                                  -DSTRATA_CUDA=ON, cuda_tests only; x86-64-v3, AVX2, not
-#                                  this machine's -march=native: the GPU machine's processor
-#                                  is another), fails on a register
-#                                  spill in any kernel (ptxas -v), and stages what the GPU
-#                                  machine runs in .gpu-check/: the test program (CUDA's
-#                                  runtime linked in statically) and the shared libraries it
-#                                  loads from outside the base system
+#                                  -DSTRATA_CUDA=ON, cuda_tests and strata; x86-64-v3, AVX2,
+#                                  not this machine's -march=native: the GPU machine's
+#                                  processor is another), fails on a register
+#                                  spill in any kernel (ptxas -v), and packs what the GPU
+#                                  machine runs into .gpu-check/stage.tar.gz: the test program
+#                                  and the strata binary (CUDA's runtime linked in statically)
+#                                  and the shared libraries they load from outside the base
+#                                  system (compressed: the device tool carries 64 MiB)
 #   scripts/gpu-check.sh run       on the GPU machine, carrying .gpu-check: every check with
 #                                  STRATA_REQUIRE_GPU=1 (a missing GPU fails instead of
-#                                  skipping), the output in $OUT (or .gpu-check/results)
-#   scripts/gpu-check.sh smoke     the same, short: the device probe and one size of each
-#                                  kernel (for reruns within the device time)
+#                                  skipping), then the benchmarks (below), the output in $OUT
+#                                  (or .gpu-check/results), a summary last
+#   scripts/gpu-check.sh smoke     the same, short: the device probe, one size of each
+#                                  kernel, the forward benchmark on the 0.6B shape only (for
+#                                  reruns within the device time)
 #
 # With the device tool: add .gpu-check to .git/info/exclude once, run `prepare` here, then
 #   run(command="scripts/gpu-check.sh run", carry=[".gpu-check"], timeout_s=300)
@@ -27,6 +30,21 @@
 # layout (tests/cuda/cuda_copy_test.cc), and the engine with the host tier on the GPU
 # (tests/cuda/gpu_engine_test.cc: outputs after a load-back, overlapped or not, and a next
 # turn's TTFT by tier).
+#
+# The benchmarks (issue 30's numbers), after the checks, each bounded by `timeout` so that a
+# slow one cannot take the device time of the rest, all in this one device command:
+#   forward   for the Qwen3 shapes 0.6B, 1.7B and 8B (smoke: 0.6B), random BF16 folders made
+#             there by `strata make-model` (an 8B folder is 16 GB: it cannot be carried):
+#             `strata bench forward --device cuda` (8K-token prefill, batch-1 decode beside
+#             its bandwidth floor, batch-64 decode) and scripts/gpu_baselines.py on the same
+#             folder (torch.matmul on the model's products, a PyTorch decode loop in a CUDA
+#             graph, Hugging Face generate), summed up by scripts/gpu_summary.py
+#   profile   the 8B shape's timing profile for `serve --simulate` (issue 33)
+#   load      `strata bench load` on `serve --device cuda` with the 8B shape: TTFT and
+#             inter-token latency at concurrency 1, 8 and 64
+#   depth     `strata bench depth-sweep` on the GPU (issue 31): 8B shape, ~42K-token device
+#             pool, baseline / pinned / tier-pinned at depths 0, 2, 6, 10, 16
+# STRATA_GPU_BENCH=forward,load (a comma list) runs only those; STRATA_GPU_BENCH=none none.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -47,7 +65,7 @@ prepare() {
   log=$(mktemp)
   # Every kernel is recompiled so that ptxas reports on each (a no-op build prints nothing).
   find build-cuda -name '*.cu.o' -delete
-  if ! cmake --build build-cuda -j "$jobs" --target cuda_tests 2>&1 | tee "$log" | grep -v "^ptxas info"; then
+  if ! cmake --build build-cuda -j "$jobs" --target cuda_tests strata 2>&1 | tee "$log" | grep -v "^ptxas info"; then
     echo "gpu-check prepare: the build failed"; exit 1
   fi
   # ptxas -v: "N bytes stack frame, N bytes spill stores, N bytes spill loads" per kernel.
@@ -57,33 +75,87 @@ prepare() {
   echo "-- ptxas: $(grep -c "Compiling entry function" "$log") kernels compiled, no spills"
   rm -f "$log"
   rm -rf "$stage_dir"
-  mkdir -p "$stage_dir/bin" "$stage_dir/lib"
-  cp build-cuda/tests/cuda_tests "$stage_dir/bin/"
-  strip --strip-debug "$stage_dir/bin/cuda_tests"
-  # The shared libraries it loads, but for the C library's own and the driver's (the GPU
+  local pack=$stage_dir/pack
+  mkdir -p "$pack/bin" "$pack/lib"
+  cp build-cuda/tests/cuda_tests build-cuda/strata "$pack/bin/"
+  strip --strip-debug "$pack/bin/cuda_tests" "$pack/bin/strata"
+  # The shared libraries they load, but for the C library's own and the driver's (the GPU
   # machine has its own, matched to its kernel).
-  ldd build-cuda/tests/cuda_tests | awk '/=> \// {print $3}' | while read -r lib; do
+  { ldd build-cuda/tests/cuda_tests; ldd build-cuda/strata; } | awk '/=> \// {print $3}' |
+    sort -u | while read -r lib; do
     case $(basename "$lib") in
       libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|ld-linux*|libcuda.so.*) ;;
-      *) cp -L "$lib" "$stage_dir/lib/" ;;
+      *) cp -L "$lib" "$pack/lib/" ;;
     esac
   done
-  echo "-- staged in .gpu-check: $(du -sh "$stage_dir" | cut -f1) ($(ls "$stage_dir/lib" | wc -l) libraries)"
+  local unpacked
+  unpacked=$(du -sh "$pack" | cut -f1)
+  tar -C "$pack" -czf "$stage_dir/stage.tar.gz" bin lib
+  rm -rf "$pack"
+  echo "-- packed in .gpu-check/stage.tar.gz: $(du -sh "$stage_dir/stage.tar.gz" | cut -f1)" \
+       "($unpacked unpacked, $(tar -tzf "$stage_dir/stage.tar.gz" | grep -c '^lib/.') libraries)"
+}
+
+# Runs "$@" with the staged libraries and cuBLASLt on the library path (and only it: PyTorch
+# keeps the machine's own libstdc++).
+staged() { LD_LIBRARY_PATH=$libpath "$@"; }
+
+# `timeout` around one benchmark step; its status is logged, never fatal: a step that fails
+# or runs out of time leaves the others their device time.
+bench_step() {
+  local name=$1 limit=$2 rc=0
+  shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" || rc=$?
+  echo "-- bench $name: exit $rc in $((SECONDS - t0)) s (limit $limit s)" | tee -a "$out/bench-steps.txt"
+  return 0
+}
+
+wanted() { [[ ",$benches," == *",$1,"* || $benches == all ]]; }
+
+forward_benchmarks() {
+  local shapes=(qwen3-0.6b qwen3-1.7b qwen3-8b) shape dir hf
+  ((smoke)) && shapes=(qwen3-0.6b)
+  for shape in "${shapes[@]}"; do
+    dir=$models/$shape
+    if [[ ! -f $dir/model.safetensors ]]; then
+      bench_step "make-model $shape" 240 staged "$bin/strata" make-model --preset "$shape" \
+        --dtype bf16 --out "$dir"
+    fi
+    bench_step "forward $shape" 240 staged "$bin/strata" bench forward --device cuda \
+      --model "$dir" --prompt-tokens 8192 --decode-tokens 128 --decode-context 1024 \
+      --decode-batches 64 --batch-context 1024 --repeats 3 --json \
+      >"$out/forward-$shape.json" 2>"$out/forward-$shape.log"
+    hf=()
+    [[ $shape == qwen3-0.6b ]] || { ((!smoke)) && [[ $shape == qwen3-8b ]]; } && hf=(--hf)
+    bench_step "torch $shape" 240 python3 scripts/gpu_baselines.py --model "$dir" \
+      --prefill-tokens 8192 --context 1024 --decode-tokens 128 --batch 64 --batch-context 1024 \
+      "${hf[@]}" >"$out/torch-$shape.jsonl" 2>"$out/torch-$shape.log"
+  done
+  python3 scripts/gpu_summary.py "$out" || true
 }
 
 run_checks() {
-  local smoke=$1 out=${OUT:-$stage_dir/results}
-  [[ -x "$stage_dir/bin/cuda_tests" ]] ||
+  local smoke=$1
+  out=${OUT:-$stage_dir/results}
+  benches=${STRATA_GPU_BENCH:-all}
+  models=${STRATA_GPU_MODELS:-${TMPDIR:-/tmp}/strata-gpu-models}
+  [[ -f "$stage_dir/stage.tar.gz" ]] ||
     { echo "gpu-check: nothing staged; run 'scripts/gpu-check.sh prepare' first"; exit 1; }
   mkdir -p "$out"
-  export LD_LIBRARY_PATH=$stage_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  local unpacked=${TMPDIR:-/tmp}/strata-gpu-check
+  rm -rf "$unpacked"
+  mkdir -p "$unpacked"
+  tar -C "$unpacked" -xzf "$stage_dir/stage.tar.gz"
+  bin=$unpacked/bin
+  libpath=$unpacked/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   # cuBLASLt (loaded at run time by cuda/gemm.h, never staged: hundreds of MB): the GPU
   # machine's CUDA, or the one PyTorch's wheels bring.
   local cublas
   for cublas in /usr/local/cuda/lib64 \
       "$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null)"; do
     if [[ -n $cublas && -e $cublas/libcublasLt.so.13 ]]; then
-      export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cublas
+      libpath=$libpath:$cublas
       echo "-- cuBLASLt from $cublas"
       break
     fi
@@ -94,8 +166,7 @@ run_checks() {
   # Smoke: the kernel tests at fewer shapes (STRATA_GPU_SMOKE, read by tests/cuda).
   if ((smoke)); then export STRATA_GPU_SMOKE=1; fi
   local rc=0
-  "$stage_dir/bin/cuda_tests" 2>&1 | tee "$out/cuda_tests.txt" ||
-    rc=$?
+  staged "$bin/cuda_tests" 2>&1 | tee "$out/cuda_tests.txt" || rc=$?
   if ((rc != 0)); then echo "== gpu-check: cuda_tests failed (exit $rc)"; exit 1; fi
   # The KV tiers' copy bandwidth per I/O path and host layout, against cudaMemcpy (issue 31).
   grep -F "[copy bandwidth]" "$out/cuda_tests.txt" >"$out/copy_bandwidth.txt" || true
@@ -104,6 +175,37 @@ run_checks() {
   # layer by layer or not (issue 31; tests/cuda/gpu_engine_test.cc).
   grep -F "[tier ttft]" "$out/cuda_tests.txt" >"$out/tier_ttft.txt" || true
   cat "$out/tier_ttft.txt"
+  echo "== gpu-check: the checks passed"
+  [[ $benches == none ]] && return 0
+  : >"$out/bench-steps.txt"
+  wanted forward && forward_benchmarks
+  local big=$models/qwen3-8b
+  ((smoke)) && big=$models/qwen3-0.6b
+  if ((!smoke)) && wanted profile && [[ -f $big/model.safetensors ]]; then
+    bench_step "profile" 180 staged "$bin/strata" bench forward --device cuda --model "$big" \
+      --profile-out "$out/profile-qwen3-8b.json" --profile-prefill-tokens 16,64,256,1024,4096 \
+      --profile-batches 1,4,16,64 --profile-contexts 0,2048,8192 --repeats 2 \
+      >"$out/profile.log" 2>&1
+  fi
+  local serve=(--server-arg=--device --server-arg=cuda --server-arg=--mem-fraction-static
+               --server-arg=0.85 --strata-bin "$bin/strata" --start-timeout-s 300)
+  if ((!smoke)) && wanted load && [[ -f $big/model.safetensors ]]; then
+    bench_step "load" 240 staged "$bin/strata" bench load --spawn --model "$big" "${serve[@]}" \
+      --concurrency 1,8,64 --requests-per-level 64 --max-tokens 64 --out "$out/load" \
+      >"$out/load.log" 2>&1
+  fi
+  if ((!smoke)) && wanted depth && [[ -f $big/model.safetensors ]]; then
+    bench_step "depth-sweep" 300 staged "$bin/strata" bench depth-sweep --spawn --model "$big" \
+      --server-arg=--device --server-arg=cuda --server-arg=--kv-cache-tokens \
+      --server-arg=42000 --strata-bin "$bin/strata" --start-timeout-s 300 \
+      --depths 0,2,6,10,16 --out "$out/depth-sweep" >"$out/depth-sweep.log" 2>&1
+  fi
+  echo "== gpu-check: benchmark steps"
+  cat "$out/bench-steps.txt"
+  [[ -f $out/summary-forward.md ]] && cat "$out/summary-forward.md"
+  for f in "$out"/load/summary.md "$out"/depth-sweep/summary.md; do
+    [[ -f $f ]] && { echo "== $f"; cat "$f"; }
+  done
   echo "== gpu-check: all passed"
 }
 

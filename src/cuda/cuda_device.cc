@@ -189,8 +189,46 @@ Status DeviceBuffer::zero() {
   return {};
 }
 
+Result<double> device_copy_bandwidth(size_t bytes, int repeats) {
+  if (bytes == 0 || repeats < 1) return bad_argument("device_copy_bandwidth: no bytes or runs");
+  auto src = DeviceBuffer::allocate(bytes);
+  if (!src) return std::unexpected(src.error());
+  auto dst = DeviceBuffer::allocate(bytes);
+  if (!dst) return std::unexpected(dst.error());
+  if (auto z = src->zero(); !z) return std::unexpected(z.error());
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (const cudaError_t e = cudaEventCreate(&start); e != cudaSuccess) {
+    return std::unexpected(cuda_error(e, "creating an event"));
+  }
+  if (const cudaError_t e = cudaEventCreate(&stop); e != cudaSuccess) {
+    cudaEventDestroy(start);
+    return std::unexpected(cuda_error(e, "creating an event"));
+  }
+  double best_s = 0;
+  cudaError_t e = cudaSuccess;
+  // One untimed copy first (the first touch of the pages).
+  for (int r = -1; r < repeats && e == cudaSuccess; ++r) {
+    e = cudaEventRecord(start, nullptr);
+    if (e == cudaSuccess)
+      e = cudaMemcpyAsync(dst->data(), src->data(), bytes, cudaMemcpyDeviceToDevice, nullptr);
+    if (e == cudaSuccess) e = cudaEventRecord(stop, nullptr);
+    if (e == cudaSuccess) e = cudaEventSynchronize(stop);
+    float ms = 0;
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
+    if (e == cudaSuccess && r >= 0 && (best_s == 0 || ms * 1e-3 < best_s)) best_s = ms * 1e-3;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (e != cudaSuccess) return std::unexpected(cuda_error(e, "timing a device-to-device copy"));
+  if (best_s <= 0) return make_error(ErrorCode::kInternal, "a device copy took no time");
+  return 2.0 * static_cast<double>(bytes) / best_s;
+}
+
 #else  // no CUDA in this build
 
+Result<double> device_copy_bandwidth(size_t, int) {
+  return std::unexpected(no_cuda());
+}
 Result<DeviceInfo> probe_device(int) {
   return std::unexpected(no_cuda());
 }

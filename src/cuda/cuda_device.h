@@ -49,6 +49,12 @@ Result<DeviceInfo> probe_device(int ordinal = 0);
 // "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB (139.1 free), driver 13.0, runtime 13.0".
 std::string describe(const DeviceInfo& info);
 
+// Device memory's bandwidth as a copy within it sees it: bytes read plus bytes written per
+// second by one cudaMemcpy of `bytes` between two device buffers, the best of `repeats`
+// timed with events (one untimed copy first). The floor of a decode step, which reads
+// every weight once (`strata bench forward --device cuda`; issue 30).
+Result<double> device_copy_bandwidth(size_t bytes, int repeats = 5);
+
 // A stream the caller owns (non-blocking with respect to the default stream).
 class Stream {
  public:

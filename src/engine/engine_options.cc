@@ -77,6 +77,8 @@ const char* pd_fallback_name(PdFallback reason) {
       return "transfer";
     case PdFallback::kSendFailed:
       return "send_failed";
+    case PdFallback::kStageTooSmall:
+      return "stage_too_small";
   }
   return "protocol_error";
 }
@@ -400,6 +402,12 @@ void add_pd_flags(CLI::App& cmd, PdOptions& o) {
       ->group(group);
   cmd.add_option("--pd-max-queued-prefill-tokens", o.max_queued_prefill_tokens,
                  "Prefill workers: reject orders while more prompt tokens than this wait here")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--pd-stage-tokens", o.stage_tokens,
+                 "--device cuda: tokens of page-locked host memory the KV crosses on its way "
+                 "between the GPU and the transport (at most the device pool's)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str()
       ->group(group);
 }

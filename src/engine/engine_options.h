@@ -93,6 +93,11 @@ struct PdOptions {
   // Prefill side: an order is rejected (OrderRejected, the decode worker prefills locally)
   // while more prompt tokens than this wait to be prefilled here.
   int64_t max_queued_prefill_tokens = 65'536;
+  // A model with KV memory of its own (--device cuda): the transports read and write a
+  // staging pool in page-locked host memory of this many tokens (at most the device pool's),
+  // and the pages cross between it and the GPU through the model's copy device
+  // (engine/pd_stage.h). A room larger than it is prefilled locally.
+  int64_t stage_tokens = 32'768;
 
   bool enabled() const { return role == WorkerRole::kPrefill || !prefill_peers.empty(); }
 };
@@ -201,7 +206,7 @@ struct EngineCounters {
   // rejected, finished, failed or aborted, KV sent.
   uint64_t pd_rooms_ordered = 0;
   uint64_t pd_rooms_done = 0;
-  std::array<uint64_t, 8> pd_fallbacks{};  // by PdFallback
+  std::array<uint64_t, 9> pd_fallbacks{};  // by PdFallback
   uint64_t pd_pages_received = 0;
   uint64_t pd_bytes_received = 0;
   uint64_t pd_orders_accepted = 0;
@@ -210,6 +215,10 @@ struct EngineCounters {
   uint64_t pd_orders_failed = 0;
   uint64_t pd_pages_sent = 0;
   uint64_t pd_bytes_sent = 0;
+  // Through a stage (--device cuda): pages copied between the device and the stage, and
+  // copies that failed (the room then failed: prefilled locally on the decode side).
+  uint64_t pd_stage_pages_copied = 0;
+  uint64_t pd_stage_copy_faults = 0;
   int64_t pd_rooms_active = 0;       // gauge
   int64_t pd_quarantined_pages = 0;  // gauge: pages of failed rooms not yet reusable
   int64_t pd_peers_alive = 0;        // gauge
@@ -223,10 +232,12 @@ enum class PdFallback : uint8_t {
   kPeerDead,         // it died or restarted
   kPrefillFailed,    // it reported a failure
   kProtocolError,
-  kTransfer,    // the pages could not be received (storage read)
-  kSendFailed,  // the order could not be sent
+  kTransfer,       // the pages could not be received (storage read)
+  kSendFailed,     // the order could not be sent
+  kStageTooSmall,  // the room is larger than the whole P/D stage (--pd-stage-tokens)
 };
-inline constexpr size_t kPdFallbacks = 8;
+inline constexpr size_t kPdFallbacks = 9;
+static_assert(kPdFallbacks == std::tuple_size_v<decltype(EngineCounters::pd_fallbacks)>);
 const char* pd_fallback_name(PdFallback reason);
 
 }  // namespace strata

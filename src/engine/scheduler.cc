@@ -615,9 +615,10 @@ EngineState Scheduler::make_state() {
       s.request_private_pages += static_cast<int64_t>(seq->pages.size()) - seq->tree_pages;
     }
   }
-  // Pages of failed rooms in quarantine are held too (docs/pd-disaggregation.md).
+  // Pages of failed rooms in quarantine are held too (docs/pd-disaggregation.md); with a
+  // stage they are the stage's.
   for (const auto& [room, pages] : quarantine_) {
-    s.request_private_pages += static_cast<int64_t>(pages.size());
+    if (!pd_stage_) s.request_private_pages += static_cast<int64_t>(pages.size());
   }
   s.audit_pages = [this] { return audit_pages(); };
   s.make_device_room = [this](int64_t pages) { return make_room_for_restore(pages); };
@@ -657,9 +658,31 @@ Status Scheduler::audit_pages() const {
       owned.insert(owned.end(), seq->pages.begin() + seq->tree_pages, seq->pages.end());
     }
   }
-  for (const auto& [room, pages] : quarantine_)
-    owned.insert(owned.end(), pages.begin(), pages.end());
+  if (!pd_stage_) {
+    for (const auto& [room, pages] : quarantine_)
+      owned.insert(owned.end(), pages.begin(), pages.end());
+  }
   if (auto st = allocator_->audit(owned); !st) return st;
+  if (pd_stage_) {
+    // The stage's pages: rooms ordered or being copied in, sends being staged or sent, and
+    // quarantined rooms.
+    std::vector<PageId> staged;
+    for (const auto& seq : remote_) {
+      staged.insert(staged.end(), seq->pd_stage_pages.begin(), seq->pd_stage_pages.end());
+    }
+    for (const StagedSend& send : stage_sends_) {
+      staged.insert(staged.end(), send.stage.begin(), send.stage.end());
+    }
+    for (const auto& [key, pages] : stage_in_send_) {
+      staged.insert(staged.end(), pages.begin(), pages.end());
+    }
+    for (const auto& [room, pages] : quarantine_) {
+      staged.insert(staged.end(), pages.begin(), pages.end());
+    }
+    if (auto st = pd_stage_->pages().audit(staged); !st) {
+      return make_error(st.error().code, "the P/D stage: " + st.error().message);
+    }
+  }
   if (!host_allocator_) return {};
   owned.clear();
   tree_->collect_host_pages(owned);
@@ -899,6 +922,8 @@ void Scheduler::release_seq_pages(Seq& seq) {
   seq.load_ticket = 0;
   seq.load_failed = false;
   seq.layer_wait = nullptr;
+  // A room's stage pages (the paths that may still see them written moved them out first).
+  pd_free_stage(seq);
 }
 
 void Scheduler::end_order_request(Seq& seq) {

@@ -16,6 +16,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "engine/engine_options.h"
 #include "engine/engine_state.h"
 #include "engine/pd_link.h"
+#include "engine/pd_stage.h"
 #include "engine/queue_order.h"
 #include "engine/request.h"
 #include "engine/step_budget.h"
@@ -148,6 +150,22 @@ class Scheduler {
   void pd_send_ready(Seq& seq, bool final);
   void pd_abort(uint64_t room, bool tell_peer, const std::string& why);
   void pd_settle_orders();
+  // With a stage (a model with KV memory of its own): sends wait for stage pages and their
+  // device -> stage copy, then go to the transport; a received room's stage pages are
+  // copied to its device pages before it decodes.
+  void pd_queue_staged_send(uint64_t room, PageBatch batch);
+  void pd_pump_stage();
+  void pd_stage_outcome(const TransferOutcome& o);
+  // The room's stage pages go back (or wait out the quarantine with the room).
+  void pd_free_stage(Seq& seq);
+  // The received room's first token goes out and the request decodes.
+  void pd_deliver(std::unique_ptr<Seq> seq);
+  // The pages the peer of a failed room may still write: the stage's, or the device's.
+  void pd_release_room_pages(uint64_t room, std::vector<PageId> device_pages,
+                             std::vector<PageId> stage_pages, bool reclaimable);
+  // The pool the transports read and write: the stage's, or the engine's.
+  KvPool& pd_pool();
+  void pd_free_quarantined(std::vector<PageId>& pages);
   bool sample_full_hits();
   // Orders running_ best first (queue_order.h), so that running_.back() is the request to
   // retract first; waiting_ likewise, so that front() is the next to admit.
@@ -281,11 +299,27 @@ class Scheduler {
   std::unique_ptr<ToolSessions> sessions_;
   std::vector<SessionWaiter> session_waiters_;  // tool_session() callers, scheduler thread
   int64_t last_session_tick_ms_ = 0;
+  // Disaggregation on a model with KV memory of its own: the host pool the transports read
+  // and write (null otherwise). Declared before pd_: the transport goes first.
+  std::unique_ptr<PdStage> pd_stage_;
+  struct StagedSend {
+    uint64_t room = 0;
+    PageBatch batch;            // src_pages: the device pages, then the stage pages
+    std::vector<PageId> stage;  // empty while it waits for stage pages
+    TransferTicket ticket = 0;  // its device -> stage copy, once submitted
+  };
+  // Prefill side: sends waiting for stage pages or their copy, in order; and the stage pages
+  // the transport reads, by (room, first index) until its completion.
+  std::deque<StagedSend> stage_sends_;
+  std::map<std::pair<uint64_t, int32_t>, std::vector<PageId>> stage_in_send_;
+  // Decode side: stage -> device copies of received rooms, by ticket.
+  std::unordered_map<TransferTicket, uint64_t> stage_loads_;
   // Disaggregation (null without it). Declared after the pool: the transport goes first.
   std::unique_ptr<PdLink> pd_;
   // Decode side: requests whose prompt a prefill worker computes; pages of failed rooms the
   // peer may still write into, by room, until the quarantine ends.
   std::vector<std::unique_ptr<Seq>> remote_;
+  // (With a stage: the stage's pages; the room's device pages went back at once.)
   std::unordered_map<uint64_t, std::vector<PageId>> quarantine_;
   // Prefill side: the orders taken, by room; requests whose last pages are on their way.
   std::unordered_map<uint64_t, RemoteOrder> orders_;

@@ -59,14 +59,21 @@ constexpr int64_t kKeepAliveMs = 1'000;
 }  // namespace
 
 Status Scheduler::init_pd() {
-  if (model_->external_kv()) {
-    // The transports send the engine pool's bytes; a GPU's pages would have to be staged
-    // through the page-locked host pool first (docs/cuda.md): not built yet.
-    return make_error(ErrorCode::kUnsupported,
-                      "prefill/decode disaggregation does not run on a model that keeps its KV "
-                      "in memory of its own (--device cuda) yet (issue 31)");
+  KvPool* pool = kv_pool_.get();
+  if (const std::optional<ExternalKv> external = model_->external_kv()) {
+    // The transports send host memory: the pages cross through a stage (engine/pd_stage.h).
+    const int64_t pages =
+        std::clamp<int64_t>(pages_for(options_.pd.stage_tokens, options_.page_size), 1, num_pages_);
+    auto stage = PdStage::create(*model_, *external, static_cast<int32_t>(pages),
+                                 options_.hicache.io_backend,
+                                 std::max<int64_t>(options_.pd.stall_ms, 1), *clock_);
+    if (!stage) return std::unexpected(stage.error());
+    pd_stage_ = std::move(*stage);
+    pool = &pd_stage_->pool();
+    STRATA_LOG_INFO("disaggregation: the KV crosses a stage of {} pages ({:.2f} GB of host memory)",
+                    pages, static_cast<double>(pool->total_bytes()) / 1e9);
   }
-  auto link = PdLink::create(options_.pd, *kv_pool_, *clock_, [this] {
+  auto link = PdLink::create(options_.pd, *pool, *clock_, [this] {
     {
       std::lock_guard lock(mutex_);
       pd_signal_ = true;
@@ -88,7 +95,8 @@ PdInfo Scheduler::pd_info() const {
 }
 
 bool Scheduler::pd_busy() const {
-  return pd_ && (!remote_.empty() || !orders_.empty() || !quarantine_.empty());
+  return pd_ && (!remote_.empty() || !orders_.empty() || !quarantine_.empty() ||
+                 !stage_sends_.empty() || (pd_stage_ && pd_stage_->in_flight() > 0));
 }
 
 // ---- Decode side ----
@@ -120,13 +128,30 @@ std::optional<Scheduler::Admission> Scheduler::try_remote(Seq& seq, const MatchR
     seq.pd_tried = false;
     return Admission::kNoRoom;
   }
+  // With a stage, the prefill worker writes stage pages; they are copied to `dst` after.
+  std::vector<PageId> stage;
+  if (pd_stage_) {
+    PageAllocator& sp_pages = pd_stage_->pages();
+    if (room_pages > sp_pages.num_pages() || !sp_pages.allocate(room_pages, stage)) {
+      allocator_->free(dst);
+      STRATA_CHECK(tree_->release(receipt).has_value());
+      if (room_pages <= sp_pages.num_pages()) {
+        seq.pd_tried = false;  // the stage is busy: try again once rooms complete
+        return Admission::kNoRoom;
+      }
+      ++counters_.pd_fallbacks[static_cast<size_t>(PdFallback::kStageTooSmall)];
+      return std::nullopt;
+    }
+  }
   pd::PrefillOrder order;
   order.room = pd_->rooms().new_room_id();
   order.decode_worker_id = pd_->options().worker_id;
   order.tokens = seq.tokens;
   order.cached_tokens = m.num_pages * ps;
   order.page_size = ps;
-  for (PageId p : dst) order.dst_pages.push_back(static_cast<uint32_t>(page_index(p)));
+  for (PageId p : pd_stage_ ? stage : dst) {
+    order.dst_pages.push_back(static_cast<uint32_t>(page_index(p)));
+  }
   order.transport = pd_->transport_info();
   order.sampling["temperature"] = static_cast<double>(sp.temperature);
   order.sampling["top_p"] = static_cast<double>(sp.top_p);
@@ -142,6 +167,7 @@ std::optional<Scheduler::Admission> Scheduler::try_remote(Seq& seq, const MatchR
     if (pd_->rooms().find(order.room)) (void)pd_->rooms().cancel(order.room, now);
     (void)pd_->rooms().erase(order.room);
     allocator_->free(dst);
+    if (pd_stage_) pd_stage_->pages().free(stage);
     STRATA_CHECK(tree_->release(receipt).has_value());
     ++counters_.pd_fallbacks[static_cast<size_t>(PdFallback::kSendFailed)];
     STRATA_LOG_WARN("disaggregation: cannot order the prefill from {}: {}; prefilling locally",
@@ -160,6 +186,7 @@ std::optional<Scheduler::Admission> Scheduler::try_remote(Seq& seq, const MatchR
   seq.computed = static_cast<int64_t>(m.num_pages) * ps;
   seq.pd_room = room;
   seq.pd_ordered_ms = now;
+  seq.pd_stage_pages = std::move(stage);
   count_admission(seq);
   ++counters_.pd_rooms_ordered;
   STRATA_LOG_DEBUG("disaggregation: room {:016x}: {} of {} prompt tokens ordered from {}", room,
@@ -214,14 +241,20 @@ void Scheduler::pd_room_event(const pd::RoomEvent& ev) {
       seq->usage.kv_transfer_bytes = static_cast<int64_t>(ev.done.bytes);
       PageBatch batch;
       batch.room_id = room;
-      batch.dst_pages.assign(seq->pages.begin() + seq->tree_pages, seq->pages.end());
+      if (pd_stage_) {
+        batch.dst_pages = seq->pd_stage_pages;
+      } else {
+        batch.dst_pages.assign(seq->pages.begin() + seq->tree_pages, seq->pages.end());
+      }
       batch.src_pages = batch.dst_pages;  // unused on this side
       const int32_t count = static_cast<int32_t>(batch.dst_pages.size());
       Status st = pd_->transport().receive(batch, std::max<int64_t>(options_.pd.stall_ms, 1),
                                            pd_->completion(room, true, 0, count));
       if (!st) {
         (void)pd_->rooms().erase(ev.room);
-        pd_fallback(take_remote(room), PdFallback::kTransfer);
+        std::unique_ptr<Seq> failed = take_remote(room);
+        pd_free_stage(*failed);
+        pd_fallback(std::move(failed), PdFallback::kTransfer);
         return;
       }
       seq->move_to(SeqState::kReceiving);
@@ -231,13 +264,10 @@ void Scheduler::pd_room_event(const pd::RoomEvent& ev) {
       if (ev.send_cancel) (void)pd_->channel().send(ev.peer, pd::Cancel{ev.room});
       std::unique_ptr<Seq> seq = take_remote(room);
       std::vector<PageId> pages = seq ? detach_room_pages(*seq) : std::vector<PageId>{};
-      if (ev.reclaimable) {
-        pd_->fence_pages();  // bytes that did land are ordered before the pages' reuse
-        allocator_->free(pages);
-        (void)pd_->rooms().erase(ev.room);
-      } else {
-        quarantine_[room] = std::move(pages);
-      }
+      std::vector<PageId> stage = seq ? std::move(seq->pd_stage_pages) : std::vector<PageId>{};
+      if (seq) seq->pd_stage_pages.clear();  // released with the room
+      pd_release_room_pages(room, std::move(pages), std::move(stage), ev.reclaimable);
+      if (ev.reclaimable) (void)pd_->rooms().erase(ev.room);
       STRATA_LOG_INFO("disaggregation: room {:016x} with {} failed ({}: {}); prefilling locally",
                       room, ev.peer, pd::room_fail_reason_name(ev.reason), ev.message);
       if (seq) pd_fallback(std::move(seq), fallback_of(ev.reason));
@@ -246,8 +276,7 @@ void Scheduler::pd_room_event(const pd::RoomEvent& ev) {
     case pd::RoomEvent::Kind::kReclaimable: {
       auto it = quarantine_.find(room);
       if (it != quarantine_.end()) {
-        pd_->fence_pages();
-        allocator_->free(it->second);
+        pd_free_quarantined(it->second);
         quarantine_.erase(it);
       }
       (void)pd_->rooms().erase(ev.room);
@@ -366,6 +395,11 @@ void Scheduler::pd_send_ready(Seq& seq, bool final) {
     if (ro.send_receipt.valid()) STRATA_CHECK(tree_->release(ro.send_receipt).has_value());
     ro.send_receipt = lock;
   }
+  if (pd_stage_) {
+    ro.pages_sent = ready;
+    pd_queue_staged_send(seq.remote_room, std::move(batch));
+    return;
+  }
   const int64_t deadline = pd_->leases()
                                .deadline_of(pd::RoomId{seq.remote_room})
                                .value_or(clock_->now_ms() + options_.pd.order_deadline_ms);
@@ -459,10 +493,174 @@ void Scheduler::pd_settle_orders() {
   }
 }
 
+// ---- Through a stage (engine/pd_stage.h) ----
+
+KvPool& Scheduler::pd_pool() {
+  return pd_stage_ ? pd_stage_->pool() : *kv_pool_;
+}
+
+// A send of at most the stage's size at a time: a batch larger than the stage goes in parts.
+void Scheduler::pd_queue_staged_send(uint64_t room, PageBatch batch) {
+  RemoteOrder& ro = orders_.at(room);
+  const auto part = static_cast<size_t>(pd_stage_->pages().num_pages());
+  for (size_t at = 0; at < batch.src_pages.size(); at += part) {
+    const size_t n = std::min(part, batch.src_pages.size() - at);
+    StagedSend send;
+    send.room = room;
+    send.batch.room_id = batch.room_id;
+    send.batch.first_index = batch.first_index + static_cast<int32_t>(at);
+    send.batch.src_pages.assign(batch.src_pages.begin() + static_cast<std::ptrdiff_t>(at),
+                                batch.src_pages.begin() + static_cast<std::ptrdiff_t>(at + n));
+    send.batch.dst_pages.assign(batch.dst_pages.begin() + static_cast<std::ptrdiff_t>(at),
+                                batch.dst_pages.begin() + static_cast<std::ptrdiff_t>(at + n));
+    ++ro.outstanding;  // until the transport's completion (or the part's failure)
+    stage_sends_.push_back(std::move(send));
+  }
+  pd_pump_stage();
+}
+
+// Sends waiting for stage pages get them in order (a later one never overtakes an earlier
+// one: the decode worker's pages arrive in order); each one's device -> stage copy starts.
+void Scheduler::pd_pump_stage() {
+  for (StagedSend& send : stage_sends_) {
+    if (send.ticket != 0) continue;
+    auto it = orders_.find(send.room);
+    if (it == orders_.end() || it->second.state == RemoteOrder::State::kAborted) {
+      continue;  // dropped below, without a copy
+    }
+    const auto n = static_cast<int32_t>(send.batch.src_pages.size());
+    if (!pd_stage_->pages().allocate(n, send.stage)) break;
+    send.ticket =
+        pd_stage_->copy(TransferDirection::kDeviceToHost, send.batch.src_pages, send.stage);
+  }
+  // Parts of aborted orders that never started their copy end here.
+  for (auto s = stage_sends_.begin(); s != stage_sends_.end();) {
+    auto it = orders_.find(s->room);
+    if (s->ticket == 0 &&
+        (it == orders_.end() || it->second.state == RemoteOrder::State::kAborted)) {
+      if (it != orders_.end()) --it->second.outstanding;
+      s = stage_sends_.erase(s);
+    } else {
+      ++s;
+    }
+  }
+}
+
+void Scheduler::pd_stage_outcome(const TransferOutcome& o) {
+  if (o.result == TransferResult::kStalled) {
+    STRATA_LOG_WARN("disaggregation: a copy through the stage is slow ({})", o.error);
+    return;  // it still resolves; its pages stay held until then
+  }
+  // Decode side: a received room's pages reached its device pages (or failed to).
+  if (auto load = stage_loads_.find(o.ticket); load != stage_loads_.end()) {
+    const uint64_t room = load->second;
+    stage_loads_.erase(load);
+    std::unique_ptr<Seq> seq = take_remote(room);
+    STRATA_CHECK(seq != nullptr);
+    if (o.result == TransferResult::kLanded)
+      counters_.pd_stage_pages_copied += seq->pd_stage_pages.size();
+    pd_free_stage(*seq);
+    if (o.result == TransferResult::kFailed) {
+      ++counters_.pd_stage_copy_faults;
+      STRATA_LOG_WARN(
+          "disaggregation: room {:016x}: copying its pages to the device failed: "
+          "{}; prefilling locally",
+          room, o.error);
+      pd_fallback(std::move(seq), PdFallback::kTransfer);
+      return;
+    }
+    pd_deliver(std::move(seq));
+    return;
+  }
+  // Prefill side: a part's pages reached the stage: the transport sends them from there.
+  auto send = std::find_if(stage_sends_.begin(), stage_sends_.end(),
+                           [&](const StagedSend& s) { return s.ticket == o.ticket; });
+  STRATA_CHECK(send != stage_sends_.end());
+  StagedSend part = std::move(*send);
+  stage_sends_.erase(send);
+  auto it = orders_.find(part.room);
+  RemoteOrder* ro = it == orders_.end() ? nullptr : &it->second;
+  auto fail = [&](const std::string& why) {
+    pd_stage_->pages().free(part.stage);
+    if (ro == nullptr) return;
+    --ro->outstanding;
+    if (!ro->send_failed) {
+      ro->send_failed = true;
+      ro->why = why;
+    }
+  };
+  if (o.result == TransferResult::kFailed) {
+    ++counters_.pd_stage_copy_faults;
+    return fail("copying pages to the stage failed: " + o.error);
+  }
+  if (ro == nullptr || ro->state == RemoteOrder::State::kAborted) {
+    pd_stage_->pages().free(part.stage);
+    if (ro != nullptr) --ro->outstanding;
+    return;
+  }
+  counters_.pd_stage_pages_copied += part.stage.size();
+  part.batch.src_pages = part.stage;
+  const int64_t deadline = pd_->leases()
+                               .deadline_of(pd::RoomId{part.room})
+                               .value_or(clock_->now_ms() + options_.pd.order_deadline_ms);
+  const int64_t timeout = std::max<int64_t>(1, deadline - clock_->now_ms());
+  const int32_t count = static_cast<int32_t>(part.batch.src_pages.size());
+  Status st =
+      pd_->transport().send(ro->destination, part.batch, timeout,
+                            pd_->completion(part.room, false, part.batch.first_index, count));
+  if (!st) return fail("sending pages failed: " + st.error().message);
+  stage_in_send_[{part.room, part.batch.first_index}] = std::move(part.stage);
+}
+
+void Scheduler::pd_free_stage(Seq& seq) {
+  if (pd_stage_ && !seq.pd_stage_pages.empty()) pd_stage_->pages().free(seq.pd_stage_pages);
+  seq.pd_stage_pages.clear();
+}
+
+void Scheduler::pd_deliver(std::unique_ptr<Seq> seq) {
+  pd_land(*seq);
+  GeneratedToken tok;
+  tok.token = seq->pd_first_token;
+  const auto& stops = seq->spec.sampling.stop_token_ids;
+  tok.is_stop = std::find(stops.begin(), stops.end(), tok.token) != stops.end();
+  if (!emit_sampled(*seq, std::move(tok))) running_.push_back(std::move(seq));
+}
+
+// A failed or cancelled room: the peer may still write the pages it was given until the
+// room is reclaimable. With a stage those are the stage's (the device pages go back now:
+// nothing but the stage's copy writes them, and it never started); without, the device's.
+void Scheduler::pd_release_room_pages(uint64_t room, std::vector<PageId> device_pages,
+                                      std::vector<PageId> stage_pages, bool reclaimable) {
+  std::vector<PageId> written = std::move(device_pages);
+  if (pd_stage_) {
+    allocator_->free(written);
+    written = std::move(stage_pages);
+  }
+  if (reclaimable) {
+    pd_free_quarantined(written);
+  } else {
+    quarantine_[room] = std::move(written);
+  }
+}
+
+void Scheduler::pd_free_quarantined(std::vector<PageId>& pages) {
+  pd_->fence_pages();  // bytes that did land are ordered before the pages' reuse
+  if (pd_stage_) {
+    pd_stage_->pages().free(pages);
+  } else {
+    allocator_->free(pages);
+  }
+  pages.clear();
+}
+
 // ---- Both ----
 
 void Scheduler::pd_poll() {
   if (!pd_) return;
+  if (pd_stage_) {
+    for (const TransferOutcome& o : pd_stage_->take_outcomes()) pd_stage_outcome(o);
+    pd_pump_stage();
+  }
   const int64_t now = clock_->now_ms();
   pd::ChannelEvents events = pd_->channel().poll();
   if (pd_->prefill()) {
@@ -492,12 +690,17 @@ void Scheduler::pd_poll() {
       pd_abort(pd::room_value(ended.room), true, "the order's deadline passed");
     }
     for (PdCompletion& c : pd_->take_completions()) {
+      // The transport is done with the stage pages it read.
+      if (auto sent = stage_in_send_.find({c.room, c.first_index}); sent != stage_in_send_.end()) {
+        pd_stage_->pages().free(sent->second);
+        stage_in_send_.erase(sent);
+      }
       auto it = orders_.find(c.room);
       if (it == orders_.end()) continue;
       RemoteOrder& ro = it->second;
       --ro.outstanding;
       if (c.status) {
-        const uint64_t bytes = static_cast<uint64_t>(c.n_pages) * kv_pool_->page_bytes();
+        const uint64_t bytes = static_cast<uint64_t>(c.n_pages) * pd_pool().page_bytes();
         ro.bytes += bytes;
         counters_.pd_pages_sent += static_cast<uint64_t>(c.n_pages);
         counters_.pd_bytes_sent += bytes;
@@ -534,21 +737,29 @@ void Scheduler::pd_poll() {
     }
     for (const pd::RoomEvent& ev : pd_->rooms().tick(now)) pd_room_event(ev);
     for (PdCompletion& c : pd_->take_completions()) {
-      std::unique_ptr<Seq> seq = take_remote(c.room);
       (void)pd_->rooms().erase(pd::RoomId{c.room});
+      if (pd_stage_ && c.status) {
+        // Received into the stage: its pages cross to the room's device pages first.
+        Seq* seq = nullptr;
+        for (auto& r : remote_) {
+          if (r->pd_room == c.room) seq = r.get();
+        }
+        if (seq == nullptr) continue;
+        std::vector<PageId> device(seq->pages.begin() + seq->tree_pages, seq->pages.end());
+        stage_loads_[pd_stage_->copy(TransferDirection::kHostToDevice, std::move(device),
+                                     seq->pd_stage_pages)] = c.room;
+        continue;
+      }
+      std::unique_ptr<Seq> seq = take_remote(c.room);
       if (!seq) continue;
       if (!c.status) {
         STRATA_LOG_WARN("disaggregation: receiving room {:016x} failed: {}; prefilling locally",
                         c.room, c.status.error().message);
+        pd_free_stage(*seq);
         pd_fallback(std::move(seq), PdFallback::kTransfer);
         continue;
       }
-      pd_land(*seq);
-      GeneratedToken tok;
-      tok.token = seq->pd_first_token;
-      const auto& stops = seq->spec.sampling.stop_token_ids;
-      tok.is_stop = std::find(stops.begin(), stops.end(), tok.token) != stops.end();
-      if (!emit_sampled(*seq, std::move(tok))) running_.push_back(std::move(seq));
+      pd_deliver(std::move(seq));
     }
     // A client that went away while its prompt was being computed remotely.
     for (size_t i = 0; i < remote_.size();) {
@@ -563,13 +774,11 @@ void Scheduler::pd_poll() {
       if (outcome && outcome->send_cancel) {
         (void)pd_->channel().send(pd_->rooms().find(id)->peer, pd::Cancel{id});
       }
-      if (!outcome || outcome->reclaimable) {
-        pd_->fence_pages();
-        allocator_->free(pages);
-        (void)pd_->rooms().erase(id);
-      } else {
-        quarantine_[seq.pd_room] = std::move(pages);
-      }
+      const bool reclaimable = !outcome || outcome->reclaimable;
+      std::vector<PageId> stage = std::move(seq.pd_stage_pages);
+      seq.pd_stage_pages.clear();  // released with the room
+      pd_release_room_pages(seq.pd_room, std::move(pages), std::move(stage), reclaimable);
+      if (reclaimable) (void)pd_->rooms().erase(id);
       finish(seq, FinishReason::kCancelled);
       remote_.erase(remote_.begin() + static_cast<std::ptrdiff_t>(i));
     }

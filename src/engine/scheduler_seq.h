@@ -62,6 +62,9 @@ struct Scheduler::Seq {
   uint64_t pd_room = 0;
   int64_t pd_ordered_ms = 0;
   int32_t pd_first_token = -1;
+  // With a stage (engine/pd_stage.h): the stage pages the prefill worker writes the room's
+  // KV into, held from the order until they are copied to the room's device pages.
+  std::vector<PageId> pd_stage_pages;
   // Prefill side: the room of the order this request computes (0: an ordinary request).
   uint64_t remote_room = 0;
 

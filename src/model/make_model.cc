@@ -1,12 +1,15 @@
 #include "model/make_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <new>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -28,13 +31,38 @@ uint64_t name_hash(std::string_view name) {
   return h;
 }
 
+// One random stream per piece of this many values. A tensor of at most one piece (every
+// tensor of the small presets) draws from one stream, as it always has; a larger one draws
+// its pieces on several threads (the 8B shape has 8 billion values).
+constexpr int64_t kRandomPiece = int64_t{1} << 22;
+
 void add_random(TensorStore& store, const std::string& name, std::vector<int64_t> shape,
                 uint64_t seed, TensorDtype dtype, double mean, double std) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  Rng rng(seed ^ name_hash(name));
+  const uint64_t stream = seed ^ name_hash(name);
   std::vector<float> values(static_cast<size_t>(n));
-  for (float& v : values) v = static_cast<float>(mean + std * rng.normal());
+  auto fill = [&](int64_t piece) {
+    Rng rng(piece == 0 ? stream : stream + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(piece));
+    const int64_t end = std::min(n, (piece + 1) * kRandomPiece);
+    for (int64_t i = piece * kRandomPiece; i < end; ++i) {
+      values[static_cast<size_t>(i)] = static_cast<float>(mean + std * rng.normal());
+    }
+  };
+  const int64_t pieces = (n + kRandomPiece - 1) / kRandomPiece;
+  if (pieces <= 1) {
+    fill(0);
+  } else {
+    std::atomic<int64_t> next{0};
+    const auto threads =
+        static_cast<int64_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1U, 64U));
+    std::vector<std::jthread> workers;
+    for (int64_t t = 0; t < std::min(threads, pieces); ++t) {
+      workers.emplace_back([&] {
+        for (int64_t p = next++; p < pieces; p = next++) fill(p);
+      });
+    }
+  }
   store.add_f32(name, dtype, std::move(shape), values);
 }
 
@@ -66,6 +94,12 @@ std::string_view model_preset_name(ModelPreset preset) {
       return "demo";
     case ModelPreset::kBench:
       return "bench";
+    case ModelPreset::kQwen3_0_6B:
+      return "qwen3-0.6b";
+    case ModelPreset::kQwen3_1_7B:
+      return "qwen3-1.7b";
+    case ModelPreset::kQwen3_8B:
+      return "qwen3-8b";
   }
   return "unknown";
 }
@@ -75,8 +109,21 @@ Result<ModelPreset> parse_model_preset(std::string_view name) {
   if (n == "tiny") return ModelPreset::kTiny;
   if (n == "demo") return ModelPreset::kDemo;
   if (n == "bench") return ModelPreset::kBench;
+  if (n == "qwen3-0.6b") return ModelPreset::kQwen3_0_6B;
+  if (n == "qwen3-1.7b") return ModelPreset::kQwen3_1_7B;
+  if (n == "qwen3-8b") return ModelPreset::kQwen3_8B;
   return make_error(ErrorCode::kInvalidArgument,
-                    "unknown preset '" + std::string(name) + "' (tiny, demo, bench)");
+                    "unknown preset '" + std::string(name) +
+                        "' (tiny, demo, bench, qwen3-0.6b, qwen3-1.7b, qwen3-8b)");
+}
+
+bool is_shape_preset(ModelPreset preset) {
+  return preset == ModelPreset::kQwen3_0_6B || preset == ModelPreset::kQwen3_1_7B ||
+         preset == ModelPreset::kQwen3_8B;
+}
+
+Architecture preset_architecture(ModelPreset preset) {
+  return is_shape_preset(preset) ? Architecture::kQwen3 : Architecture::kLlama;
 }
 
 Result<Architecture> parse_architecture(std::string_view name) {
@@ -121,8 +168,35 @@ ModelConfig preset_config(ModelPreset preset, Architecture arch,
       c.max_position_embeddings = 32768;
       c.vocab_size = 32000;
       break;
+    // Qwen3's published configs (Qwen/Qwen3-*/config.json): head_dim 128, vocabulary 151,936,
+    // 40,960 positions; the two small ones tie the LM head to the embedding.
+    case ModelPreset::kQwen3_0_6B:
+      c.hidden_size = 1024;
+      c.num_layers = 28;
+      c.num_heads = 16;
+      c.num_kv_heads = 8;
+      c.intermediate_size = 3072;
+      break;
+    case ModelPreset::kQwen3_1_7B:
+      c.hidden_size = 2048;
+      c.num_layers = 28;
+      c.num_heads = 16;
+      c.num_kv_heads = 8;
+      c.intermediate_size = 6144;
+      break;
+    case ModelPreset::kQwen3_8B:
+      c.hidden_size = 4096;
+      c.num_layers = 36;
+      c.num_heads = 32;
+      c.num_kv_heads = 8;
+      c.intermediate_size = 12288;
+      break;
   }
-  c.head_dim = c.hidden_size / c.num_heads;
+  if (is_shape_preset(preset)) {
+    c.max_position_embeddings = 40960;
+    c.vocab_size = 151936;
+  }
+  c.head_dim = is_shape_preset(preset) ? 128 : c.hidden_size / c.num_heads;
   if (vocab_size) c.vocab_size = *vocab_size;
   switch (arch) {
     case Architecture::kLlama:
@@ -146,9 +220,11 @@ ModelConfig preset_config(ModelPreset preset, Architecture arch,
       // repeats the input token forever.
       c.tie_word_embeddings = false;
       // Qwen3 decouples head_dim from hidden / heads; the presets do too.
-      c.head_dim = preset == ModelPreset::kTiny ? 32 : 64;
+      if (!is_shape_preset(preset)) c.head_dim = preset == ModelPreset::kTiny ? 32 : 64;
       break;
   }
+  // The shapes' own tying (the real checkpoints'), whatever the architecture.
+  if (is_shape_preset(preset)) c.tie_word_embeddings = preset != ModelPreset::kQwen3_8B;
   // The generated tokenizer's special ids (make_tokenizer.h).
   c.bos_token_id = kGeneratedRegularTokens + 3;
   c.eos_token_ids = {kGeneratedRegularTokens + 2, kGeneratedRegularTokens};

@@ -7,6 +7,10 @@
 //   demo   hidden 256, 4 layers, 8 heads, 4 KV heads, FFN 768 (Qwen3: head_dim 64).
 //   bench  hidden 512, 8 layers, 8 heads, 4 KV heads, FFN 1536, SwiGLU, vocabulary
 //          32,000 unless a tokenizer needs more — the performance-target model.
+//   qwen3-0.6b, qwen3-1.7b, qwen3-8b  the shapes of Qwen3's published configs (hidden
+//          1024/2048/4096, 28/28/36 layers, 16/16/32 heads, 8 KV heads, head_dim 128, FFN
+//          3072/6144/12288, vocabulary 151,936, the two small ones with a tied LM head),
+//          random weights: the GPU benchmarks' models (issue 30).
 //
 // Initialisation keeps activations sane and sampling non-degenerate: matrices normal
 // with std 0.02, except q/k projections (1/sqrt(hidden): attention is neither uniform
@@ -33,10 +37,20 @@ enum class ModelPreset : uint8_t {
   kTiny,
   kDemo,
   kBench,
+  kQwen3_0_6B,
+  kQwen3_1_7B,
+  kQwen3_8B,
 };
 
 std::string_view model_preset_name(ModelPreset preset);
+// "tiny", "demo", "bench", "qwen3-0.6b", "qwen3-1.7b", "qwen3-8b" (any case).
 Result<ModelPreset> parse_model_preset(std::string_view name);
+// The Qwen3 shapes (qwen3-*): the published models' sizes with random weights, for the GPU
+// benchmarks (an 8B folder is 16 GB in BF16, made where it runs).
+bool is_shape_preset(ModelPreset preset);
+// The architecture a preset is made in when none is named: Qwen3 for its shapes, Llama
+// otherwise.
+Architecture preset_architecture(ModelPreset preset);
 // "llama", "mistral", "qwen2", "qwen3".
 Result<Architecture> parse_architecture(std::string_view name);
 

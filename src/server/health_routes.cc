@@ -19,12 +19,18 @@ EngineGaugeValues engine_gauges(const EngineCounters& c, bool pd_enabled) {
                         {"shared_prefill_waits", c.shared_prefill_waits}};
   g.prefill_budget_tokens = c.prefill_budget_tokens;
   if (pd_enabled) {
-    g.pd_events = {
-        {"rooms_ordered", c.pd_rooms_ordered},     {"rooms_done", c.pd_rooms_done},
-        {"pages_received", c.pd_pages_received},   {"bytes_received", c.pd_bytes_received},
-        {"orders_accepted", c.pd_orders_accepted}, {"orders_rejected", c.pd_orders_rejected},
-        {"orders_done", c.pd_orders_done},         {"orders_failed", c.pd_orders_failed},
-        {"pages_sent", c.pd_pages_sent},           {"bytes_sent", c.pd_bytes_sent}};
+    g.pd_events = {{"rooms_ordered", c.pd_rooms_ordered},
+                   {"rooms_done", c.pd_rooms_done},
+                   {"pages_received", c.pd_pages_received},
+                   {"bytes_received", c.pd_bytes_received},
+                   {"orders_accepted", c.pd_orders_accepted},
+                   {"orders_rejected", c.pd_orders_rejected},
+                   {"orders_done", c.pd_orders_done},
+                   {"orders_failed", c.pd_orders_failed},
+                   {"pages_sent", c.pd_pages_sent},
+                   {"bytes_sent", c.pd_bytes_sent},
+                   {"stage_pages_copied", c.pd_stage_pages_copied},
+                   {"stage_copy_faults", c.pd_stage_copy_faults}};
     for (size_t i = 0; i < kPdFallbacks; ++i) {
       g.pd_fallbacks.emplace_back(pd_fallback_name(static_cast<PdFallback>(i)), c.pd_fallbacks[i]);
     }

@@ -10,11 +10,11 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "../memory/fake_copy_device.h"
 #include "engine/engine.h"
 #include "engine/engine_test_access.h"
 #include "engine_test_util.h"
 #include "model/make_model.h"
+#include "own_kv_model.h"
 
 namespace strata {
 namespace {
@@ -22,56 +22,13 @@ namespace {
 constexpr int32_t kOwnKvPageSize = 16;
 constexpr int32_t kOwnKvPages = 64;
 
-// The CPU model with its KV in a pool of its own (the "device"), handing out fake copy
-// devices over it.
-class OwnKvModel final : public ForwardModel {
- public:
-  explicit OwnKvModel(std::unique_ptr<Model> inner) : inner_(std::move(inner)) {
-    own_ =
-        std::make_unique<KvPool>(inner_->kv_pool_shape(kOwnKvPages, kOwnKvPageSize, KvDtype::kF32));
-  }
-
-  const ModelConfig& config() const override { return inner_->config(); }
-  // Pages counted only, as the GPU model's.
-  KvPoolShape kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype dtype) const override {
-    return KvPoolShape{1, 1, 2, num_pages, page_size, dtype};
-  }
-  Status forward(std::span<const ForwardSequence> batch, KvPool& pool,
-                 ForwardOutput& out) override {
-    if (pool.num_pages() != kOwnKvPages || pool.num_layers() != 1) {
-      return bad_argument("not the counting pool");
-    }
-    return inner_->forward(batch, *own_, out);
-  }
-  std::optional<ExternalKv> external_kv() const override {
-    return ExternalKv{own_->shape(), own_->block_layout()};
-  }
-  Result<std::unique_ptr<CopyDevice>> make_copy_device(std::span<std::byte> host,
-                                                       CopyPath path) override {
-    if (refuse_devices_) return make_error(ErrorCode::kResourceExhausted, "no pinned memory");
-    host_ = host;
-    path_ = path;
-    auto device = std::make_unique<FakeCopyDevice>();
-    device->set_auto(true);
-    device_ = device.get();
-    return std::unique_ptr<CopyDevice>(std::move(device));
-  }
-
-  std::unique_ptr<Model> inner_;
-  std::unique_ptr<KvPool> own_;
-  bool refuse_devices_ = false;
-  std::span<std::byte> host_;
-  CopyPath path_ = CopyPath::kDirect;
-  FakeCopyDevice* device_ = nullptr;  // the last one made (the engine owns it)
-};
-
 class ExternalKvTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 11,
                                    ModelOptions{.num_threads = 1});
     ASSERT_TRUE(model.has_value()) << model.error().message;
-    model_ = std::make_unique<OwnKvModel>(std::move(*model));
+    model_ = std::make_unique<OwnKvModel>(std::move(*model), kOwnKvPages, kOwnKvPageSize);
   }
 
   static EngineOptions options(WritePolicy policy = WritePolicy::kWriteThrough) {
@@ -295,15 +252,19 @@ TEST_F(ExternalKvTest, WhatCannotRunIsRefusedWithItsReason) {
   ASSERT_FALSE(e.has_value());
   EXPECT_EQ(e.error().code, ErrorCode::kResourceExhausted);
   model_->refuse_devices_ = false;
-  // P/D sends the engine pool's bytes: refused on external KV.
+  // P/D crosses a stage of page-locked host memory (pd_engine/pd_stage_test.cc): without a
+  // copy device for it, the engine does not start, and says why.
   o = options();
   o.hicache.enabled = false;
   o.pd.role = WorkerRole::kPrefill;
   o.pd.worker_id = "p0";
   o.pd.bind = "tcp://127.0.0.1:0";
+  model_->refuse_devices_ = true;
   e = Engine::create(model_.get(), o, {});
   ASSERT_FALSE(e.has_value());
-  EXPECT_EQ(e.error().code, ErrorCode::kUnsupported) << e.error().message;
+  EXPECT_EQ(e.error().code, ErrorCode::kResourceExhausted) << e.error().message;
+  EXPECT_NE(e.error().message.find("P/D stage"), std::string::npos) << e.error().message;
+  model_->refuse_devices_ = false;
 }
 
 }  // namespace

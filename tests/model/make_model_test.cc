@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -38,6 +40,77 @@ TEST(MakeModelTest, PresetsHaveTheSpecifiedShapes) {
   EXPECT_FALSE(parse_model_preset("huge").has_value());
   EXPECT_EQ(parse_architecture("qwen3").value(), Architecture::kQwen3);
   EXPECT_FALSE(parse_architecture("gpt2").has_value());
+}
+
+// Non-embedding parameters of a config (the figure Qwen's model cards give).
+int64_t non_embedding_parameters(const ModelConfig& c) {
+  const int64_t h = c.hidden_size;
+  const int64_t per_layer = h * c.q_size() + 2 * h * c.kv_size() + c.q_size() * h +
+                            3 * h * c.intermediate_size + 2 * h + 2 * c.head_dim;
+  return per_layer * c.num_layers + h;
+}
+
+TEST(MakeModelTest, TheQwen3ShapesAreThePublishedModels) {
+  struct Want {
+    const char* name;
+    ModelPreset preset;
+    int32_t hidden, layers, heads, intermediate;
+    bool tied;
+    double non_embedding_billions;  // Qwen3-0.6B: 0.44, 1.7B: 1.4, 8B: 6.95
+  };
+  for (const Want& w :
+       {Want{"qwen3-0.6b", ModelPreset::kQwen3_0_6B, 1024, 28, 16, 3072, true, 0.44},
+        Want{"Qwen3-1.7B", ModelPreset::kQwen3_1_7B, 2048, 28, 16, 6144, true, 1.4},
+        Want{"qwen3-8b", ModelPreset::kQwen3_8B, 4096, 36, 32, 12288, false, 6.95}}) {
+    SCOPED_TRACE(w.name);
+    auto preset = parse_model_preset(w.name);
+    ASSERT_TRUE(preset.has_value());
+    EXPECT_EQ(*preset, w.preset);
+    EXPECT_TRUE(is_shape_preset(*preset));
+    EXPECT_EQ(preset_architecture(*preset), Architecture::kQwen3);
+    const ModelConfig c = preset_config(*preset, preset_architecture(*preset));
+    EXPECT_TRUE(validate_model_config(c).has_value());
+    EXPECT_EQ(c.hidden_size, w.hidden);
+    EXPECT_EQ(c.num_layers, w.layers);
+    EXPECT_EQ(c.num_heads, w.heads);
+    EXPECT_EQ(c.num_kv_heads, 8);
+    EXPECT_EQ(c.head_dim, 128);
+    EXPECT_EQ(c.intermediate_size, w.intermediate);
+    EXPECT_EQ(c.vocab_size, 151936);
+    EXPECT_TRUE(c.qk_norm);
+    EXPECT_EQ(c.tie_word_embeddings, w.tied);
+    EXPECT_NEAR(static_cast<double>(non_embedding_parameters(c)) / 1e9, w.non_embedding_billions,
+                0.01 * w.non_embedding_billions + 0.005);
+  }
+  EXPECT_EQ(preset_architecture(ModelPreset::kBench), Architecture::kLlama);
+  EXPECT_FALSE(is_shape_preset(ModelPreset::kDemo));
+}
+
+// A tensor of more than one random piece (4M values) is drawn on several threads: the same
+// bytes every time, and its pieces are not copies of one another.
+TEST(MakeModelTest, ALargeTensorIsTheSameEveryTimeAndItsPiecesDiffer) {
+  ModelConfig c = preset_config(ModelPreset::kTiny, Architecture::kLlama, 70000);
+  c.num_layers = 1;
+  const TensorStore a = make_random_tensors(c, 3, TensorDtype::kF32);
+  const TensorStore b = make_random_tensors(c, 3, TensorDtype::kF32);
+  const TensorView* ea = a.find("model.embed_tokens.weight");
+  const TensorView* eb = b.find("model.embed_tokens.weight");
+  ASSERT_NE(ea, nullptr);
+  ASSERT_NE(eb, nullptr);
+  ASSERT_GT(ea->num_elements(), int64_t{1} << 22);
+  ASSERT_TRUE(std::equal(ea->data.begin(), ea->data.end(), eb->data.begin(), eb->data.end()));
+  const auto* v = reinterpret_cast<const float*>(ea->data.data());
+  const size_t piece = size_t{1} << 22;
+  EXPECT_FALSE(std::equal(v, v + 64, v + piece));
+  double sum = 0, squares = 0;
+  const auto n = static_cast<size_t>(ea->num_elements());
+  for (size_t i = 0; i < n; ++i) {
+    sum += v[i];
+    squares += static_cast<double>(v[i]) * v[i];
+  }
+  const double mean = sum / static_cast<double>(n);
+  EXPECT_NEAR(mean, 0.0, 1e-3);
+  EXPECT_NEAR(std::sqrt(squares / static_cast<double>(n) - mean * mean), 1.0 / 8.0, 1e-3);
 }
 
 TEST(MakeModelTest, SameSeedSameBytes) {

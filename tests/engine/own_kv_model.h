@@ -1,0 +1,62 @@
+// The CPU model with its KV in a pool of its own, as the GPU model keeps its pages in GPU
+// memory (ForwardModel::external_kv, cuda/gpu_model.h): the engine's pool only counts pages,
+// and every byte between the model's memory and the host goes through copy devices the
+// model hands out (tests/memory/fake_copy_device.h, landing by themselves). So the GPU's
+// tier and P/D paths run without a GPU (external_kv_test.cc, pd_engine/pd_stage_test.cc).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "../memory/fake_copy_device.h"
+#include "model/forward_model.h"
+#include "model/model.h"
+
+namespace strata {
+
+class OwnKvModel final : public ForwardModel {
+ public:
+  OwnKvModel(std::unique_ptr<Model> inner, int32_t num_pages, int32_t page_size)
+      : inner_(std::move(inner)), num_pages_(num_pages) {
+    own_ = std::make_unique<KvPool>(inner_->kv_pool_shape(num_pages, page_size, KvDtype::kF32));
+  }
+
+  const ModelConfig& config() const override { return inner_->config(); }
+  // Pages counted only, as the GPU model's.
+  KvPoolShape kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype dtype) const override {
+    return KvPoolShape{1, 1, 2, num_pages, page_size, dtype};
+  }
+  Status forward(std::span<const ForwardSequence> batch, KvPool& pool,
+                 ForwardOutput& out) override {
+    if (pool.num_pages() != num_pages_ || pool.num_layers() != 1) {
+      return bad_argument("not the counting pool");
+    }
+    return inner_->forward(batch, *own_, out);
+  }
+  std::optional<ExternalKv> external_kv() const override {
+    return ExternalKv{own_->shape(), own_->block_layout()};
+  }
+  Result<std::unique_ptr<CopyDevice>> make_copy_device(std::span<std::byte> host,
+                                                       CopyPath path) override {
+    if (refuse_devices_) return make_error(ErrorCode::kResourceExhausted, "no pinned memory");
+    host_ = host;
+    path_ = path;
+    auto device = std::make_unique<FakeCopyDevice>();
+    device->set_auto(true);
+    device_ = device.get();
+    return std::unique_ptr<CopyDevice>(std::move(device));
+  }
+
+  std::unique_ptr<Model> inner_;
+  int32_t num_pages_;
+  std::unique_ptr<KvPool> own_;
+  bool refuse_devices_ = false;
+  std::span<std::byte> host_;  // the last device's host memory
+  CopyPath path_ = CopyPath::kDirect;
+  FakeCopyDevice* device_ = nullptr;  // the last one made (the engine owns it)
+};
+
+}  // namespace strata
