@@ -399,7 +399,9 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
     table_stride = std::max(table_stride, static_cast<int32_t>((end + ps - 1) / ps));
     if (batch[s].want_logits) ++num_logit_rows;
   }
-  const ExtendTiles tiles = plan_extend_tiles(new_tokens, c.group_size());
+  const ExtendKernel extend_kernel =
+      options.tensor_core_prefill ? ExtendKernel::kTensorCores : ExtendKernel::kCudaCores;
+  const ExtendTiles tiles = plan_extend_tiles(new_tokens, c.group_size(), extend_kernel);
   const auto num_tiles = static_cast<int32_t>(tiles.seq.size());
   const size_t o_tokens = 0, o_slots = o_tokens + num_tokens, o_qo = o_slots + num_tokens,
                o_kv = o_qo + num_seqs + 1, o_rows = o_kv + num_seqs,
@@ -551,7 +553,7 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
       a.head_dim = d;
       a.page_size = ps;
       a.scale = scale;
-      attended = extend_attention(a, st);
+      attended = extend_attention(a, st, extend_kernel);
     }
     if (!attended) return attended;
     if (auto s = gemm->linear(attn.as<uint16_t>(), g.o.as<uint16_t>(), xb, false, num_tokens,

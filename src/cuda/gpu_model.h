@@ -42,6 +42,9 @@ struct GpuModelOptions {
   int32_t page_size = 16;             // tokens a page, >= 1
   int32_t max_batch_tokens = 8192;    // tokens one forward may carry, >= 1
   int32_t max_batch_sequences = 256;  // sequences one forward may carry, >= 1
+  // Prefill attention on tensor cores (kernels.h ExtendKernel); false: the CUDA-core kernel,
+  // the tensor-core one's reference (tests).
+  bool tensor_core_prefill = true;
 };
 
 // Device bytes a model of `config` needs besides its weights for `options`: the KV pages

@@ -27,6 +27,9 @@ int launch_decode_attention_d128(const DecodeAttentionArgs& args, StreamHandle s
 // One instantiation per head size, one per file (extend_attention_d64.cu, _d128.cu).
 int launch_extend_attention_d64(const ExtendAttentionArgs& args, StreamHandle stream);
 int launch_extend_attention_d128(const ExtendAttentionArgs& args, StreamHandle stream);
+// The tensor-core kernel (extend_attention_tc.cuh), likewise.
+int launch_extend_attention_tc_d64(const ExtendAttentionArgs& args, StreamHandle stream);
+int launch_extend_attention_tc_d128(const ExtendAttentionArgs& args, StreamHandle stream);
 
 int launch_qk_norm_rope_store(const QkNormRopeStoreArgs& args, StreamHandle stream);
 // The copy kernel: spans[0 .. count) (page-locked host memory the device reads) copied by

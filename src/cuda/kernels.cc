@@ -20,7 +20,8 @@ namespace {
 constexpr int32_t kMaxSplits = 64;
 constexpr int32_t kMaxGroup = 8;
 constexpr int32_t kMinKeysPerSplit = 256;
-constexpr int32_t kExtendRows = 32;  // extend_attention.cuh's kExtendRows
+constexpr int32_t kExtendRows = 32;    // extend_attention.cuh's kExtendRows
+constexpr int32_t kExtendTcRows = 64;  // extend_attention_tc.cuh's kTcRows
 
 [[maybe_unused]] Status unsupported_build() {
   return std::unexpected(Error{ErrorCode::kUnsupported,
@@ -184,12 +185,14 @@ Status decode_attention(const DecodeAttentionArgs& a, StreamHandle stream) {
 #endif
 }
 
-int32_t extend_attention_tile_tokens(int32_t group) {
-  return kExtendRows / std::clamp(group, 1, kMaxGroup);
+int32_t extend_attention_tile_tokens(int32_t group, ExtendKernel kernel) {
+  return (kernel == ExtendKernel::kTensorCores ? kExtendTcRows : kExtendRows) /
+         std::clamp(group, 1, kMaxGroup);
 }
 
-ExtendTiles plan_extend_tiles(std::span<const int32_t> new_tokens, int32_t group) {
-  const int32_t per_tile = extend_attention_tile_tokens(group);
+ExtendTiles plan_extend_tiles(std::span<const int32_t> new_tokens, int32_t group,
+                              ExtendKernel kernel) {
+  const int32_t per_tile = extend_attention_tile_tokens(group, kernel);
   ExtendTiles tiles;
   for (size_t s = 0; s < new_tokens.size(); ++s) {
     for (int32_t first = 0; first < new_tokens[s]; first += per_tile) {
@@ -200,7 +203,7 @@ ExtendTiles plan_extend_tiles(std::span<const int32_t> new_tokens, int32_t group
   return tiles;
 }
 
-Status extend_attention(const ExtendAttentionArgs& a, StreamHandle stream) {
+Status extend_attention(const ExtendAttentionArgs& a, StreamHandle stream, ExtendKernel kernel) {
   if (a.num_seqs < 0 || a.num_tiles < 0) {
     return bad_argument(
         fmt::format("extend_attention: num_seqs {}, num_tiles {} (>= 0)", a.num_seqs, a.num_tiles));
@@ -220,7 +223,17 @@ Status extend_attention(const ExtendAttentionArgs& a, StreamHandle stream) {
       a.tile_first == nullptr || a.out == nullptr) {
     return bad_argument("extend_attention: a null pointer");
   }
+  const bool tc = kernel == ExtendKernel::kTensorCores;
+  if (tc && (a.q_stride > 0 ? a.q_stride : a.num_heads * a.head_dim) % 8 != 0) {
+    return bad_argument(fmt::format(
+        "extend_attention on tensor cores: q_stride {} is not a multiple of 8", a.q_stride));
+  }
 #ifdef STRATA_HAVE_CUDA
+  if (tc) {
+    return launched(a.head_dim == 64 ? detail::launch_extend_attention_tc_d64(a, stream)
+                                     : detail::launch_extend_attention_tc_d128(a, stream),
+                    "extend_attention (tensor cores)");
+  }
   return launched(a.head_dim == 64 ? detail::launch_extend_attention_d64(a, stream)
                                    : detail::launch_extend_attention_d128(a, stream),
                   "extend_attention");

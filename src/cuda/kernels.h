@@ -76,9 +76,14 @@ Status decode_attention(const DecodeAttentionArgs& args, StreamHandle stream);
 // Paged prefill ("extend") attention over a cached prefix (ExtendAttentionArgs in
 // kernel_args.h says what each argument is).
 
+// Which kernel computes it: on CUDA cores in F32 (the first one, kept as the reference on
+// the GPU), or on tensor cores (BF16 products with F32 accumulation, FlashAttention-2's loop
+// through WMMA: extend_attention_tc.cuh), which the GPU model uses.
+enum class ExtendKernel : uint8_t { kCudaCores, kTensorCores };
+
 // Query tokens per tile for `group` query heads per KV head (1 to 8): a tile is at most 32
-// (token, query head) rows.
-int32_t extend_attention_tile_tokens(int32_t group);
+// (token, query head) rows on CUDA cores, 64 on tensor cores.
+int32_t extend_attention_tile_tokens(int32_t group, ExtendKernel kernel = ExtendKernel::kCudaCores);
 
 // The tiles of a batch whose sequence s brings new_tokens[s] new tokens (>= 0): each
 // sequence's tokens cut into tiles of extend_attention_tile_tokens(group), in order; for
@@ -88,9 +93,13 @@ struct ExtendTiles {
   std::vector<int32_t> seq;
   std::vector<int32_t> first;
 };
-ExtendTiles plan_extend_tiles(std::span<const int32_t> new_tokens, int32_t group);
+ExtendTiles plan_extend_tiles(std::span<const int32_t> new_tokens, int32_t group,
+                              ExtendKernel kernel = ExtendKernel::kCudaCores);
 
-Status extend_attention(const ExtendAttentionArgs& args, StreamHandle stream);
+// The tiles must be planned for the same kernel. The tensor-core kernel also wants q_stride
+// (the effective one) a multiple of 8 elements: it reads 16-byte pieces.
+Status extend_attention(const ExtendAttentionArgs& args, StreamHandle stream,
+                        ExtendKernel kernel = ExtendKernel::kCudaCores);
 
 // Qwen3's q/k norm, RoPE and the K/V write into the layer's pages, for a batch of tokens
 // (QkNormRopeStoreArgs in kernel_args.h says what each argument is). Head sizes 64 and 128.

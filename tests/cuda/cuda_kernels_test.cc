@@ -432,7 +432,8 @@ struct ExtendCase {
 
 // Each sequence's new tokens attend causally over its cached prefix; the kernel's output
 // against PagedAttention's over the same pages (the new tokens' keys already written).
-void check_extend(const ExtendCase& c, std::mt19937& rng) {
+void check_extend(const ExtendCase& c, std::mt19937& rng,
+                  ExtendKernel kernel = ExtendKernel::kCudaCores) {
   const int32_t num_heads = c.num_kv_heads * c.group;
   const auto num_seqs = static_cast<int32_t>(c.prefix.size());
   std::vector<int32_t> kv_lens(num_seqs), qo_start(num_seqs + 1, 0);
@@ -447,7 +448,7 @@ void check_extend(const ExtendCase& c, std::mt19937& rng) {
   const auto q = random_bf16(rng, static_cast<size_t>(num_tokens) * q_stride, 1.0f);
   const size_t out_elems = static_cast<size_t>(num_tokens) * num_heads * c.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  const ExtendTiles tiles = plan_extend_tiles(c.new_tokens, c.group);
+  const ExtendTiles tiles = plan_extend_tiles(c.new_tokens, c.group, kernel);
 
   DeviceBuffer dq = to_device(q), dk = to_device(kv.k), dv = to_device(kv.v),
                dt = to_device(kv.table), dqo = to_device(qo_start), dl = to_device(kv_lens),
@@ -473,7 +474,7 @@ void check_extend(const ExtendCase& c, std::mt19937& rng) {
   a.head_dim = c.head_dim;
   a.page_size = c.page_size;
   a.scale = scale;
-  const Status st = extend_attention(a, nullptr);
+  const Status st = extend_attention(a, nullptr, kernel);
   ASSERT_TRUE(st.has_value()) << st.error().message;
   const auto got = widen(to_host<uint16_t>(*dout, out_elems));
 
@@ -498,8 +499,10 @@ void check_extend(const ExtendCase& c, std::mt19937& rng) {
   std::vector<float> want(out_elems);
   attention.run(threads, seqs, qf.data(), q_stride, *kv.pool, 0, want.data(),
                 static_cast<int64_t>(num_heads) * c.head_dim);
-  expect_close(got, want, 2e-2f,
-               "head_dim " + std::to_string(c.head_dim) + " group " + std::to_string(c.group) +
+  // Tensor cores multiply BF16 probabilities (FlashAttention-2's rounding): a little looser.
+  expect_close(got, want, kernel == ExtendKernel::kTensorCores ? 3e-2f : 2e-2f,
+               std::string(kernel == ExtendKernel::kTensorCores ? "tensor cores " : "") +
+                   "head_dim " + std::to_string(c.head_dim) + " group " + std::to_string(c.group) +
                    " page " + std::to_string(c.page_size));
 }
 
@@ -555,20 +558,54 @@ TEST(CudaKernelsTest, ExtendAttentionMatchesTheCpuEngine) {
   std::mt19937 rng(5);
   const std::vector<int32_t> groups =
       smoke() ? std::vector<int32_t>{1, 8} : std::vector<int32_t>{1, 2, 3, 4, 8};
-  for (int32_t head_dim : {64, 128}) {
-    for (int32_t group : groups) {
-      SCOPED_TRACE(testing::Message() << "head_dim " << head_dim << " group " << group);
-      // Whole prompts of 1, 15, 16, 17 tokens; a prefix with one new token (a decode
-      // row); cached prefixes with new tails of several tiles; a sequence with none.
-      check_extend({head_dim, 2, group, 16, {0, 0, 0, 0}, {1, 15, 16, 17}, false}, rng);
-      check_extend({head_dim, 2, group, 16, {5, 40, 300, 7}, {1, 33, 70, 0}, false}, rng);
-      // Two sequences sharing their cached prefix's pages, odd page sizes.
-      check_extend({head_dim, 1, group, 16, {256, 256}, {20, 45}, true}, rng);
-      check_extend({head_dim, 2, group, 7, {13, 0}, {9, 50}, false}, rng);
-      // Queries read from inside wider rows (the fused QKV product's).
-      check_extend({head_dim, 2, group, 16, {3, 0}, {4, 20}, false, 4 * head_dim}, rng);
+  for (ExtendKernel kernel : {ExtendKernel::kCudaCores, ExtendKernel::kTensorCores}) {
+    for (int32_t head_dim : {64, 128}) {
+      for (int32_t group : groups) {
+        SCOPED_TRACE(testing::Message()
+                     << (kernel == ExtendKernel::kTensorCores ? "tensor cores, " : "")
+                     << "head_dim " << head_dim << " group " << group);
+        // Whole prompts of 1, 15, 16, 17 tokens; a prefix with one new token (a decode
+        // row); cached prefixes with new tails of several tiles; a sequence with none.
+        check_extend({head_dim, 2, group, 16, {0, 0, 0, 0}, {1, 15, 16, 17}, false}, rng, kernel);
+        check_extend({head_dim, 2, group, 16, {5, 40, 300, 7}, {1, 33, 70, 0}, false}, rng, kernel);
+        // Two sequences sharing their cached prefix's pages, odd page sizes.
+        check_extend({head_dim, 1, group, 16, {256, 256}, {20, 45}, true}, rng, kernel);
+        check_extend({head_dim, 2, group, 7, {13, 0}, {9, 50}, false}, rng, kernel);
+        // Queries read from inside wider rows (the fused QKV product's).
+        check_extend({head_dim, 2, group, 16, {3, 0}, {4, 20}, false, 4 * head_dim}, rng, kernel);
+        // A long tail: many key steps of 64 and tiles of 64 rows, keys not a multiple of 16.
+        check_extend({head_dim, 1, group, 16, {77, 0}, {130, 203}, false}, rng, kernel);
+      }
     }
   }
+}
+
+// The tensor-core kernel's tiles hold 64 rows; its queries are read 16 bytes at a time.
+TEST(CudaKernelsTest, TensorCoreExtendTilesAndStrides) {
+  EXPECT_EQ(extend_attention_tile_tokens(1, ExtendKernel::kTensorCores), 64);
+  EXPECT_EQ(extend_attention_tile_tokens(3, ExtendKernel::kTensorCores), 21);
+  EXPECT_EQ(extend_attention_tile_tokens(8, ExtendKernel::kTensorCores), 8);
+  const ExtendTiles t =
+      plan_extend_tiles(std::vector<int32_t>{17, 0, 4}, 4, ExtendKernel::kTensorCores);
+  EXPECT_EQ(t.seq, (std::vector<int32_t>{0, 0, 2}));
+  EXPECT_EQ(t.first, (std::vector<int32_t>{0, 16, 0}));
+  ExtendAttentionArgs a;
+  a.num_heads = 4;
+  a.num_kv_heads = 2;
+  a.head_dim = 64;
+  a.page_size = 16;
+  a.page_table_stride = 1;
+  a.num_seqs = 1;
+  a.num_tiles = 1;
+  a.q_stride = 4 * 64 + 4;  // not a multiple of 8
+  const uint16_t dummy16[1] = {};
+  const int32_t dummy32[2] = {};
+  a.q = a.k_pages = a.v_pages = dummy16;
+  a.page_table = a.qo_start = a.kv_lens = a.tile_seq = a.tile_first = dummy32;
+  a.out = const_cast<uint16_t*>(dummy16);
+  const Status st = extend_attention(a, nullptr, ExtendKernel::kTensorCores);
+  ASSERT_FALSE(st.has_value());
+  EXPECT_EQ(st.error().code, ErrorCode::kInvalidArgument) << st.error().message;
 }
 
 // Q/K norm + RoPE + the K/V write against the CPU engine's rmsnorm_row and rope_apply, with

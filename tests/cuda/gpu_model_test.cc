@@ -92,54 +92,60 @@ void expect_logits_close(const std::vector<float>& got, const std::vector<float>
 
 TEST(GpuModelTest, LogitsMatchTheCpuEngineStepByStep) {
   STRATA_NEED_GPU();
-  for (Architecture arch : {Architecture::kQwen3, Architecture::kLlama, Architecture::kQwen2}) {
-    const std::string what(architecture_model_type(arch));
-    auto cpu = make_preset_model(ModelPreset::kDemo, arch, 7);
-    ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
-    const ModelConfig& config = (*cpu)->config();
-    const int32_t pages = 32, page_size = 16;
-    GpuModelOptions o{.num_pages = pages,
-                      .page_size = page_size,
-                      .max_batch_tokens = 256,
-                      .max_batch_sequences = 8};
-    auto gpu = GpuModel::create(config, (*cpu)->weights(), o);
-    ASSERT_TRUE(gpu.has_value()) << what << ": " << gpu.error().message;
-    auto cpu_pool = (*cpu)->make_kv_pool(pages, page_size, KvDtype::kF32);
-    auto gpu_pool = (*gpu)->make_kv_pool(pages, page_size, KvDtype::kF32);
-    ASSERT_TRUE(cpu_pool.has_value() && gpu_pool.has_value());
-    std::mt19937 rng(11);
-    const auto tokens = [&](int n) {
-      std::vector<int32_t> t(static_cast<size_t>(n));
-      for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(config.vocab_size));
-      return t;
-    };
-    const auto step = [&](const std::vector<Seq>& seqs, const std::string& name) {
-      const auto batch = as_batch(seqs);
-      ForwardOutput want, got;
-      ASSERT_TRUE((*cpu)->forward(batch, **cpu_pool, want).has_value()) << what << " " << name;
-      const Status st = (*gpu)->forward(batch, **gpu_pool, got);
-      ASSERT_TRUE(st.has_value()) << what << " " << name << ": " << st.error().message;
-      expect_logits_close(got.logits, want.logits, config.vocab_size, what + " " + name);
-    };
-    // Whole prompts of 17 and 40 tokens.
-    Seq a{tokens(17), 0, {make_page_id(3), make_page_id(9)}};
-    Seq b{tokens(40), 0, {make_page_id(5), make_page_id(6), make_page_id(7)}};
-    step({a, b}, "prompts");
-    // a goes on over its cached 17 tokens; c shares a's first page (16 tokens) and brings
-    // its own; b decodes one token in the same batch.
-    Seq a2{tokens(5), 17, a.pages};
-    Seq c{tokens(9), 16, {make_page_id(3), make_page_id(12)}};
-    Seq b2{tokens(1), 40, b.pages};
-    step({a2, c, b2}, "continuations");
-    // Decode steps: one token each, every sequence (the decode kernel's path).
-    for (int k = 0; k < 3; ++k) {
-      Seq a3{tokens(1), 22 + k, a.pages};
-      Seq c3{tokens(1), 25 + k, c.pages};
-      Seq b3{
-          tokens(1), 41 + k, {make_page_id(5), make_page_id(6), make_page_id(7), make_page_id(8)}};
-      step({a3, c3, b3}, "decode " + std::to_string(k));
+  for (bool tensor_cores : {true, false})
+    for (Architecture arch : {Architecture::kQwen3, Architecture::kLlama, Architecture::kQwen2}) {
+      const std::string what =
+          std::string(architecture_model_type(arch)) +
+          (tensor_cores ? ", prefill on tensor cores" : ", prefill on CUDA cores");
+      auto cpu = make_preset_model(ModelPreset::kDemo, arch, 7);
+      ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
+      const ModelConfig& config = (*cpu)->config();
+      const int32_t pages = 32, page_size = 16;
+      GpuModelOptions o{.num_pages = pages,
+                        .page_size = page_size,
+                        .max_batch_tokens = 256,
+                        .max_batch_sequences = 8,
+                        .tensor_core_prefill = tensor_cores};
+      auto gpu = GpuModel::create(config, (*cpu)->weights(), o);
+      ASSERT_TRUE(gpu.has_value()) << what << ": " << gpu.error().message;
+      auto cpu_pool = (*cpu)->make_kv_pool(pages, page_size, KvDtype::kF32);
+      auto gpu_pool = (*gpu)->make_kv_pool(pages, page_size, KvDtype::kF32);
+      ASSERT_TRUE(cpu_pool.has_value() && gpu_pool.has_value());
+      std::mt19937 rng(11);
+      const auto tokens = [&](int n) {
+        std::vector<int32_t> t(static_cast<size_t>(n));
+        for (auto& x : t)
+          x = static_cast<int32_t>(rng() % static_cast<uint32_t>(config.vocab_size));
+        return t;
+      };
+      const auto step = [&](const std::vector<Seq>& seqs, const std::string& name) {
+        const auto batch = as_batch(seqs);
+        ForwardOutput want, got;
+        ASSERT_TRUE((*cpu)->forward(batch, **cpu_pool, want).has_value()) << what << " " << name;
+        const Status st = (*gpu)->forward(batch, **gpu_pool, got);
+        ASSERT_TRUE(st.has_value()) << what << " " << name << ": " << st.error().message;
+        expect_logits_close(got.logits, want.logits, config.vocab_size, what + " " + name);
+      };
+      // Whole prompts of 17 and 40 tokens.
+      Seq a{tokens(17), 0, {make_page_id(3), make_page_id(9)}};
+      Seq b{tokens(40), 0, {make_page_id(5), make_page_id(6), make_page_id(7)}};
+      step({a, b}, "prompts");
+      // a goes on over its cached 17 tokens; c shares a's first page (16 tokens) and brings
+      // its own; b decodes one token in the same batch.
+      Seq a2{tokens(5), 17, a.pages};
+      Seq c{tokens(9), 16, {make_page_id(3), make_page_id(12)}};
+      Seq b2{tokens(1), 40, b.pages};
+      step({a2, c, b2}, "continuations");
+      // Decode steps: one token each, every sequence (the decode kernel's path).
+      for (int k = 0; k < 3; ++k) {
+        Seq a3{tokens(1), 22 + k, a.pages};
+        Seq c3{tokens(1), 25 + k, c.pages};
+        Seq b3{tokens(1),
+               41 + k,
+               {make_page_id(5), make_page_id(6), make_page_id(7), make_page_id(8)}};
+        step({a3, c3, b3}, "decode " + std::to_string(k));
+      }
     }
-  }
 }
 
 TEST(GpuModelTest, BatchesBeyondTheScratchOrThePoolAreRefused) {
