@@ -92,7 +92,7 @@ void expect_logits_close(const std::vector<float>& got, const std::vector<float>
 
 TEST(GpuModelTest, LogitsMatchTheCpuEngineStepByStep) {
   STRATA_NEED_GPU();
-  for (bool tensor_cores : {true, false})
+  for (bool tensor_cores : {true, false}) {
     for (Architecture arch : {Architecture::kQwen3, Architecture::kLlama, Architecture::kQwen2}) {
       const std::string what =
           std::string(architecture_model_type(arch)) +
@@ -146,6 +146,7 @@ TEST(GpuModelTest, LogitsMatchTheCpuEngineStepByStep) {
         step({a3, c3, b3}, "decode " + std::to_string(k));
       }
     }
+  }
 }
 
 TEST(GpuModelTest, BatchesBeyondTheScratchOrThePoolAreRefused) {
