@@ -40,6 +40,9 @@
 #             folder (torch.matmul on the model's products, a PyTorch decode loop in a CUDA
 #             graph, Hugging Face generate), summed up by scripts/gpu_summary.py
 #   profile   the 8B shape's timing profile for `serve --simulate` (issue 33)
+#   tiers     `strata bench tiers --device cuda` with the 8B shape (issue 31): an 8K-token
+#             prompt's TTFT cold, from the device pool, the host pool and a file store, and
+#             a 16K-token tool session's tool_end to RUNNABLE and its next turn's TTFT
 #   load      `strata bench load` on `serve --device cuda` with the 8B shape: TTFT and
 #             inter-token latency at concurrency 1, 8 and 64
 #   depth     `strata bench depth-sweep` on the GPU (issue 31): 8B shape, ~42K-token device
@@ -187,6 +190,11 @@ run_checks() {
       --profile-batches 1,4,16,64 --profile-contexts 0,2048,8192 --repeats 2 \
       >"$out/profile.log" 2>&1
   fi
+  if ((!smoke)) && wanted tiers && [[ -f $big/model.safetensors ]]; then
+    bench_step "tiers" 300 staged "$bin/strata" bench tiers --device cuda --model "$big" \
+      --prompt-tokens 8192 --session-tokens 16384 --device-tokens 24576 --json \
+      >"$out/tiers.txt" 2>"$out/tiers.log"
+  fi
   local serve=(--server-arg=--device --server-arg=cuda --server-arg=--mem-fraction-static
                --server-arg=0.85 --strata-bin "$bin/strata" --start-timeout-s 300)
   if ((!smoke)) && wanted load && [[ -f $big/model.safetensors ]]; then
@@ -203,6 +211,7 @@ run_checks() {
   echo "== gpu-check: benchmark steps"
   cat "$out/bench-steps.txt"
   [[ -f $out/summary-forward.md ]] && cat "$out/summary-forward.md"
+  [[ -f $out/tiers.txt ]] && { echo "== tiers (issue 31)"; grep -v '^{' "$out/tiers.txt"; }
   for f in "$out"/load/summary.md "$out"/depth-sweep/summary.md; do
     [[ -f $f ]] && { echo "== $f"; cat "$f"; }
   done

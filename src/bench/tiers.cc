@@ -7,7 +7,12 @@
 //  - The tool-call pause (issue 7): a --session-tokens session (default 16K) whose next
 //    turn comes (a) right away (never left the device), (b) after tool_start, a flood
 //    that fills the device pool --flood-factor times, and tool_end, (c) after the same
-//    flood without tool_start/tool_end.
+//    flood without tool_start/tool_end; and, after tool_end, how long until the session is
+//    RUNNABLE again.
+//
+// --device cuda runs the engines on the GPU's forward pass (cuda/gpu_model.h): the device
+// pool in GPU memory, the host pool page-locked, every copy on the GPU's copy streams
+// (issue 31's TTFT-by-tier and tool_end figures; scripts/gpu-check.sh runs it).
 #include "bench/tiers.h"
 
 #include <chrono>
@@ -23,6 +28,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "cuda/cuda_device.h"
+#include "cuda/gpu_model.h"
 #include "engine/engine.h"
 #include "model/make_model.h"
 #include "model/model.h"
@@ -34,6 +41,8 @@ using Clock = std::chrono::steady_clock;
 
 struct TierBenchOptions {
   std::string model_dir;
+  std::string device = "cpu";         // cpu | cuda
+  std::string io_backend = "direct";  // --hicache-io-backend (cuda)
   int threads = 2;
   std::string weight_dtype = "bf16";
   std::string kv_dtype = "bf16";
@@ -122,6 +131,29 @@ int run_tier_bench(const TierBenchOptions& o) {
   auto kv = parse_kv_dtype(o.kv_dtype);
   if (!kv) return fail(kv.error().message);
   const int32_t vocab = (*model)->config().vocab_size;
+  auto io_backend = parse_copy_path(o.io_backend);
+  if (!io_backend) return fail(io_backend.error().message);
+  // The model every engine runs on: the CPU engine's, or its weights on the GPU with a
+  // device pool of --device-tokens (the engines come one after another, so they share it).
+  ForwardModel* forward_model = model->get();
+  std::unique_ptr<ForwardModel> gpu;
+  const EngineOptions defaults;
+  if (o.device == "cuda") {
+    auto device = cuda::probe_device(0);
+    if (!device) return fail("--device cuda: " + device.error().message);
+    cuda::GpuModelOptions g;
+    g.page_size = defaults.page_size;
+    g.num_pages = o.device_tokens / defaults.page_size;
+    g.max_batch_sequences = 2 * defaults.max_running_requests;
+    g.max_batch_tokens = defaults.chunked_prefill_size + g.max_batch_sequences;
+    auto made = cuda::GpuModel::create((*model)->config(), (*model)->weights(), g);
+    if (!made) return fail("--device cuda: " + made.error().message);
+    gpu = std::move(*made);
+    forward_model = gpu.get();
+    std::printf("forward pass on %s\n", cuda::describe(*device).c_str());
+  } else if (o.device != "cpu") {
+    return fail("--device must be cpu or cuda");
+  }
   auto overlap = parse_load_overlap(o.load_overlap);
   if (!overlap) return fail(overlap.error().message);
 
@@ -131,9 +163,10 @@ int run_tier_bench(const TierBenchOptions& o) {
       "bench-tiers-" + std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
   auto engine_options = [&](const std::string& backend, int32_t device_tokens) {
     EngineOptions eo;
-    eo.kv_cache_tokens = device_tokens;
+    eo.kv_cache_tokens = device_tokens / defaults.page_size * defaults.page_size;
     eo.kv_dtype = *kv;
     eo.hicache.enabled = true;
+    eo.hicache.io_backend = *io_backend;
     eo.hicache.ratio = 4.0;
     eo.hicache.storage_backend = backend;
     eo.hicache.storage_namespace = name_space;
@@ -146,10 +179,9 @@ int run_tier_bench(const TierBenchOptions& o) {
     }
     return eo;
   };
-  nlohmann::json report = {{"prompt_tokens", o.prompt_tokens},
-                           {"kv_dtype", o.kv_dtype},
-                           {"weight_dtype", o.weight_dtype},
-                           {"threads", o.threads},
+  nlohmann::json report = {{"prompt_tokens", o.prompt_tokens}, {"device", o.device},
+                           {"io_backend", o.io_backend},       {"kv_dtype", o.kv_dtype},
+                           {"weight_dtype", o.weight_dtype},   {"threads", o.threads},
                            {"load_overlap", o.load_overlap}};
   auto print = [&](const std::string& what, const Timed& t) {
     std::printf("%-44s TTFT %8.1f ms   cached device %6d host %6d storage %6d\n", what.c_str(),
@@ -166,7 +198,7 @@ int run_tier_bench(const TierBenchOptions& o) {
   std::vector<std::string> backends = {"file"};
   if (o.redis_port > 0) backends.push_back("redis");
   {
-    auto e = Engine::create(model->get(), engine_options(backends.back(), o.device_tokens), {});
+    auto e = Engine::create(forward_model, engine_options(backends.back(), o.device_tokens), {});
     if (!e) return fail(e.error().message);
     auto warm = timed_request(**e, random_tokens(64, 99, vocab), 1);  // first-touch costs
     auto cold = timed_request(**e, prompt, 1);
@@ -205,7 +237,7 @@ int run_tier_bench(const TierBenchOptions& o) {
   for (const std::string& backend : backends) {
     {
       // Fill the store (the Redis store was filled above; the file store needs a run).
-      auto e = Engine::create(model->get(), engine_options(backend, o.device_tokens), {});
+      auto e = Engine::create(forward_model, engine_options(backend, o.device_tokens), {});
       if (!e) return fail(e.error().message);
       if (backend == "file") {
         auto r = timed_request(**e, prompt, 1);
@@ -215,7 +247,7 @@ int run_tier_bench(const TierBenchOptions& o) {
       wait_storage_written(**e,
                            backend == "file" ? static_cast<uint64_t>(o.prompt_tokens / 16 - 1) : 0);
     }
-    auto e = Engine::create(model->get(), engine_options(backend, o.device_tokens), {});
+    auto e = Engine::create(forward_model, engine_options(backend, o.device_tokens), {});
     if (!e) return fail(e.error().message);
     auto warm = timed_request(**e, random_tokens(64, 98, vocab), 1);
     auto st = timed_request(**e, prompt, 1);
@@ -240,7 +272,7 @@ int run_tier_bench(const TierBenchOptions& o) {
       // Without tool sessions the paused conversation is just more LRU data: on a device
       // pool alone the flood evicts it and the next turn recomputes it.
       eo.hicache.enabled = std::string(mode) != "no offload (device pool only)";
-      auto e = Engine::create(model->get(), eo, {});
+      auto e = Engine::create(forward_model, eo, {});
       if (!e) return fail(e.error().message);
       auto first = timed_request(**e, turn1, 1, "agent");
       if (!first) return fail(first.error().message);
@@ -263,13 +295,19 @@ int run_tier_bench(const TierBenchOptions& o) {
         settle(**e);
       }
       if (m == "tool_start/tool_end") {
+        const auto t0 = Clock::now();
         auto s = (*e)->cache().tool_end("agent", epoch).get();
         if (!s) return fail(s.error().message);
-        for (int i = 0; i < 100000; ++i) {
+        bool runnable = s->state == ToolSessionState::kRunnable;
+        for (int i = 0; i < 100000 && !runnable; ++i) {
           auto v = (*e)->cache().kv_meta("agent").get();
-          if (v && v->state == ToolSessionState::kRunnable) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          runnable = v && v->state == ToolSessionState::kRunnable;
+          if (!runnable) std::this_thread::sleep_for(std::chrono::microseconds(200));
         }
+        const double ms = std::chrono::duration<double>(Clock::now() - t0).count() * 1e3;
+        std::printf("%-44s %8.1f ms (%lld tokens back on the device)\n", "tool_end to RUNNABLE", ms,
+                    static_cast<long long>(s->moved_tokens));
+        report["tool_end_to_runnable_ms"] = ms;
       }
       auto t = timed_request(**e, next_turn({}), 1, "agent");
       if (!t) return fail(t.error().message);
@@ -287,6 +325,13 @@ void add_bench_tiers(CLI::App& bench, int& exit_code) {
   CLI::App* cmd = bench.add_subcommand(
       "tiers", "TTFT of a prompt restored from each cache tier, and of a paused tool session");
   cmd->add_option("--model", o->model_dir, "Model folder (default: the bench preset, Qwen3)");
+  cmd->add_option("--device", o->device, "Where the forward pass runs: cpu | cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--hicache-io-backend", o->io_backend,
+                  "--device cuda: how pages cross, direct | kernel (serve's flag)")
+      ->check(CLI::IsMember({"direct", "kernel"}))
+      ->capture_default_str();
   cmd->add_option("--threads", o->threads, "Compute threads")->capture_default_str();
   cmd->add_option("--weight-dtype", o->weight_dtype, "auto | f32 | bf16")->capture_default_str();
   cmd->add_option("--kv-dtype", o->kv_dtype, "f32 | f16 | bf16")->capture_default_str();
