@@ -15,14 +15,15 @@
 #                                  system (compressed: the device tool carries 64 MiB)
 #   scripts/gpu-check.sh run       on the GPU machine, carrying .gpu-check: every check with
 #                                  STRATA_REQUIRE_GPU=1 (a missing GPU fails instead of
-#                                  skipping), then the benchmarks (below), the output in $OUT
-#                                  (or .gpu-check/results), a summary last
+#                                  skipping), then the benchmarks (below); in $OUT (or
+#                                  .gpu-check/results) results.tar.gz with every file and
+#                                  summary.txt (the device tool brings back 8 files at most)
 #   scripts/gpu-check.sh smoke     the same, short: the device probe, one size of each
 #                                  kernel, the forward benchmark on the 0.6B shape only (for
 #                                  reruns within the device time)
 #
 # With the device tool: add .gpu-check to .git/info/exclude once, run `prepare` here, then
-#   run(command="scripts/gpu-check.sh run", carry=[".gpu-check"], timeout_s=300)
+#   run(command="scripts/gpu-check.sh run", carry=[".gpu-check"], timeout_s=600)
 # Each check prints what it compared; a failure names the kernel, the shape and the values.
 # The checks: the kernels against the CPU engine's code (tests/cuda/cuda_kernels_test.cc),
 # the whole forward pass on the GPU against the CPU engine's (tests/cuda/gpu_model_test.cc),
@@ -108,7 +109,13 @@ staged() { LD_LIBRARY_PATH=$libpath "$@"; }
 bench_step() {
   local name=$1 limit=$2 rc=0
   shift 2
-  local t0=$SECONDS
+  local t0=$SECONDS left=$((deadline - SECONDS))
+  if ((left < 30)); then
+    echo "-- bench $name: skipped, the run's time is spent (STRATA_GPU_BUDGET_S)" |
+      tee -a "$out/bench-steps.txt"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
   timeout --kill-after=10 "$limit" "$@" || rc=$?
   echo "-- bench $name: exit $rc in $((SECONDS - t0)) s (limit $limit s)" | tee -a "$out/bench-steps.txt"
   return 0
@@ -116,10 +123,10 @@ bench_step() {
 
 wanted() { [[ ",$benches," == *",$1,"* || $benches == all ]]; }
 
+# The forward benchmark of the shapes given (in that order: the most wanted first).
 forward_benchmarks() {
-  local shapes=(qwen3-0.6b qwen3-1.7b qwen3-8b) shape dir hf
-  ((smoke)) && shapes=(qwen3-0.6b)
-  for shape in "${shapes[@]}"; do
+  local shape dir hf
+  for shape in "$@"; do
     dir=$models/$shape
     if [[ ! -f $dir/model.safetensors ]]; then
       bench_step "make-model $shape" 240 staged "$bin/strata" make-model --preset "$shape" \
@@ -129,18 +136,36 @@ forward_benchmarks() {
       --model "$dir" --prompt-tokens 8192 --decode-tokens 128 --decode-context 1024 \
       --decode-batches 64 --batch-context 1024 --repeats 3 --json \
       >"$out/forward-$shape.json" 2>"$out/forward-$shape.log"
+    # Hugging Face generate on the small shape (an 8B folder takes a minute to load there).
     hf=()
-    [[ $shape == qwen3-0.6b ]] || { ((!smoke)) && [[ $shape == qwen3-8b ]]; } && hf=(--hf)
+    [[ $shape == qwen3-0.6b ]] && ((!smoke)) && hf=(--hf)
     bench_step "torch $shape" 240 python3 scripts/gpu_baselines.py --model "$dir" \
       --prefill-tokens 8192 --context 1024 --decode-tokens 128 --batch 64 --batch-context 1024 \
       "${hf[@]}" >"$out/torch-$shape.jsonl" 2>"$out/torch-$shape.log"
   done
-  python3 scripts/gpu_summary.py "$out" || true
+}
+
+# The device tool brings back at most 8 files from $OUT: everything goes into one archive
+# there, with the summary beside it (and the run's own output ends with the summaries).
+pack_results() {
+  mkdir -p "$results"
+  [[ -d $out ]] || return 0
+  {
+    cat "$out/device.txt" 2>/dev/null
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/cuda_tests.txt" 2>/dev/null
+    cat "$out/copy_bandwidth.txt" "$out/tier_ttft.txt" "$out/bench-steps.txt" \
+        "$out/summary-forward.md" 2>/dev/null
+    [[ -f $out/tiers.txt ]] && grep -v '^{' "$out/tiers.txt"
+  } >"$results/summary.txt" || true
+  tar -C "$out" -czf "$results/results.tar.gz" . || true
 }
 
 run_checks() {
   local smoke=$1
-  out=${OUT:-$stage_dir/results}
+  results=${OUT:-$stage_dir/results}
+  out=${TMPDIR:-/tmp}/strata-gpu-results
+  rm -rf "$out"
+  trap pack_results EXIT
   benches=${STRATA_GPU_BENCH:-all}
   models=${STRATA_GPU_MODELS:-${TMPDIR:-/tmp}/strata-gpu-models}
   [[ -f "$stage_dir/stage.tar.gz" ]] ||
@@ -181,15 +206,16 @@ run_checks() {
   echo "== gpu-check: the checks passed"
   [[ $benches == none ]] && return 0
   : >"$out/bench-steps.txt"
-  wanted forward && forward_benchmarks
+  # The benchmarks share what is left of the run's budget (the device tool's command limit
+  # is 10 minutes; a fresh machine's start takes some of the session's 15).
+  deadline=$((SECONDS + ${STRATA_GPU_BUDGET_S:-500}))
+  if ((smoke)); then
+    wanted forward && forward_benchmarks qwen3-0.6b
+  else
+    wanted forward && forward_benchmarks qwen3-8b qwen3-0.6b
+  fi
   local big=$models/qwen3-8b
   ((smoke)) && big=$models/qwen3-0.6b
-  if ((!smoke)) && wanted profile && [[ -f $big/model.safetensors ]]; then
-    bench_step "profile" 180 staged "$bin/strata" bench forward --device cuda --model "$big" \
-      --profile-out "$out/profile-qwen3-8b.json" --profile-prefill-tokens 16,64,256,1024,4096 \
-      --profile-batches 1,4,16,64 --profile-contexts 0,2048,8192 --repeats 2 \
-      >"$out/profile.log" 2>&1
-  fi
   if ((!smoke)) && wanted tiers && [[ -f $big/model.safetensors ]]; then
     bench_step "tiers" 300 staged "$bin/strata" bench tiers --device cuda --model "$big" \
       --prompt-tokens 8192 --session-tokens 16384 --device-tokens 24576 --json \
@@ -208,6 +234,14 @@ run_checks() {
       --server-arg=42000 --strata-bin "$bin/strata" --start-timeout-s 300 \
       --depths 0,2,6,10,16 --out "$out/depth-sweep" >"$out/depth-sweep.log" 2>&1
   fi
+  if ((!smoke)) && wanted profile && [[ -f $big/model.safetensors ]]; then
+    bench_step "profile" 180 staged "$bin/strata" bench forward --device cuda --model "$big" \
+      --profile-out "$out/profile-qwen3-8b.json" --profile-prefill-tokens 16,64,256,1024,4096 \
+      --profile-batches 1,4,16,64 --profile-contexts 0,2048,8192 --repeats 2 \
+      >"$out/profile.log" 2>&1
+  fi
+  ((!smoke)) && wanted forward && forward_benchmarks qwen3-1.7b
+  python3 scripts/gpu_summary.py "$out" >/dev/null 2>&1 || true
   echo "== gpu-check: benchmark steps"
   cat "$out/bench-steps.txt"
   [[ -f $out/summary-forward.md ]] && cat "$out/summary-forward.md"

@@ -121,6 +121,11 @@ int run_tier_bench(const TierBenchOptions& o) {
     std::cerr << "strata bench tiers: " << m << "\n";
     return 1;
   };
+  if (o.device == "cuda") {  // before the weights load: a machine without a GPU says so at once
+    if (auto device = cuda::probe_device(0); !device) {
+      return fail("--device cuda: " + device.error().message);
+    }
+  }
   ModelOptions mo{.num_threads = o.threads};
   if (o.weight_dtype == "bf16") mo.weight_dtype = WeightDtype::kBF16;
   if (o.weight_dtype == "f32") mo.weight_dtype = WeightDtype::kF32;
