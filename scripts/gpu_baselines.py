@@ -217,7 +217,11 @@ def graph_decode(shape, batch, context, steps):
 def hf_generate(folder, prompt_tokens, new_tokens):
     from transformers import AutoModelForCausalLM
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16).cuda().eval()
+    try:  # transformers 5 names it dtype; 4 torch_dtype
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    except TypeError:
+        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16)
+    model = model.cuda().eval()
     load_s = time.perf_counter() - t0
     vocab = model.config.vocab_size
     ids = torch.randint(0, min(vocab, 30000), (1, prompt_tokens), device="cuda")
