@@ -3,10 +3,14 @@
 //
 // Phase 1, one block per (sequence, KV head, key range): the block's query heads (the KV
 // head's group, at most 8) are held in shared memory, scaled. The range's keys are visited
-// in tiles of 32: scores for every (query head, key) pair of the tile, then one warp per
-// query head updates its online softmax (running max m, sum l; a tile's 32 keys are one per
-// lane), then each thread rescales and accumulates its (query head, dimension) outputs over
-// the tile's values. The unnormalized output, m and l go to the workspace.
+// in tiles of 32, each tile's K and V first staged in shared memory with 16-byte loads (a
+// key's head_dim values are contiguous in its page: the loads of a warp cover whole rows),
+// K rows padded by one word so that the lanes scoring 32 keys at one dimension hit 32
+// banks: scores for every (query head, key) pair of the tile, then one warp per query head
+// updates its online softmax (running max m, sum l; a tile's 32 keys are one per lane), then
+// each thread rescales and accumulates its (query head, dimension) outputs over the tile's
+// values. The unnormalized output, m and l go to the workspace. Every K and V byte crosses
+// from device memory once a block, in whole rows.
 // Phase 2, one block per (sequence, query head), one thread per dimension: the ranges merge
 // as out = sum_r acc_r e^(m_r - M) / sum_r l_r e^(m_r - M), M = max_r m_r; a range with no
 // keys has l = 0 and counts for nothing.
@@ -40,6 +44,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   static_assert(D % 32 == 0 && (kDecodeMaxGroup * D) % kDecodeThreads == 0);
   constexpr int kAccPerThread = kDecodeMaxGroup * D / kDecodeThreads;
   __shared__ float q_s[kDecodeMaxGroup][D];
+  __shared__ __align__(16) uint16_t k_s[kDecodeTile][D + 2];  // one word of padding a row
+  __shared__ __align__(16) uint16_t v_s[kDecodeTile][D];
   __shared__ float p_s[kDecodeMaxGroup][kDecodeTile];
   __shared__ float m_s[kDecodeMaxGroup];
   __shared__ float l_s[kDecodeMaxGroup];
@@ -78,18 +84,38 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   for (int t0 = begin; t0 < end; t0 += kDecodeTile) {
     const int n = min(kDecodeTile, end - t0);
+    // The tile's keys and values, 16 bytes a thread at a time (K as four words: its rows are
+    // padded by one).
+    constexpr int kChunks = D / 8;
+    for (int i = tid; i < n * kChunks; i += kDecodeThreads) {
+      const int t = i / kChunks;
+      const int c = i % kChunks;
+      const int pos = t0 + t;
+      const size_t at = static_cast<size_t>(pages[pos / a.page_size]) * page_stride +
+                        static_cast<size_t>(pos % a.page_size) * D + c * 8;
+      const uint4 kv = *reinterpret_cast<const uint4*>(k_base + at);
+      auto* kw = reinterpret_cast<uint32_t*>(&k_s[t][c * 8]);
+      kw[0] = kv.x;
+      kw[1] = kv.y;
+      kw[2] = kv.z;
+      kw[3] = kv.w;
+      *reinterpret_cast<uint4*>(&v_s[t][c * 8]) = *reinterpret_cast<const uint4*>(v_base + at);
+    }
+    __syncthreads();
     // Scores of the tile: (query head, key) pairs over the threads.
     for (int i = tid; i < group * kDecodeTile; i += kDecodeThreads) {
       const int g = i / kDecodeTile;
       const int t = i % kDecodeTile;
       float s = -FLT_MAX;
       if (t < n) {
-        const int pos = t0 + t;
-        const uint16_t* k = k_base + static_cast<size_t>(pages[pos / a.page_size]) * page_stride +
-                            static_cast<size_t>(pos % a.page_size) * D;
-        s = 0.0f;
+        const auto* kw = reinterpret_cast<const uint32_t*>(&k_s[t][0]);
+        float dot = 0.0f;
 #pragma unroll 8
-        for (int d = 0; d < D; ++d) s += q_s[g][d] * bf16_bits_to_float(k[d]);
+        for (int d2 = 0; d2 < D / 2; ++d2) {
+          const float2 k2 = bf16x2_to_float2(kw[d2]);
+          dot += q_s[g][2 * d2] * k2.x + q_s[g][2 * d2 + 1] * k2.y;
+        }
+        s = dot;
       }
       p_s[g][t] = s;
     }
@@ -120,12 +146,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const int d = i % D;
       if (g < group) {
         float o = acc[j] * corr_s[g];
-        for (int t = 0; t < n; ++t) {
-          const int pos = t0 + t;
-          const uint16_t* v = v_base + static_cast<size_t>(pages[pos / a.page_size]) * page_stride +
-                              static_cast<size_t>(pos % a.page_size) * D;
-          o += p_s[g][t] * bf16_bits_to_float(v[d]);
-        }
+        for (int t = 0; t < n; ++t) o += p_s[g][t] * bf16_bits_to_float(v_s[t][d]);
         acc[j] = o;
       }
     }

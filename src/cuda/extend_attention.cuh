@@ -32,11 +32,6 @@ inline constexpr int kExtendRows = 32;  // (token, query head) rows per block
 inline constexpr int kExtendKeys = 32;  // keys staged per step: one per lane when scoring
 inline constexpr int kExtendRowsPerWarp = kExtendRows / kExtendWarps;
 
-// Two BF16 values packed in a word (the lower address first) as floats.
-__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t bits) {
-  return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
-}
-
 template <int D>
 __global__ void __launch_bounds__(kExtendThreads) extend_attention_kernel(ExtendAttentionArgs a) {
   static_assert(D % 64 == 0);
