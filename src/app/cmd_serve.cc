@@ -26,6 +26,7 @@
 #include "app/commands.h"
 #include "common/log.h"
 #include "cuda/cuda_device.h"
+#include "cuda/gemm.h"
 #include "cuda/gpu_model.h"
 #include "engine/engine.h"
 #include "engine/engine_options.h"
@@ -160,9 +161,9 @@ void add_device_flags(CLI::App& cmd, ServeOptions& o) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   cmd.add_option("--mem-fraction-static", o.mem_fraction_static,
-                 "--device cuda: the fraction of the GPU's memory for the weights and the KV "
-                 "pages, which it sizes unless --kv-cache-tokens is given (SGLang's flag; the "
-                 "rest is for the batch's scratch and CUDA itself)")
+                 "--device cuda: the fraction of the GPU's memory for the weights, the forward's "
+                 "activations and the KV pages, which get what the others and the memory "
+                 "already in use leave of it, unless --kv-cache-tokens is given (SGLang's flag)")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();
 }
@@ -184,20 +185,38 @@ Result<std::unique_ptr<ForwardModel>> load_gpu_model(const std::filesystem::path
   g.max_batch_sequences = 2 * eo.max_running_requests;
   g.max_batch_tokens = eo.chunked_prefill_size + g.max_batch_sequences;
   if (o.mem_fraction_static > 0 && !tokens_given) {
+    // SGLang's reading: weights and KV pages take this fraction of the device's memory. What
+    // is already in use on the device (the CUDA context, other processes: measured by the
+    // probe) and the forward's activation peak (its scratch, allocated once, and cuBLASLt's
+    // workspace) come out of it first.
+    const double in_use = static_cast<double>(device->total_bytes - device->free_bytes);
+    const double weights = static_cast<double>(cuda::gpu_weight_bytes(config));
+    const double activations =
+        static_cast<double>(cuda::gpu_scratch_bytes(config, g, device->multiprocessors) +
+                            static_cast<int64_t>(cuda::kGemmWorkspaceBytes));
     const double budget = o.mem_fraction_static * static_cast<double>(device->total_bytes) -
-                          static_cast<double>(cuda::gpu_weight_bytes(config));
+                          in_use - weights - activations;
     const int64_t pages = static_cast<int64_t>(
         budget / static_cast<double>(cuda::gpu_kv_page_bytes(config, eo.page_size)));
     if (pages < 1) {
-      return make_error(ErrorCode::kResourceExhausted,
-                        fmt::format("--mem-fraction-static {}: the weights ({:.1f} GB) leave no "
-                                    "room for KV pages on {} ({:.1f} GB)",
-                                    o.mem_fraction_static,
-                                    static_cast<double>(cuda::gpu_weight_bytes(config)) / 1e9,
-                                    device->name, static_cast<double>(device->total_bytes) / 1e9));
+      return make_error(
+          ErrorCode::kResourceExhausted,
+          fmt::format("--mem-fraction-static {}: {:.1f} GB of {} ({:.1f} GB) leave no room for "
+                      "KV pages after the weights ({:.1f} GB), the activations ({:.2f} GB) and "
+                      "what is in use already ({:.1f} GB)",
+                      o.mem_fraction_static,
+                      o.mem_fraction_static * static_cast<double>(device->total_bytes) / 1e9,
+                      device->name, static_cast<double>(device->total_bytes) / 1e9, weights / 1e9,
+                      activations / 1e9, in_use / 1e9));
     }
     eo.kv_cache_tokens = static_cast<int32_t>(
         std::min<int64_t>(pages * eo.page_size, std::numeric_limits<int32_t>::max() / 2));
+    STRATA_LOG_INFO(
+        "--mem-fraction-static {}: weights {:.2f} GB, activations {:.2f} GB, in use {:.2f} GB, "
+        "KV pages {:.2f} GB",
+        o.mem_fraction_static, weights / 1e9, activations / 1e9, in_use / 1e9,
+        static_cast<double>(pages) *
+            static_cast<double>(cuda::gpu_kv_page_bytes(config, eo.page_size)) / 1e9);
   }
   g.num_pages = eo.kv_cache_tokens / eo.page_size;
   auto gpu = cuda::GpuModel::create(config, (*cpu)->weights(), g);

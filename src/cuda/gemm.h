@@ -23,11 +23,14 @@
 
 namespace strata::cuda {
 
+// cuBLASLt's workspace unless told otherwise (device memory, allocated once).
+inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+
 class Gemm {
  public:
   // Loads cuBLASLt, makes its handle and a workspace of `workspace_bytes` of device memory.
   // kUnsupported naming what is missing (a build without CUDA, the library, a device).
-  static Result<std::unique_ptr<Gemm>> create(size_t workspace_bytes = size_t{32} << 20);
+  static Result<std::unique_ptr<Gemm>> create(size_t workspace_bytes = kGemmWorkspaceBytes);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;

@@ -46,6 +46,61 @@ int64_t gpu_weight_bytes(const ModelConfig& config) {
 
 namespace {
 
+// The batch scratch create() allocates, in bytes per buffer (GpuModel::Impl's names).
+struct ScratchSizes {
+  size_t x = 0, residual = 0, qkv = 0, attn = 0, gate_up = 0, act = 0, last = 0, logits = 0,
+         workspace = 0, meta_i32 = 0, meta_f32 = 0;
+  size_t total() const {
+    return x + residual + qkv + attn + gate_up + act + last + logits + workspace + meta_i32 +
+           meta_f32;
+  }
+};
+
+int32_t max_pages_per_seq(const ModelConfig& config, const GpuModelOptions& options) {
+  return static_cast<int32_t>((config.max_position_embeddings + options.page_size - 1) /
+                              options.page_size);
+}
+
+// Elements of the batch metadata: token ids, slots, tiles (seq, first): t each; qo_start
+// s + 1; kv_lens, logit rows: s; page tables s x max_pages_per_seq.
+size_t meta_i32_elems(const ModelConfig& config, const GpuModelOptions& options) {
+  const size_t t = static_cast<size_t>(options.max_batch_tokens);
+  const size_t s = static_cast<size_t>(options.max_batch_sequences);
+  return 4 * t + 3 * s + 1 + s * static_cast<size_t>(max_pages_per_seq(config, options));
+}
+
+ScratchSizes scratch_sizes(const ModelConfig& config, const GpuModelOptions& options,
+                           int32_t multiprocessors) {
+  const size_t t = static_cast<size_t>(options.max_batch_tokens);
+  const size_t s = static_cast<size_t>(options.max_batch_sequences);
+  const size_t h = static_cast<size_t>(config.hidden_size);
+  const size_t qkv_width = static_cast<size_t>(config.q_size() + 2 * config.kv_size());
+  const size_t inter = static_cast<size_t>(config.intermediate_size);
+  size_t splits_rows = 0;  // the decode kernel's workspace rows at its widest
+  for (int32_t n = 1; n <= options.max_batch_sequences; ++n) {
+    splits_rows =
+        std::max(splits_rows,
+                 static_cast<size_t>(n) *
+                     static_cast<size_t>(decode_attention_splits(
+                         n, config.num_kv_heads,
+                         static_cast<int32_t>(config.max_position_embeddings), multiprocessors)));
+  }
+  ScratchSizes z;
+  z.x = t * h * 2;
+  z.residual = t * h * 4;
+  z.qkv = t * qkv_width * 2;
+  z.attn = t * static_cast<size_t>(config.q_size()) * 2;
+  z.gate_up = t * 2 * inter * 2;
+  z.act = t * inter * 2;
+  z.last = s * h * 2;
+  z.logits = s * static_cast<size_t>(config.vocab_size) * 4;
+  z.workspace = splits_rows * static_cast<size_t>(config.num_heads) *
+                static_cast<size_t>(config.head_dim + 2) * 4;
+  z.meta_i32 = meta_i32_elems(config, options) * 4;
+  z.meta_f32 = t * static_cast<size_t>(config.head_dim) * 4;
+  return z;
+}
+
 // What create() refuses before any device work, in every build (with CUDA or without).
 Status check_gpu_model(const ModelConfig& config, const GpuModelOptions& options) {
   if (options.num_pages < 1 || options.page_size < 1 || options.max_batch_tokens < 1 ||
@@ -73,6 +128,11 @@ Status check_gpu_model(const ModelConfig& config, const GpuModelOptions& options
 }
 
 }  // namespace
+
+int64_t gpu_scratch_bytes(const ModelConfig& config, const GpuModelOptions& options,
+                          int32_t multiprocessors) {
+  return static_cast<int64_t>(scratch_sizes(config, options, multiprocessors).total());
+}
 
 #ifdef STRATA_HAVE_CUDA
 
@@ -170,13 +230,7 @@ struct GpuModel::Impl {
   uint16_t* v_pages(int32_t layer) const {
     return kv.as<uint16_t>() + (2 * static_cast<size_t>(layer) + 1) * layer_elems();
   }
-  size_t meta_i32_capacity() const {
-    const size_t t = static_cast<size_t>(options.max_batch_tokens);
-    const size_t s = static_cast<size_t>(options.max_batch_sequences);
-    // token ids, slots, tiles (seq, first): t each; qo_start s + 1; kv_lens, logit rows: s;
-    // page tables s x max_pages_per_seq.
-    return 4 * t + 3 * s + 1 + s * static_cast<size_t>(max_pages_per_seq);
-  }
+  size_t meta_i32_capacity() const { return meta_i32_elems(config, options); }
 
   Status validate(std::span<const ForwardSequence> batch, const KvPool& pool) const;
   Status run(std::span<const ForwardSequence> batch, ForwardOutput& out);
@@ -247,35 +301,20 @@ Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig& config,
                              static_cast<size_t>(options.num_pages));
   if (!kv) return std::unexpected(kv.error());
   i.kv = std::move(*kv);
-  i.max_pages_per_seq = static_cast<int32_t>(
-      (config.max_position_embeddings + options.page_size - 1) / options.page_size);
-  const size_t t = static_cast<size_t>(options.max_batch_tokens);
-  const size_t s = static_cast<size_t>(options.max_batch_sequences);
-  const size_t h = static_cast<size_t>(config.hidden_size);
-  const size_t qkv_width = static_cast<size_t>(config.q_size() + 2 * config.kv_size());
-  const size_t inter = static_cast<size_t>(config.intermediate_size);
-  size_t splits_rows = 0;  // the decode kernel's workspace rows at its widest
-  for (int32_t n = 1; n <= options.max_batch_sequences; ++n) {
-    splits_rows =
-        std::max(splits_rows,
-                 static_cast<size_t>(n) * static_cast<size_t>(decode_attention_splits(
-                                              n, config.num_kv_heads,
-                                              static_cast<int32_t>(config.max_position_embeddings),
-                                              i.device.multiprocessors)));
-  }
+  i.max_pages_per_seq = max_pages_per_seq(config, options);
+  const ScratchSizes sizes = scratch_sizes(config, options, i.device.multiprocessors);
   const std::pair<DeviceBuffer*, size_t> scratch[] = {
-      {&i.x, t * h * 2},
-      {&i.residual, t * h * 4},
-      {&i.qkv, t * qkv_width * 2},
-      {&i.attn, t * static_cast<size_t>(config.q_size()) * 2},
-      {&i.gate_up, t * 2 * inter * 2},
-      {&i.act, t * inter * 2},
-      {&i.last, s * h * 2},
-      {&i.logits, s * static_cast<size_t>(config.vocab_size) * 4},
-      {&i.workspace, splits_rows * static_cast<size_t>(config.num_heads) *
-                         static_cast<size_t>(config.head_dim + 2) * 4},
-      {&i.meta_i32, i.meta_i32_capacity() * 4},
-      {&i.meta_f32, t * static_cast<size_t>(config.head_dim) * 4},
+      {&i.x, sizes.x},
+      {&i.residual, sizes.residual},
+      {&i.qkv, sizes.qkv},
+      {&i.attn, sizes.attn},
+      {&i.gate_up, sizes.gate_up},
+      {&i.act, sizes.act},
+      {&i.last, sizes.last},
+      {&i.logits, sizes.logits},
+      {&i.workspace, sizes.workspace},
+      {&i.meta_i32, sizes.meta_i32},
+      {&i.meta_f32, sizes.meta_f32},
   };
   for (const auto& [buf, bytes] : scratch) {
     auto b = DeviceBuffer::allocate(bytes);

@@ -51,6 +51,12 @@ struct GpuModelOptions {
 // and the batch scratch (what --mem-fraction-static sizes the pages from).
 int64_t gpu_kv_page_bytes(const ModelConfig& config, int32_t page_size);
 int64_t gpu_weight_bytes(const ModelConfig& config);
+// The batch scratch create() allocates for `options` on a device of `multiprocessors`: the
+// activations of the largest batch, the logits rows, the decode kernel's split workspace and
+// the metadata. Nothing else is allocated per forward, so this is the forward's activation
+// peak besides cuBLASLt's workspace (cuda/gemm.h kGemmWorkspaceBytes).
+int64_t gpu_scratch_bytes(const ModelConfig& config, const GpuModelOptions& options,
+                          int32_t multiprocessors);
 
 class GpuModel final : public ForwardModel {
  public:

@@ -90,6 +90,22 @@ void expect_logits_close(const std::vector<float>& got, const std::vector<float>
   }
 }
 
+// --mem-fraction-static subtracts the forward's activation peak: the scratch create()
+// allocates, which grows with the batch the options allow (on every machine: no device work).
+TEST(GpuModelTest, TheScratchGrowsWithTheBatchAndHoldsTheLogitRows) {
+  const ModelConfig c = preset_config(ModelPreset::kQwen3_8B, Architecture::kQwen3);
+  const GpuModelOptions small{.num_pages = 1, .max_batch_tokens = 1, .max_batch_sequences = 1};
+  GpuModelOptions big{.num_pages = 1, .max_batch_tokens = 8192 + 512, .max_batch_sequences = 512};
+  const int64_t one = gpu_scratch_bytes(c, small, 132);
+  const int64_t many = gpu_scratch_bytes(c, big, 132);
+  EXPECT_GE(one, int64_t{c.vocab_size} * 4);  // one row of F32 logits
+  EXPECT_GE(many,
+            int64_t{512} * c.vocab_size * 4 + int64_t{8704} * (c.q_size() + 2 * c.kv_size()) * 2);
+  EXPECT_LT(many, int64_t{8} << 30);  // an 8B model's batch of 8,704 tokens: a few GB
+  big.max_batch_tokens *= 2;
+  EXPECT_GT(gpu_scratch_bytes(c, big, 132), many);
+}
+
 TEST(GpuModelTest, LogitsMatchTheCpuEngineStepByStep) {
   STRATA_NEED_GPU();
   for (bool tensor_cores : {true, false}) {
