@@ -1,7 +1,6 @@
 #include "model/make_model.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -31,39 +30,47 @@ uint64_t name_hash(std::string_view name) {
   return h;
 }
 
-// One random stream per piece of this many values. A tensor of at most one piece (every
-// tensor of the small presets) draws from one stream, as it always has; a larger one draws
-// its pieces on several threads (the 8B shape has 8 billion values).
-constexpr int64_t kRandomPiece = int64_t{1} << 22;
+// One tensor to draw: values mean + std * N(0, 1) from a stream of its own, seeded by the
+// model's seed and the tensor's name.
+struct RandomTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  double mean = 0;
+  double std = 0;
+};
 
-void add_random(TensorStore& store, const std::string& name, std::vector<int64_t> shape,
-                uint64_t seed, TensorDtype dtype, double mean, double std) {
+std::vector<float> draw_values(const RandomTensor& t, uint64_t seed) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  const uint64_t stream = seed ^ name_hash(name);
+  for (int64_t d : t.shape) n *= d;
+  Rng rng(seed ^ name_hash(t.name));
   std::vector<float> values(static_cast<size_t>(n));
-  auto fill = [&](int64_t piece) {
-    Rng rng(piece == 0 ? stream : stream + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(piece));
-    const int64_t end = std::min(n, (piece + 1) * kRandomPiece);
-    for (int64_t i = piece * kRandomPiece; i < end; ++i) {
-      values[static_cast<size_t>(i)] = static_cast<float>(mean + std * rng.normal());
+  for (float& v : values) v = static_cast<float>(t.mean + t.std * rng.normal());
+  return values;
+}
+
+// Draws the tensors on several threads, a window of them at a time (so that no more than a
+// window's values wait in F32), and adds them to the store in order. Each tensor's stream is
+// its own, so the bytes do not depend on the threads (the 8B shape has 8 billion values).
+void add_random_tensors(TensorStore& store, const std::vector<RandomTensor>& tensors, uint64_t seed,
+                        TensorDtype dtype) {
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 64);
+  for (size_t first = 0; first < tensors.size(); first += threads) {
+    const size_t count = std::min(threads, tensors.size() - first);
+    std::vector<std::vector<float>> values(count);
+    if (count == 1) {
+      values[0] = draw_values(tensors[first], seed);
+    } else {
+      std::vector<std::jthread> workers;
+      for (size_t i = 0; i < count; ++i) {
+        workers.emplace_back([&, i] { values[i] = draw_values(tensors[first + i], seed); });
+      }
     }
-  };
-  const int64_t pieces = (n + kRandomPiece - 1) / kRandomPiece;
-  if (pieces <= 1) {
-    fill(0);
-  } else {
-    std::atomic<int64_t> next{0};
-    const auto threads =
-        static_cast<int64_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1U, 64U));
-    std::vector<std::jthread> workers;
-    for (int64_t t = 0; t < std::min(threads, pieces); ++t) {
-      workers.emplace_back([&] {
-        for (int64_t p = next++; p < pieces; p = next++) fill(p);
-      });
+    for (size_t i = 0; i < count; ++i) {
+      const RandomTensor& t = tensors[first + i];
+      store.add_f32(t.name, dtype, t.shape, values[i]);
+      values[i] = {};
     }
   }
-  store.add_f32(name, dtype, std::move(shape), values);
 }
 
 Status write_json(const std::filesystem::path& path, const json& j) {
@@ -232,47 +239,44 @@ ModelConfig preset_config(ModelPreset preset, Architecture arch,
 }
 
 TensorStore make_random_tensors(const ModelConfig& c, uint64_t seed, TensorDtype dtype) {
-  TensorStore store;
+  std::vector<RandomTensor> tensors;
+  auto add_random = [&](std::string name, std::vector<int64_t> shape, double mean, double std) {
+    tensors.push_back(RandomTensor{std::move(name), std::move(shape), mean, std});
+  };
   const int64_t hidden = c.hidden_size;
   const double inv_sqrt_hidden = 1.0 / std::sqrt(static_cast<double>(hidden));
   const double std_w = 0.02;
-  add_random(store, "model.embed_tokens.weight", {c.vocab_size, hidden}, seed, dtype, 0.0,
-             inv_sqrt_hidden);
+  add_random("model.embed_tokens.weight", {c.vocab_size, hidden}, 0.0, inv_sqrt_hidden);
   for (int32_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    add_random(store, p + "input_layernorm.weight", {hidden}, seed, dtype, 1.0, 0.1);
-    add_random(store, p + "post_attention_layernorm.weight", {hidden}, seed, dtype, 1.0, 0.1);
-    add_random(store, p + "self_attn.q_proj.weight", {c.q_size(), hidden}, seed, dtype, 0.0,
-               inv_sqrt_hidden);
-    add_random(store, p + "self_attn.k_proj.weight", {c.kv_size(), hidden}, seed, dtype, 0.0,
-               inv_sqrt_hidden);
-    add_random(store, p + "self_attn.v_proj.weight", {c.kv_size(), hidden}, seed, dtype, 0.0,
-               std_w);
-    add_random(store, p + "self_attn.o_proj.weight", {hidden, c.q_size()}, seed, dtype, 0.0, std_w);
+    add_random(p + "input_layernorm.weight", {hidden}, 1.0, 0.1);
+    add_random(p + "post_attention_layernorm.weight", {hidden}, 1.0, 0.1);
+    add_random(p + "self_attn.q_proj.weight", {c.q_size(), hidden}, 0.0, inv_sqrt_hidden);
+    add_random(p + "self_attn.k_proj.weight", {c.kv_size(), hidden}, 0.0, inv_sqrt_hidden);
+    add_random(p + "self_attn.v_proj.weight", {c.kv_size(), hidden}, 0.0, std_w);
+    add_random(p + "self_attn.o_proj.weight", {hidden, c.q_size()}, 0.0, std_w);
     if (c.qkv_bias) {
-      add_random(store, p + "self_attn.q_proj.bias", {c.q_size()}, seed, dtype, 0.0, 0.1);
-      add_random(store, p + "self_attn.k_proj.bias", {c.kv_size()}, seed, dtype, 0.0, 0.1);
-      add_random(store, p + "self_attn.v_proj.bias", {c.kv_size()}, seed, dtype, 0.0, 0.1);
+      add_random(p + "self_attn.q_proj.bias", {c.q_size()}, 0.0, 0.1);
+      add_random(p + "self_attn.k_proj.bias", {c.kv_size()}, 0.0, 0.1);
+      add_random(p + "self_attn.v_proj.bias", {c.kv_size()}, 0.0, 0.1);
     }
     if (c.o_bias) {
-      add_random(store, p + "self_attn.o_proj.bias", {hidden}, seed, dtype, 0.0, 0.1);
+      add_random(p + "self_attn.o_proj.bias", {hidden}, 0.0, 0.1);
     }
     if (c.qk_norm) {
-      add_random(store, p + "self_attn.q_norm.weight", {c.head_dim}, seed, dtype, 1.0, 0.1);
-      add_random(store, p + "self_attn.k_norm.weight", {c.head_dim}, seed, dtype, 1.0, 0.1);
+      add_random(p + "self_attn.q_norm.weight", {c.head_dim}, 1.0, 0.1);
+      add_random(p + "self_attn.k_norm.weight", {c.head_dim}, 1.0, 0.1);
     }
-    add_random(store, p + "mlp.gate_proj.weight", {c.intermediate_size, hidden}, seed, dtype, 0.0,
-               std_w);
-    add_random(store, p + "mlp.up_proj.weight", {c.intermediate_size, hidden}, seed, dtype, 0.0,
-               std_w);
-    add_random(store, p + "mlp.down_proj.weight", {hidden, c.intermediate_size}, seed, dtype, 0.0,
-               std_w);
+    add_random(p + "mlp.gate_proj.weight", {c.intermediate_size, hidden}, 0.0, std_w);
+    add_random(p + "mlp.up_proj.weight", {c.intermediate_size, hidden}, 0.0, std_w);
+    add_random(p + "mlp.down_proj.weight", {hidden, c.intermediate_size}, 0.0, std_w);
   }
-  add_random(store, "model.norm.weight", {hidden}, seed, dtype, 1.0, 0.1);
+  add_random("model.norm.weight", {hidden}, 1.0, 0.1);
   if (!c.tie_word_embeddings) {
-    add_random(store, "lm_head.weight", {c.vocab_size, hidden}, seed, dtype, 0.0,
-               2.0 * inv_sqrt_hidden);
+    add_random("lm_head.weight", {c.vocab_size, hidden}, 0.0, 2.0 * inv_sqrt_hidden);
   }
+  TensorStore store;
+  add_random_tensors(store, tensors, seed, dtype);
   return store;
 }
 
