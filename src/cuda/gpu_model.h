@@ -21,7 +21,7 @@
 // kv_pool_shape() only counts pages (one layer of one head of 2 values a slot, as the
 // simulator's); forward() checks that it has the GPU's page count and page size. The host
 // tier (and storage behind it) copies the GPU's pages through external_kv() and
-// make_copy_device(); P/D transfers do not run on it yet (the engine refuses them).
+// make_copy_device(); so do P/D transfers, through a page-locked stage (engine/pd_stage.h).
 //
 // Threads: forward() on one thread at a time (the engine's forward thread).
 #pragma once

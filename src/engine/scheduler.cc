@@ -702,11 +702,13 @@ void Scheduler::run() {
       if (!busy) {
         // Idle (or waiting on copies): sleep until work arrives, waking now and then for
         // soft-pin expiry, or soon when copies are in flight.
-        const auto nap =
-            io_busy() || !running_.empty() || !waiting_.empty() || !session_waiters_.empty()
-                ? std::chrono::milliseconds(1)
-            : pd_busy() ? std::chrono::milliseconds(5)
-                        : std::chrono::milliseconds(200);
+        // (Copies through the P/D stage are polled as the host tier's are.)
+        const bool staging = pd_stage_ && (pd_stage_->in_flight() > 0 || !stage_sends_.empty());
+        const auto nap = io_busy() || staging || !running_.empty() || !waiting_.empty() ||
+                                 !session_waiters_.empty()
+                             ? std::chrono::milliseconds(1)
+                         : pd_busy() ? std::chrono::milliseconds(5)
+                                     : std::chrono::milliseconds(200);
         wake_.wait_for(lock, nap, [&] {
           return stopping_ || !inbox_.empty() || !commands_.empty() || pd_signal_;
         });

@@ -2,16 +2,20 @@
 // shape, page-locked, and every copy through the GPU's copy streams, for both I/O paths and
 // both host layouts that have whole blocks. A prompt demoted to the host by a flood and
 // loaded back answers exactly as it did the first time; a tool session leaves the GPU and
-// comes back the same. (tests/engine/external_kv_test.cc runs the same engine path on the
-// CPU, over a fake device.)
+// comes back the same; P/D between two GPU engines through their page-locked stages.
+// (tests/engine/external_kv_test.cc and tests/pd_engine/pd_stage_test.cc run the same engine
+// paths on the CPU, over fake devices.)
 //
 // Without a GPU (or CUDA) these skip (fail under STRATA_REQUIRE_GPU=1).
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "../engine/engine_test_util.h"
 #include "cuda/gpu_model.h"
@@ -197,6 +201,81 @@ TEST(GpuTierTtftTest, AHostHitNextTurnAgainstADeviceHitPerOverlap) {
     EXPECT_EQ((*e)->counters().copy_faults, 0u);
     expect_engine_consistent(**e);
   }
+}
+
+// P/D between two GPU engines (issue 31): Debian's UCX cannot register GPU memory, so the
+// pages cross a page-locked stage on each side (engine/pd_stage.h) on the GPUs' copy
+// streams, here over the file store; greedy output equal to a colocated GPU engine's, the
+// stage's pages copied, every page audited after.
+TEST(GpuPdTest, PrefillAndDecodeWorkersOnTheGpuThroughTheStages) {
+  STRATA_NEED_GPU();
+  auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 5);
+  ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
+  const GpuModelOptions g{.num_pages = kGpuPages,
+                          .page_size = kGpuPageSize,
+                          .max_batch_tokens = 256 + 8,
+                          .max_batch_sequences = 8};
+  std::vector<std::unique_ptr<GpuModel>> gpus;
+  for (int i = 0; i < 3; ++i) {
+    auto m = GpuModel::create((*cpu)->config(), (*cpu)->weights(), g);
+    ASSERT_TRUE(m.has_value()) << m.error().message;
+    gpus.push_back(std::move(*m));
+  }
+  const std::filesystem::path store =
+      std::filesystem::temp_directory_path() / ("strata-gpu-pd-" + std::to_string(::getpid()));
+  EngineOptions base;
+  base.page_size = kGpuPageSize;
+  base.kv_cache_tokens = kGpuPages * kGpuPageSize;
+  base.chunked_prefill_size = 64;
+  base.pd.kv_layout = "gpu-pd-test";
+  base.pd.transport = "storage";
+  base.pd.storage_backend = "file";
+  base.pd.storage_extra_config = "{\"dir\": \"" + store.string() + "\"}";
+  base.pd.heartbeat_ms = 50;
+  base.pd.stage_tokens = 4 * kGpuPageSize;  // the prefill side sends in parts
+  auto colocated = Engine::create(gpus[0].get(), base, {});
+  ASSERT_TRUE(colocated.has_value()) << colocated.error().message;
+  EngineOptions po = base;
+  po.pd.role = WorkerRole::kPrefill;
+  po.pd.worker_id = "prefill-1";
+  po.pd.bind = "tcp://127.0.0.1:0";
+  auto prefill = Engine::create(gpus[1].get(), po, {});
+  ASSERT_TRUE(prefill.has_value()) << prefill.error().message;
+  EngineOptions dopt = base;
+  dopt.pd.role = WorkerRole::kDecode;
+  dopt.pd.worker_id = "decode-1";
+  dopt.pd.prefill_peers = {(*prefill)->pd_info().endpoint};
+  dopt.pd.stage_tokens = kGpuPages * kGpuPageSize;
+  auto decode = Engine::create(gpus[2].get(), dopt, {});
+  ASSERT_TRUE(decode.has_value()) << decode.error().message;
+  for (int i = 0; i < 400 && (*decode)->pd_info().peers_alive.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE((*decode)->pd_info().peers_alive.empty());
+  int salt = 40;
+  for (int n : {1, 17, 100, 300}) {
+    const std::vector<int32_t> prompt = test_prompt(n, ++salt);
+    const Outcome want = run_greedy(**colocated, prompt, 8);
+    RequestSpec spec;
+    spec.prompt = prompt;
+    spec.sampling.temperature = 0;
+    spec.max_tokens = 8;
+    spec.prefill_peer = "prefill-1";
+    auto stream = (*decode)->submit(std::move(spec));
+    ASSERT_TRUE(stream.has_value());
+    const Outcome got = drain(**stream);
+    EXPECT_EQ(got.tokens, want.tokens) << n << " tokens";
+    EXPECT_TRUE(got.usage.kv_transferred) << n;
+  }
+  EXPECT_EQ((*decode)->counters().pd_rooms_done, 4u);
+  EXPECT_GT((*decode)->counters().pd_stage_pages_copied, 0u);
+  EXPECT_EQ((*decode)->counters().pd_stage_copy_faults, 0u);
+  expect_engine_consistent(**decode);
+  expect_engine_consistent(**prefill);
+  decode->reset();
+  prefill->reset();
+  std::error_code ec;
+  std::filesystem::remove_all(store, ec);
 }
 
 }  // namespace
