@@ -22,6 +22,7 @@
 #include <cfloat>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/extend_tile.cuh"
 #include "cuda/kernel_launch.h"
 
 namespace strata::cuda::detail {
@@ -42,37 +43,17 @@ __global__ void __launch_bounds__(kExtendThreads) extend_attention_kernel(Extend
   __shared__ __align__(16) uint16_t v_s[kExtendKeys][D];
   __shared__ float acc_s[kExtendRows][D];
 
-  const int tile = blockIdx.x;
-  const int kv_head = blockIdx.y;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int group = a.num_heads / a.num_kv_heads;
-  const int tile_tokens = kExtendRows / group;
-  const int seq = a.tile_seq[tile];
-  const int first = a.tile_first[tile];
-  const int q0 = a.qo_start[seq];
-  const int n_new = a.qo_start[seq + 1] - q0;
-  const int base_pos = a.kv_lens[seq] - n_new;  // the position of new token 0
-  const int tokens = min(tile_tokens, n_new - first);
-  const int rows = tokens * group;
-  const int last_key = base_pos + first + tokens - 1;  // what the tile's last token sees
-  const int32_t* pages = a.page_table + static_cast<size_t>(seq) * a.page_table_stride;
-  const size_t head_stride = static_cast<size_t>(a.page_size) * D;
-  const size_t page_stride = head_stride * a.num_kv_heads;
-  const uint16_t* k_base = a.k_pages + static_cast<size_t>(kv_head) * head_stride;
-  const uint16_t* v_base = a.v_pages + static_cast<size_t>(kv_head) * head_stride;
-  // Row r's output: token q0 + first + r / group, head kv_head * group + r % group; its
-  // query: the same head of that token's row of q.
-  const size_t q_stride = a.q_stride > 0 ? a.q_stride : static_cast<size_t>(a.num_heads) * D;
-  const auto token_of = [&](int r) { return static_cast<size_t>(q0) + first + r / group; };
-  const auto head_of = [&](int r) { return static_cast<size_t>(kv_head) * group + r % group; };
-  const auto row_offset = [&](int r) { return (token_of(r) * a.num_heads + head_of(r)) * D; };
+  const ExtendTile<D> t(a, blockIdx.x, blockIdx.y, kExtendRows);
+  const int rows = t.rows;
+  const int last_key = t.last_key;
 
   for (int i = tid; i < kExtendRows * D; i += kExtendThreads) {
     const int r = i / D;
     const int d = i % D;
-    q_s[r][d] = r < rows ? a.q[token_of(r) * q_stride + head_of(r) * D + d] : uint16_t{0};
+    q_s[r][d] = r < rows ? t.query(a, r)[d] : uint16_t{0};
     acc_s[r][d] = 0.0f;
   }
   float m[kExtendRowsPerWarp];
@@ -90,11 +71,9 @@ __global__ void __launch_bounds__(kExtendThreads) extend_attention_kernel(Extend
       const int j = i / D;
       const int d = i % D;
       if (j < n) {
-        const int pos = k0 + j;
-        const size_t at = static_cast<size_t>(pages[pos / a.page_size]) * page_stride +
-                          static_cast<size_t>(pos % a.page_size) * D + d;
-        k_s[j][d] = k_base[at];
-        v_s[j][d] = v_base[at];
+        const size_t at = t.key_offset(k0 + j) + d;
+        k_s[j][d] = t.k_base[at];
+        v_s[j][d] = t.v_base[at];
       }
     }
     __syncthreads();
@@ -102,7 +81,7 @@ __global__ void __launch_bounds__(kExtendThreads) extend_attention_kernel(Extend
     for (int k = 0; k < kExtendRowsPerWarp; ++k) {
       const int r = warp + k * kExtendWarps;
       if (r >= rows) continue;  // the whole warp
-      const int pos_q = base_pos + first + r / group;
+      const int pos_q = t.position(r);
       float s = -FLT_MAX;
       if (lane < n && k0 + lane <= pos_q) {
         const auto* qw = reinterpret_cast<const uint32_t*>(&q_s[r][0]);
@@ -141,7 +120,7 @@ __global__ void __launch_bounds__(kExtendThreads) extend_attention_kernel(Extend
     const int r = warp + k * kExtendWarps;
     if (r >= rows) continue;
     const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
-    uint16_t* out = a.out + row_offset(r);
+    uint16_t* out = a.out + t.out_offset(a, r);
 #pragma unroll
     for (int c = 0; c < kPerLane; ++c) {
       out[lane + 32 * c] = float_to_bf16_bits(acc_s[r][lane + 32 * c] * inv);

@@ -27,6 +27,7 @@
 #include <cfloat>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/extend_tile.cuh"
 #include "cuda/kernel_launch.h"
 
 namespace strata::cuda::detail {
@@ -59,8 +60,7 @@ struct TcLayout {
 };
 
 template <int D>
-__global__ void __launch_bounds__(kTcThreads)
-    extend_attention_tc_kernel(ExtendAttentionArgs a) {
+__global__ void __launch_bounds__(kTcThreads) extend_attention_tc_kernel(ExtendAttentionArgs a) {
   using namespace nvcuda;
   using L = TcLayout<D>;
   using bf16 = __nv_bfloat16;
@@ -81,38 +81,22 @@ __global__ void __launch_bounds__(kTcThreads)
   float* l_w = m_w + 16;                                                // running sum
   float* c_w = m_w + 32;                                                // this step's rescale
 
-  const int tile = blockIdx.x;
-  const int kv_head = blockIdx.y;
-  const int group = a.num_heads / a.num_kv_heads;
-  const int tile_tokens = kTcRows / group;
-  const int seq = a.tile_seq[tile];
-  const int first = a.tile_first[tile];
-  const int q0 = a.qo_start[seq];
-  const int n_new = a.qo_start[seq + 1] - q0;
-  const int base_pos = a.kv_lens[seq] - n_new;  // the position of new token 0
-  const int tokens = min(tile_tokens, n_new - first);
-  const int rows = tokens * group;
-  const int last_key = base_pos + first + tokens - 1;  // what the tile's last token sees
-  const int32_t* pages = a.page_table + static_cast<size_t>(seq) * a.page_table_stride;
-  const size_t head_stride = static_cast<size_t>(a.page_size) * D;
-  const size_t page_stride = head_stride * a.num_kv_heads;
-  const uint16_t* k_base = a.k_pages + static_cast<size_t>(kv_head) * head_stride;
-  const uint16_t* v_base = a.v_pages + static_cast<size_t>(kv_head) * head_stride;
-  const size_t q_stride = a.q_stride > 0 ? a.q_stride : static_cast<size_t>(a.num_heads) * D;
-  const auto token_of = [&](int r) { return static_cast<size_t>(q0) + first + r / group; };
-  const auto head_of = [&](int r) { return static_cast<size_t>(kv_head) * group + r % group; };
+  const ExtendTile<D> t(a, blockIdx.x, blockIdx.y, kTcRows);
+  const int rows = t.rows;
+  const int last_key = t.last_key;
 
   for (int i = tid; i < kTcRows * kChunks; i += kTcThreads) {
     const int r = i / kChunks;
     const int c = i % kChunks;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < rows) {
-      v = *reinterpret_cast<const uint4*>(a.q + token_of(r) * q_stride + head_of(r) * D + c * 8);
+      v = *reinterpret_cast<const uint4*>(t.query(a, r) + c * 8);
     }
     *reinterpret_cast<uint4*>(q_s + r * L::kQPitch + c * 8) = v;
   }
   // Which row of a 16x16 accumulator each of this lane's elements holds.
-  for (int i = lane; i < 256; i += 32) s_w[(i / 16) * L::kSPitch + i % 16] = static_cast<float>(i / 16);
+  for (int i = lane; i < 256; i += 32)
+    s_w[(i / 16) * L::kSPitch + i % 16] = static_cast<float>(i / 16);
   __syncwarp();
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> probe;
   wmma::load_matrix_sync(probe, s_w, L::kSPitch, wmma::mem_row_major);
@@ -137,11 +121,9 @@ __global__ void __launch_bounds__(kTcThreads)
       uint4 kv = make_uint4(0, 0, 0, 0);
       uint4 vv = kv;
       if (j < n) {
-        const int pos = k0 + j;
-        const size_t at = static_cast<size_t>(pages[pos / a.page_size]) * page_stride +
-                          static_cast<size_t>(pos % a.page_size) * D + c * 8;
-        kv = *reinterpret_cast<const uint4*>(k_base + at);
-        vv = *reinterpret_cast<const uint4*>(v_base + at);
+        const size_t at = t.key_offset(k0 + j) + c * 8;
+        kv = *reinterpret_cast<const uint4*>(t.k_base + at);
+        vv = *reinterpret_cast<const uint4*>(t.v_base + at);
       }
       *reinterpret_cast<uint4*>(k_s + j * L::kQPitch + c * 8) = kv;
       *reinterpret_cast<uint4*>(v_s + j * L::kQPitch + c * 8) = vv;
@@ -171,7 +153,7 @@ __global__ void __launch_bounds__(kTcThreads)
         const int r = lane >> 1;
         const int j0 = (lane & 1) * kHalf;
         const int row = warp * 16 + r;
-        const int pos_q = base_pos + first + row / group;
+        const int pos_q = t.position(row);
         const bool live = row < rows;
         const float* srow = s_w + r * L::kSPitch;
         float mx = -FLT_MAX;
@@ -220,7 +202,7 @@ __global__ void __launch_bounds__(kTcThreads)
   }
 
   if (!active) return;
-  // Normalize and write the rows, 16 dimensions at a time through the score scratch.
+    // Normalize and write the rows, 16 dimensions at a time through the score scratch.
 #pragma unroll
   for (int db = 0; db < kDBlocks; ++db) {
     wmma::store_matrix_sync(s_w, o[db], L::kSPitch, wmma::mem_row_major);
@@ -232,8 +214,7 @@ __global__ void __launch_bounds__(kTcThreads)
       if (row >= rows) continue;
       const float l = l_w[r];
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      a.out[(token_of(row) * a.num_heads + head_of(row)) * D + db * 16 + c] =
-          float_to_bf16_bits(s_w[r * L::kSPitch + c] * inv);
+      a.out[t.out_offset(a, row) + db * 16 + c] = float_to_bf16_bits(s_w[r * L::kSPitch + c] * inv);
     }
     __syncwarp();
   }
@@ -243,13 +224,12 @@ template <int D>
 int launch_extend_attention_tc(const ExtendAttentionArgs& a, StreamHandle stream) {
   constexpr size_t kBytes = TcLayout<D>::kBytes;
   // Above 48 KB of dynamic shared memory a kernel must ask for it (once per process).
-  static const cudaError_t raised = cudaFuncSetAttribute(
-      extend_attention_tc_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(kBytes));
+  static const cudaError_t raised =
+      cudaFuncSetAttribute(extend_attention_tc_kernel<D>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   if (raised != cudaSuccess) return static_cast<int>(raised);
   const dim3 grid(a.num_tiles, a.num_kv_heads);
-  extend_attention_tc_kernel<D>
-      <<<grid, kTcThreads, kBytes, static_cast<cudaStream_t>(stream)>>>(a);
+  extend_attention_tc_kernel<D><<<grid, kTcThreads, kBytes, static_cast<cudaStream_t>(stream)>>>(a);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -54,16 +54,6 @@ class ExternalKvTest : public ::testing::Test {
     return run_greedy(e, std::move(p), max_tokens, std::move(session));
   }
 
-  // The engine's counting pool was never written: every byte went to the model's memory.
-  static void expect_counting_pool_untouched(Engine& e) {
-    const bool zero = engine_call(e, [](EngineState& s) {
-                        const std::byte* p = s.kv_pool.block_layout().base;
-                        return std::all_of(p, p + s.kv_pool.total_bytes(),
-                                           [](std::byte b) { return b == std::byte{0}; });
-                      }).get();
-    EXPECT_TRUE(zero);
-  }
-
   std::unique_ptr<OwnKvModel> model_;
 };
 

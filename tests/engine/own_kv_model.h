@@ -7,11 +7,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "../memory/fake_copy_device.h"
+#include "engine/engine.h"
+#include "engine/engine_test_access.h"
 #include "model/forward_model.h"
 #include "model/model.h"
 
@@ -58,5 +61,15 @@ class OwnKvModel final : public ForwardModel {
   CopyPath path_ = CopyPath::kDirect;
   FakeCopyDevice* device_ = nullptr;  // the last one made (the engine owns it)
 };
+
+// The engine's counting pool was never written: every byte went to the model's own memory.
+inline void expect_counting_pool_untouched(Engine& e) {
+  const bool zero = engine_call(e, [](EngineState& s) {
+                      const std::byte* p = s.kv_pool.block_layout().base;
+                      return std::all_of(p, p + s.kv_pool.total_bytes(),
+                                         [](std::byte b) { return b == std::byte{0}; });
+                    }).get();
+  EXPECT_TRUE(zero);
+}
 
 }  // namespace strata

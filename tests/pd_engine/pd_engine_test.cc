@@ -16,6 +16,7 @@
 #include "engine/engine_test_access.h"
 #include "model/make_model.h"
 #include "pd/pd_channel.h"
+#include "pd_test_util.h"
 
 namespace strata {
 namespace {
@@ -44,22 +45,7 @@ class PdEngineTest : public ::testing::TestWithParam<std::string> {
     std::filesystem::remove_all(store_dir_, ec);
   }
 
-  EngineOptions base() const {
-    EngineOptions o;
-    o.page_size = 4;
-    o.kv_cache_tokens = 1024;
-    o.chunked_prefill_size = 16;  // several chunks: pages go out as each completes
-    o.pd.kv_layout = kLayout;
-    o.pd.transport = GetParam();
-    if (GetParam() == "storage") {
-      o.pd.storage_backend = "file";
-      o.pd.storage_extra_config = "{\"dir\": \"" + store_dir_.string() + "\"}";
-    }
-    o.pd.heartbeat_ms = 50;
-    o.pd.peer_timeout_ms = 400;
-    o.pd.quarantine_ms = 300;
-    return o;
-  }
+  EngineOptions base() const { return pd_test_options(GetParam(), store_dir_, kLayout, 1024); }
 
   std::unique_ptr<Engine> start(EngineOptions o) {
     if (put_) o.pd.ucx_data_path = "put";

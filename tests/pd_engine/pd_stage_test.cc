@@ -19,13 +19,14 @@
 #include "engine/engine.h"
 #include "engine/engine_test_access.h"
 #include "model/make_model.h"
+#include "pd_test_util.h"
 
 namespace strata {
 namespace {
 
 using namespace std::chrono_literals;
 
-constexpr int32_t kPageSize = 4;
+constexpr int32_t kPageSize = 4;  // pd_test_options's
 constexpr int32_t kPages = 256;
 
 class PdStageTest : public ::testing::TestWithParam<std::string> {
@@ -51,19 +52,8 @@ class PdStageTest : public ::testing::TestWithParam<std::string> {
   }
 
   EngineOptions base() const {
-    EngineOptions o;
-    o.page_size = kPageSize;
-    o.kv_cache_tokens = kPages * kPageSize;
-    o.chunked_prefill_size = 16;  // several chunks: pages go out as each completes
-    o.pd.kv_layout = "test-layout;tiny;own-kv";
-    o.pd.transport = GetParam();
-    if (GetParam() == "storage") {
-      o.pd.storage_backend = "file";
-      o.pd.storage_extra_config = "{\"dir\": \"" + store_dir_.string() + "\"}";
-    }
-    o.pd.heartbeat_ms = 50;
-    o.pd.peer_timeout_ms = 400;
-    o.pd.quarantine_ms = 300;
+    EngineOptions o =
+        pd_test_options(GetParam(), store_dir_, "test-layout;tiny;own-kv", kPages * kPageSize);
     o.pd.stall_ms = 2'000;
     return o;
   }
@@ -124,12 +114,7 @@ class PdStageTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(st.has_value()) << st.error().message;
     auto inv = engine_call(e, [](EngineState& s) { return s.tree.check_invariants(); }).get();
     EXPECT_TRUE(inv.has_value()) << inv.error().message;
-    const bool zero = engine_call(e, [](EngineState& s) {
-                        const std::byte* p = s.kv_pool.block_layout().base;
-                        return std::all_of(p, p + s.kv_pool.total_bytes(),
-                                           [](std::byte b) { return b == std::byte{0}; });
-                      }).get();
-    EXPECT_TRUE(zero);
+    expect_counting_pool_untouched(e);
   }
 
   // The prefill engine publishes its counters after the iteration that answered.
