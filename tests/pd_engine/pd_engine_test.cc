@@ -92,18 +92,7 @@ class PdEngineTest : public ::testing::TestWithParam<std::string> {
     return stream ? drain(**stream) : Outcome{};
   }
 
-  // Every page accounted for once nothing runs; quarantined pages are waited out.
-  static void expect_audited(Engine& e) {
-    for (int i = 0; i < 300; ++i) {
-      if (e.counters().pd_quarantined_pages == 0 && e.counters().pd_rooms_active == 0) break;
-      std::this_thread::sleep_for(10ms);
-    }
-    EXPECT_EQ(e.counters().pd_quarantined_pages, 0);
-    auto st = engine_call(e, [](EngineState& s) { return s.audit_pages(); }).get();
-    EXPECT_TRUE(st.has_value()) << st.error().message;
-    auto inv = engine_call(e, [](EngineState& s) { return s.tree.check_invariants(); }).get();
-    EXPECT_TRUE(inv.has_value()) << inv.error().message;
-  }
+  static void expect_audited(Engine& e) { expect_pd_audited(e); }
 
   std::array<std::unique_ptr<Model>, 3> models_;
   size_t engines_made_ = 0;

@@ -6,7 +6,14 @@
 #include <filesystem>
 #include <string>
 
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "engine/engine.h"
 #include "engine/engine_options.h"
+#include "engine/engine_test_access.h"
 
 namespace strata {
 
@@ -27,6 +34,20 @@ inline EngineOptions pd_test_options(const std::string& transport,
   o.pd.peer_timeout_ms = 400;
   o.pd.quarantine_ms = 300;
   return o;
+}
+
+// Every page accounted for once nothing runs (a stage's too); quarantined pages are waited
+// out first.
+inline void expect_pd_audited(Engine& e) {
+  for (int i = 0; i < 300; ++i) {
+    if (e.counters().pd_quarantined_pages == 0 && e.counters().pd_rooms_active == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(e.counters().pd_quarantined_pages, 0);
+  auto st = engine_call(e, [](EngineState& s) { return s.audit_pages(); }).get();
+  EXPECT_TRUE(st.has_value()) << st.error().message;
+  auto inv = engine_call(e, [](EngineState& s) { return s.tree.check_invariants(); }).get();
+  EXPECT_TRUE(inv.has_value()) << inv.error().message;
 }
 
 }  // namespace strata
