@@ -108,6 +108,15 @@ class Runner {
     return model_.forward(batch, pool_, out_);
   }
   const std::vector<float>& logits() const { return out_.logits; }
+  // Row r's greedy token: the model's own argmax where it gave one (ForwardOutput::argmax, a
+  // GPU for argmax_only rows), else the argmax of the row's logits.
+  int32_t greedy(size_t r) const {
+    if (!out_.argmax.empty()) return out_.argmax[r];
+    const auto vocab = static_cast<size_t>(model_.config().vocab_size);
+    const auto row = out_.logits.begin() + static_cast<std::ptrdiff_t>(r * vocab);
+    return static_cast<int32_t>(std::max_element(row, row + static_cast<std::ptrdiff_t>(vocab)) -
+                                row);
+  }
   // Per-phase timing: the CPU engine's (the GPU pass has none: every phase is asynchronous).
   void reset_profile() {
     if (cpu_ != nullptr) cpu_->reset_profile();
@@ -170,10 +179,10 @@ class ForwardBench {
       const auto start = Clock::now();
       int32_t token = 0;
       for (int64_t i = 0; i < o_.decode_tokens; ++i) {
-        const std::vector<float>& logits = run_.logits();
-        token =
-            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        token = run_.greedy(0);
+        // Greedy decode rows as the engine sends them: only the argmax is wanted.
         ForwardSequence seq{std::span(&token, 1), context + i, pages, true};
+        seq.argmax_only = true;
         if (auto s = run_.forward(std::span(&seq, 1)); !s) return std::unexpected(s.error());
       }
       const double t = seconds_since(start);
@@ -208,14 +217,11 @@ class ForwardBench {
           seqs[static_cast<size_t>(b)] =
               ForwardSequence{std::span(&next[static_cast<size_t>(b)], 1), o_.batch_context + step,
                               tables[static_cast<size_t>(b)], true};
+          seqs[static_cast<size_t>(b)].argmax_only = true;
         }
         if (auto s = run_.forward(seqs); !s) return std::unexpected(s.error());
-        const size_t v = static_cast<size_t>(vocab());
         for (int64_t b = 0; b < batch; ++b) {
-          auto row =
-              run_.logits().begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(b) * v);
-          next[static_cast<size_t>(b)] = static_cast<int32_t>(
-              std::max_element(row, row + static_cast<std::ptrdiff_t>(v)) - row);
+          next[static_cast<size_t>(b)] = run_.greedy(static_cast<size_t>(b));
         }
       }
       const double t = seconds_since(start) / static_cast<double>(steps);

@@ -49,10 +49,10 @@ namespace {
 // The batch scratch create() allocates, in bytes per buffer (GpuModel::Impl's names).
 struct ScratchSizes {
   size_t x = 0, residual = 0, qkv = 0, attn = 0, gate_up = 0, act = 0, last = 0, logits = 0,
-         workspace = 0, meta_i32 = 0, meta_f32 = 0;
+         argmax = 0, workspace = 0, meta_i32 = 0, meta_f32 = 0;
   size_t total() const {
-    return x + residual + qkv + attn + gate_up + act + last + logits + workspace + meta_i32 +
-           meta_f32;
+    return x + residual + qkv + attn + gate_up + act + last + logits + argmax + workspace +
+           meta_i32 + meta_f32;
   }
 };
 
@@ -94,6 +94,7 @@ ScratchSizes scratch_sizes(const ModelConfig& config, const GpuModelOptions& opt
   z.act = t * inter * 2;
   z.last = s * h * 2;
   z.logits = s * static_cast<size_t>(config.vocab_size) * 4;
+  z.argmax = s * 4;
   z.workspace = splits_rows * static_cast<size_t>(config.num_heads) *
                 static_cast<size_t>(config.head_dim + 2) * 4;
   z.meta_i32 = meta_i32_elems(config, options) * 4;
@@ -214,7 +215,7 @@ struct GpuModel::Impl {
   int64_t weight_bytes = 0;
   int32_t max_pages_per_seq = 0;
   // The batch scratch (gpu_model.h).
-  DeviceBuffer x, residual, qkv, attn, gate_up, act, last, logits, workspace;
+  DeviceBuffer x, residual, qkv, attn, gate_up, act, last, logits, argmax, workspace;
   DeviceBuffer meta_i32, meta_f32;
   // Host side of the metadata, kept between calls (no allocation once grown).
   std::vector<int32_t> host_i32;
@@ -312,6 +313,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig& config,
       {&i.act, sizes.act},
       {&i.last, sizes.last},
       {&i.logits, sizes.logits},
+      {&i.argmax, sizes.argmax},
       {&i.workspace, sizes.workspace},
       {&i.meta_i32, sizes.meta_i32},
       {&i.meta_f32, sizes.meta_f32},
@@ -629,6 +631,7 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
     return s;
   }
   out.logits.resize(static_cast<size_t>(num_logit_rows) * c.vocab_size);
+  out.argmax.clear();
   if (num_logit_rows > 0) {
     if (auto s = gather_rows(xb, dev_i32 + o_rows, last.as<uint16_t>(), num_logit_rows, hidden, st);
         !s) {
@@ -640,10 +643,27 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
         !s) {
       return s;
     }
-    if (auto s = cuda_ok(cudaMemcpyAsync(out.logits.data(), logits.data(), out.logits.size() * 4,
-                                         cudaMemcpyDeviceToHost, cs),
-                         "forward: copying the logits back");
-        !s) {
+    // Every row greedy without log-probabilities: only the argmax of each comes back.
+    const bool argmax_only = std::all_of(batch.begin(), batch.end(), [](const ForwardSequence& f) {
+      return !f.want_logits || f.argmax_only;
+    });
+    if (argmax_only) {
+      out.argmax.resize(static_cast<size_t>(num_logit_rows));
+      if (auto s = argmax_rows(logits.as<float>(), num_logit_rows, c.vocab_size,
+                               argmax.as<int32_t>(), st);
+          !s) {
+        return s;
+      }
+      if (auto s = cuda_ok(cudaMemcpyAsync(out.argmax.data(), argmax.data(), out.argmax.size() * 4,
+                                           cudaMemcpyDeviceToHost, cs),
+                           "forward: copying the greedy tokens back");
+          !s) {
+        return s;
+      }
+    } else if (auto s = cuda_ok(cudaMemcpyAsync(out.logits.data(), logits.data(),
+                                                out.logits.size() * 4, cudaMemcpyDeviceToHost, cs),
+                                "forward: copying the logits back");
+               !s) {
       return s;
     }
   }

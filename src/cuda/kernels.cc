@@ -153,6 +153,18 @@ Status add_bias(uint16_t* x, const float* bias, int32_t rows, int32_t cols, Stre
 #endif
 }
 
+Status argmax_rows(const float* x, int32_t rows, int32_t cols, int32_t* out, StreamHandle stream) {
+  if (auto st = check_rows(rows, cols, "argmax_rows"); !st) return st;
+  if (rows == 0) return {};
+  if (x == nullptr || out == nullptr) return bad_argument("argmax_rows: a null pointer");
+#ifdef STRATA_HAVE_CUDA
+  return launched(detail::launch_argmax_rows(x, rows, cols, out, stream), "argmax_rows");
+#else
+  (void)stream;
+  return unsupported_build();
+#endif
+}
+
 Status decode_attention(const DecodeAttentionArgs& a, StreamHandle stream) {
   if (a.num_seqs < 0) {
     return bad_argument(fmt::format("decode_attention: num_seqs {} (>= 0)", a.num_seqs));

@@ -58,6 +58,11 @@ Status gather_rows(const uint16_t* src, const int32_t* index, uint16_t* dst, int
 // x[r][c] += bias[c] (x BF16, bias F32): the QKV product's biases (Qwen2), o_proj's.
 Status add_bias(uint16_t* x, const float* bias, int32_t rows, int32_t cols, StreamHandle stream);
 
+// out[r] = the index of row r's largest value (F32 rows of `cols`), ties to the smaller index,
+// NaN never chosen (a row of NaN: 0): greedy decoding's token without the logits leaving the
+// device (ForwardOutput::argmax), the Sampler's argmax on any row without NaN.
+Status argmax_rows(const float* x, int32_t rows, int32_t cols, int32_t* out, StreamHandle stream);
+
 // Paged decode attention (DecodeAttentionArgs in kernel_args.h says what each argument is).
 
 // Floats of workspace decode_attention needs: per sequence, head and split, the partial

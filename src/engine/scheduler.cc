@@ -1469,6 +1469,12 @@ bool Scheduler::step() {
     fs.start_position = p.start;
     fs.page_table = p.seq->pages;
     fs.want_logits = p.start + p.count == static_cast<int64_t>(p.seq->tokens.size());
+    // A greedy decode row without log-probabilities needs only its argmax (a GPU then sends
+    // back a token instead of a vocabulary of floats); a prompt's last row is remembered
+    // whole (full hits sample from it).
+    const SamplingParams& sp = p.seq->spec.sampling;
+    fs.argmax_only = fs.want_logits && p.seq->generated > 0 && sp.temperature == 0.0f &&
+                     !sp.logprobs && sp.top_logprobs == 0;
     if (p.seq->load_ticket != 0 && !p.seq->load_failed) {
       p.seq->layer_wait = transfers_->layer_wait(p.seq->load_ticket);
       fs.layer_wait = &p.seq->layer_wait;
@@ -1514,6 +1520,12 @@ bool Scheduler::step() {
         static_cast<size_t>(std::count_if(batch.begin(), batch.end(),
                                           [](const ForwardSequence& f) { return f.want_logits; })));
   }
+  if (!output_.argmax.empty()) {
+    STRATA_CHECK(
+        output_.argmax.size() ==
+        static_cast<size_t>(std::count_if(batch.begin(), batch.end(),
+                                          [](const ForwardSequence& f) { return f.want_logits; })));
+  }
   size_t row = 0;
   std::vector<Seq*> done;
   std::vector<Seq*> sent;  // orders whose prompt is computed: their last pages go out
@@ -1528,6 +1540,14 @@ bool Scheduler::step() {
     if (!batch[i].want_logits) {
       cache_computed_pages(seq);
       if (seq.remote_room != 0) pd_send_ready(seq, false);
+      continue;
+    }
+    if (!output_.argmax.empty()) {
+      // The model took the argmax of this greedy decode row itself (ForwardOutput::argmax).
+      STRATA_CHECK(batch[i].argmax_only && seq.generated > 0 && seq.remote_room == 0);
+      const int32_t token = output_.argmax[row++];
+      cache_computed_pages(seq);
+      if (emit_sampled(seq, sample_chosen(seq.sampler->params(), token))) done.push_back(&seq);
       continue;
     }
     std::span<const float> logits;

@@ -26,6 +26,10 @@ struct ForwardSequence {
   std::span<const PageId> page_table;
   // Whether to compute the logits of the last new token (the one sampled next).
   bool want_logits = true;
+  // With want_logits: only the row's argmax is wanted (greedy sampling without
+  // log-probabilities). A model may then give that token instead of the row
+  // (ForwardOutput::argmax); one that does not gives the logits as for any row.
+  bool argmax_only = false;
   // Pages of [0, start_position) still landing (null: all readable): called before each
   // layer's attention reads them (memory/layer_wait.h). The pages of the new positions are
   // never among them.

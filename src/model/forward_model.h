@@ -30,6 +30,11 @@ namespace strata {
 struct ForwardOutput {
   std::vector<float> logits;    // rows x vocab_size, row-major
   std::vector<int32_t> tokens;  // one per row: the token the sampler must emit
+  // With logits, from a model that takes the argmax itself where every row of the batch is
+  // argmax_only (ForwardSequence): one entry per row, its argmax (ties: the smallest id); the
+  // rows of `logits` then hold anything (a GPU leaves them on the device). Empty: read the
+  // logits.
+  std::vector<int32_t> argmax;
 };
 
 // KV pages a model keeps in memory of its own (GpuModel: GPU memory), the engine's KvPool

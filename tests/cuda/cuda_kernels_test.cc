@@ -542,6 +542,46 @@ TEST(CudaKernelsTest, GatherRowsAndAddBiasMatchTheCpu) {
   }
 }
 
+// Greedy decoding's argmax on the device equals the Sampler's (model/sampler.cc): the first
+// index of the largest value, with ties planted, a NaN never chosen, one row of one value.
+TEST(CudaKernelsTest, ArgmaxRowsPicksTheSamplersToken) {
+  int32_t out = 0;
+  EXPECT_EQ(argmax_rows(nullptr, 1, 4, &out, nullptr).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(argmax_rows(nullptr, 0, 4, nullptr, nullptr).has_value());  // nothing to do
+  STRATA_NEED_GPU();
+  std::mt19937 rng(8);
+  const int32_t rows = 7, cols = 151936;
+  std::vector<float> x(static_cast<size_t>(rows) * cols);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (float& v : x) v = normal(rng);
+  // Row 1: a tie between two late indices at the top; row 2: NaN at the front and a tie; row
+  // 3: all equal; row 4: the largest at the last index.
+  auto at = [&](int r, int c) -> float& { return x[static_cast<size_t>(r) * cols + c]; };
+  at(1, 90000) = 50.0f;
+  at(1, 150000) = 50.0f;
+  at(2, 0) = std::numeric_limits<float>::quiet_NaN();
+  at(2, 7) = 40.0f;
+  at(2, 3) = 40.0f;
+  for (int c = 0; c < cols; ++c) at(3, c) = 1.5f;
+  at(4, cols - 1) = 99.0f;
+  DeviceBuffer dx = to_device(x);
+  auto dout = DeviceBuffer::allocate(rows * 4);
+  ASSERT_TRUE(dout.has_value());
+  ASSERT_TRUE(argmax_rows(dx.as<float>(), rows, cols, dout->as<int32_t>(), nullptr).has_value());
+  const auto got = to_host<int32_t>(*dout, rows);
+  for (int r = 0; r < rows; ++r) {
+    int32_t want = 0;
+    for (int c = 1; c < cols; ++c) {
+      if (at(r, c) > at(r, want) || std::isnan(at(r, want))) want = c;
+    }
+    EXPECT_EQ(got[static_cast<size_t>(r)], want) << "row " << r;
+  }
+  EXPECT_EQ(got[1], 90000);
+  EXPECT_EQ(got[2], 3);
+  EXPECT_EQ(got[3], 0);
+  EXPECT_EQ(got[4], cols - 1);
+}
+
 // Tiles: each sequence's new tokens cut in order, none for a sequence without any.
 TEST(CudaKernelsTest, ExtendTilesCoverEveryNewTokenOnce) {
   EXPECT_EQ(extend_attention_tile_tokens(1), 32);

@@ -165,6 +165,49 @@ TEST(GpuModelTest, LogitsMatchTheCpuEngineStepByStep) {
   }
 }
 
+// Greedy decode rows (argmax_only): the argmax comes back instead of the logits, the same
+// token as the argmax of the logits the same step gives without it.
+TEST(GpuModelTest, GreedyRowsBringBackTheirArgmaxOnly) {
+  STRATA_NEED_GPU();
+  auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 7);
+  ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
+  const int32_t pages = 16, page_size = 16;
+  GpuModelOptions o{
+      .num_pages = pages, .page_size = page_size, .max_batch_tokens = 64, .max_batch_sequences = 4};
+  auto gpu = GpuModel::create((*cpu)->config(), (*cpu)->weights(), o);
+  ASSERT_TRUE(gpu.has_value()) << gpu.error().message;
+  auto pool = (*gpu)->make_kv_pool(pages, page_size, KvDtype::kF32);
+  ASSERT_TRUE(pool.has_value());
+  std::vector<int32_t> a(20, 5), b(33, 9);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>(i * 7 + 3);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int32_t>(i * 11 + 1);
+  const std::vector<PageId> pa{make_page_id(0), make_page_id(1)};
+  const std::vector<PageId> pb{make_page_id(2), make_page_id(3), make_page_id(4)};
+  ForwardOutput out;
+  ForwardSequence prompts[] = {{a, 0, pa, true}, {b, 0, pb, true}};
+  ASSERT_TRUE((*gpu)->forward(prompts, **pool, out).has_value());
+  EXPECT_TRUE(out.argmax.empty());  // prompt rows want their logits
+  const int32_t ta = 17, tb = 23;
+  ForwardSequence step[] = {{std::span(&ta, 1), 20, pa, true}, {std::span(&tb, 1), 33, pb, true}};
+  ASSERT_TRUE((*gpu)->forward(step, **pool, out).has_value());
+  const auto vocab = static_cast<size_t>((*cpu)->config().vocab_size);
+  std::vector<int32_t> want;
+  for (size_t r = 0; r < 2; ++r) {
+    const auto row = out.logits.begin() + static_cast<std::ptrdiff_t>(r * vocab);
+    want.push_back(static_cast<int32_t>(
+        std::max_element(row, row + static_cast<std::ptrdiff_t>(vocab)) - row));
+  }
+  // The same step again (its K and V rewritten in place), greedy-only.
+  step[0].argmax_only = step[1].argmax_only = true;
+  ASSERT_TRUE((*gpu)->forward(step, **pool, out).has_value());
+  EXPECT_EQ(out.argmax, want);
+  // One row that wants its logits makes the batch give them all.
+  step[1].argmax_only = false;
+  ASSERT_TRUE((*gpu)->forward(step, **pool, out).has_value());
+  EXPECT_TRUE(out.argmax.empty());
+  EXPECT_EQ(out.logits.size(), 2 * vocab);
+}
+
 TEST(GpuModelTest, BatchesBeyondTheScratchOrThePoolAreRefused) {
   STRATA_NEED_GPU();
   auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 7);

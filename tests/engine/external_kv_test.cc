@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "engine/engine.h"
@@ -227,6 +228,75 @@ TEST_F(ExternalKvTest, TheIoBackendReachesTheDeviceAndIsRefusedOnTheCpuEngine) {
   EXPECT_NE(refused.error().message.find("--hicache-io-backend kernel needs --device cuda"),
             std::string::npos)
       << refused.error().message;
+}
+
+// A model that takes a greedy decode row's argmax itself (as the GPU model does, sending back
+// a token instead of a vocabulary of floats) gets only rows that need nothing else: decode
+// rows of greedy requests without log-probabilities. Its logits are then NaN: every output
+// still equals the CPU engine's, with log-probabilities, sampling at a temperature, and mixed
+// batches (which get the logits).
+TEST_F(ExternalKvTest, AGreedyDecodeRowTakesTheModelsArgmaxInsteadOfItsLogits) {
+  model_->argmax_ = true;
+  auto plain_model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 11,
+                                       ModelOptions{.num_threads = 1});
+  ASSERT_TRUE(plain_model.has_value());
+  EngineOptions po = options();
+  po.hicache.enabled = false;
+  auto plain = Engine::create(plain_model->get(), po, {});
+  ASSERT_TRUE(plain.has_value()) << plain.error().message;
+  auto e = start(options());
+  for (int n : {1, 20, 300}) {
+    const std::vector<int32_t> prompt = test_prompt(n, 70 + n);
+    EXPECT_EQ(run(*e, prompt, 12).tokens, run_greedy(**plain, prompt, 12).tokens) << n;
+  }
+  EXPECT_GE(model_->argmax_rows_, 3 * 11);  // every decode step but the prompt's row
+  auto spec_of = [](std::vector<int32_t> prompt, float temperature, bool logprobs) {
+    RequestSpec spec;
+    spec.prompt = std::move(prompt);
+    spec.sampling.temperature = temperature;
+    spec.sampling.seed = 5;
+    spec.sampling.logprobs = logprobs;
+    spec.max_tokens = 10;
+    return spec;
+  };
+  // Log-probabilities and a temperature need the rows: given, never NaN.
+  for (const auto& [temperature, logprobs] : {std::pair{0.0f, true}, std::pair{0.8f, false}}) {
+    const std::vector<int32_t> prompt = test_prompt(40, 90);
+    auto got = e->submit(spec_of(prompt, temperature, logprobs));
+    auto want = (*plain)->submit(spec_of(prompt, temperature, logprobs));
+    ASSERT_TRUE(got.has_value() && want.has_value());
+    std::vector<float> got_logprobs;
+    Outcome g;
+    for (int i = 0; i < 6000; ++i) {
+      bool finished = false;
+      for (StreamItem& item : (*got)->wait(10)) {
+        for (const auto& t : item.tokens) {
+          g.tokens.push_back(t.token);
+          got_logprobs.push_back(t.logprob);
+        }
+        finished = finished || item.finish.has_value();
+      }
+      if (finished) break;
+    }
+    EXPECT_EQ(g.tokens, drain(**want).tokens) << temperature;
+    for (float lp : got_logprobs) EXPECT_FALSE(std::isnan(lp));
+  }
+  // A batch of greedy and sampled requests together: the greedy ones read their rows too.
+  const int64_t argmaxed = model_->argmax_rows_;
+  std::vector<std::shared_ptr<RequestStream>> streams, refs;
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<int32_t> prompt = test_prompt(30, 100 + i);
+    auto a = e->submit(spec_of(prompt, i % 2 == 0 ? 0.0f : 0.7f, false));
+    auto b = (*plain)->submit(spec_of(prompt, i % 2 == 0 ? 0.0f : 0.7f, false));
+    ASSERT_TRUE(a.has_value() && b.has_value());
+    streams.push_back(*a);
+    refs.push_back(*b);
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    EXPECT_EQ(drain(*streams[i]).tokens, drain(*refs[i]).tokens) << i;
+  }
+  EXPECT_GE(model_->argmax_rows_, argmaxed);
+  expect_engine_consistent(*e);
 }
 
 TEST_F(ExternalKvTest, WhatCannotRunIsRefusedWithItsReason) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <span>
 #include <vector>
@@ -37,7 +38,23 @@ class OwnKvModel final : public ForwardModel {
     if (pool.num_pages() != num_pages_ || pool.num_layers() != 1) {
       return bad_argument("not the counting pool");
     }
-    return inner_->forward(batch, *own_, out);
+    if (auto st = inner_->forward(batch, *own_, out); !st) return st;
+    // As a GPU does (ForwardOutput::argmax): when every row is greedy-only, the argmax of each
+    // comes back and the rows themselves are garbage (NaN here, so a reader would show).
+    const bool all_argmax = std::all_of(batch.begin(), batch.end(), [](const ForwardSequence& f) {
+      return !f.want_logits || f.argmax_only;
+    });
+    if (argmax_ && all_argmax && !out.logits.empty()) {
+      const auto vocab = static_cast<size_t>(config().vocab_size);
+      for (size_t r = 0; r * vocab < out.logits.size(); ++r) {
+        const auto row = out.logits.begin() + static_cast<std::ptrdiff_t>(r * vocab);
+        out.argmax.push_back(static_cast<int32_t>(
+            std::max_element(row, row + static_cast<std::ptrdiff_t>(vocab)) - row));
+      }
+      argmax_rows_ += static_cast<int64_t>(out.argmax.size());
+      std::fill(out.logits.begin(), out.logits.end(), std::numeric_limits<float>::quiet_NaN());
+    }
+    return {};
   }
   std::optional<ExternalKv> external_kv() const override {
     return ExternalKv{own_->shape(), own_->block_layout()};
@@ -57,6 +74,8 @@ class OwnKvModel final : public ForwardModel {
   int32_t num_pages_;
   std::unique_ptr<KvPool> own_;
   bool refuse_devices_ = false;
+  bool argmax_ = false;        // take greedy rows' argmax itself, as the GPU model does
+  int64_t argmax_rows_ = 0;    // rows it answered so
   std::span<std::byte> host_;  // the last device's host memory
   CopyPath path_ = CopyPath::kDirect;
   FakeCopyDevice* device_ = nullptr;  // the last one made (the engine owns it)
