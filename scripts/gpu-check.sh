@@ -21,6 +21,10 @@
 #   scripts/gpu-check.sh smoke     the same, short: the device probe, one size of each
 #                                  kernel, the forward benchmark on the 0.6B shape only (for
 #                                  reruns within the device time)
+#   scripts/gpu-check.sh dry       here, without a GPU: the staged programs, every benchmark
+#                                  step at small sizes with --device cpu (the kernel tests
+#                                  skip), the archive and the summaries: the script's plumbing
+#                                  checked before a lent GPU's minutes are spent on it
 #
 # With the device tool: add .gpu-check to .git/info/exclude once, run `prepare` here, then
 #   run(command="scripts/gpu-check.sh run", carry=[".gpu-check"], timeout_s=600)
@@ -129,19 +133,20 @@ forward_benchmarks() {
   for shape in "$@"; do
     dir=$models/$shape
     if [[ ! -f $dir/model.safetensors ]]; then
-      bench_step "make-model $shape" 240 staged "$bin/strata" make-model --preset "$shape" \
+      bench_step "make-model $shape" 240 "${strata[@]}" make-model --preset "$shape" \
         --dtype bf16 --out "$dir"
     fi
-    bench_step "forward $shape" 240 staged "$bin/strata" bench forward --device cuda \
-      --model "$dir" --prompt-tokens 8192 --decode-tokens 128 --decode-context 1024 \
-      --decode-batches 64 --batch-context 1024 --repeats 3 --json \
-      >"$out/forward-$shape.json" 2>"$out/forward-$shape.log"
+    bench_step "forward $shape" 240 "${strata[@]}" bench forward --device "$device" \
+      --model "$dir" --prompt-tokens "$prefill_tokens" --decode-tokens "$decode_tokens" \
+      --decode-context "$context" --decode-batches "$batch" --batch-context "$context" \
+      --repeats 3 --json >"$out/forward-$shape.json" 2>"$out/forward-$shape.log"
     # Hugging Face generate on the small shape (an 8B folder takes a minute to load there).
     hf=()
     [[ $shape == qwen3-0.6b ]] && ((!smoke)) && hf=(--hf)
     bench_step "torch $shape" 240 python3 scripts/gpu_baselines.py --model "$dir" \
-      --prefill-tokens 8192 --context 1024 --decode-tokens 128 --batch 64 --batch-context 1024 \
-      "${hf[@]}" >"$out/torch-$shape.jsonl" 2>"$out/torch-$shape.log"
+      --prefill-tokens "$prefill_tokens" --context "$context" --decode-tokens "$decode_tokens" \
+      --batch "$batch" --batch-context "$context" "${hf[@]}" \
+      >"$out/torch-$shape.jsonl" 2>"$out/torch-$shape.log"
   done
 }
 
@@ -161,7 +166,27 @@ pack_results() {
 }
 
 run_checks() {
-  local smoke=$1
+  local smoke=$1 dry=${2:-0}
+  # The benchmarks' sizes: the issue's on the GPU; small ones on the CPU for a dry run (the
+  # script's plumbing checked where there is no GPU: every step, file and summary).
+  device=cuda prefill_tokens=8192 context=1024 decode_tokens=128 batch=64
+  local big_shape=qwen3-8b small_shape=qwen3-0.6b mid_shape=qwen3-1.7b
+  local tiers=(--prompt-tokens 8192 --session-tokens 16384 --device-tokens 24576)
+  local load=(--concurrency 1,8,64 --requests-per-level 64 --max-tokens 64)
+  local depth=(--server-arg=--kv-cache-tokens --server-arg=42000 --depths 0,2,6,10,16)
+  local profile=(--profile-prefill-tokens 16,64,256,1024,4096 --profile-batches 1,4,16,64
+                 --profile-contexts 0,2048,8192)
+  local serve_device=(--server-arg=--device --server-arg=cuda)
+  local serve_memory=(--server-arg=--mem-fraction-static --server-arg=0.85)
+  if ((dry)); then
+    device=cpu prefill_tokens=256 context=64 decode_tokens=8 batch=4
+    big_shape=bench small_shape=demo mid_shape=tiny
+    tiers=(--prompt-tokens 512 --session-tokens 1024 --device-tokens 4096 --flood-factor 1)
+    load=(--concurrency 1,2 --requests-per-level 4 --max-tokens 8)
+    depth=(--quick)
+    profile=(--profile-prefill-tokens 16,64 --profile-batches 1,4 --profile-contexts 0,64)
+    serve_device=() serve_memory=()
+  fi
   results=${OUT:-$stage_dir/results}
   out=${TMPDIR:-/tmp}/strata-gpu-results
   rm -rf "$out"
@@ -188,7 +213,9 @@ run_checks() {
       break
     fi
   done
-  export STRATA_REQUIRE_GPU=1
+  # The staged strata with its libraries, as a command `timeout` can run (not a function).
+  strata=(env "LD_LIBRARY_PATH=$libpath" "$bin/strata")
+  ((dry)) || export STRATA_REQUIRE_GPU=1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 |
     tee "$out/device.txt" || true
   # Smoke: the kernel tests at fewer shapes (STRATA_GPU_SMOKE, read by tests/cuda).
@@ -210,37 +237,31 @@ run_checks() {
   # is 10 minutes; a fresh machine's start takes some of the session's 15).
   deadline=$((SECONDS + ${STRATA_GPU_BUDGET_S:-500}))
   if ((smoke)); then
-    wanted forward && forward_benchmarks qwen3-0.6b
+    wanted forward && forward_benchmarks "$small_shape"
   else
-    wanted forward && forward_benchmarks qwen3-8b qwen3-0.6b
+    wanted forward && forward_benchmarks "$big_shape" "$small_shape"
   fi
-  local big=$models/qwen3-8b
-  ((smoke)) && big=$models/qwen3-0.6b
+  local big=$models/$big_shape
+  ((smoke)) && big=$models/$small_shape
   if ((!smoke)) && wanted tiers && [[ -f $big/model.safetensors ]]; then
-    bench_step "tiers" 300 staged "$bin/strata" bench tiers --device cuda --model "$big" \
-      --prompt-tokens 8192 --session-tokens 16384 --device-tokens 24576 --json \
-      >"$out/tiers.txt" 2>"$out/tiers.log"
+    bench_step "tiers" 300 "${strata[@]}" bench tiers --device "$device" --model "$big" \
+      "${tiers[@]}" --json >"$out/tiers.txt" 2>"$out/tiers.log"
   fi
-  local serve=(--server-arg=--device --server-arg=cuda --server-arg=--mem-fraction-static
-               --server-arg=0.85 --strata-bin "$bin/strata" --start-timeout-s 300)
+  local serve=("${serve_device[@]}" --strata-bin "$bin/strata" --start-timeout-s 300)
   if ((!smoke)) && wanted load && [[ -f $big/model.safetensors ]]; then
-    bench_step "load" 240 staged "$bin/strata" bench load --spawn --model "$big" "${serve[@]}" \
-      --concurrency 1,8,64 --requests-per-level 64 --max-tokens 64 --out "$out/load" \
-      >"$out/load.log" 2>&1
+    bench_step "load" 240 "${strata[@]}" bench load --spawn --model "$big" "${serve[@]}" \
+      "${serve_memory[@]}" "${load[@]}" --out "$out/load" >"$out/load.log" 2>&1
   fi
   if ((!smoke)) && wanted depth && [[ -f $big/model.safetensors ]]; then
-    bench_step "depth-sweep" 300 staged "$bin/strata" bench depth-sweep --spawn --model "$big" \
-      --server-arg=--device --server-arg=cuda --server-arg=--kv-cache-tokens \
-      --server-arg=42000 --strata-bin "$bin/strata" --start-timeout-s 300 \
-      --depths 0,2,6,10,16 --out "$out/depth-sweep" >"$out/depth-sweep.log" 2>&1
+    bench_step "depth-sweep" 300 "${strata[@]}" bench depth-sweep --spawn --model "$big" \
+      "${serve[@]}" "${depth[@]}" --out "$out/depth-sweep" >"$out/depth-sweep.log" 2>&1
   fi
   if ((!smoke)) && wanted profile && [[ -f $big/model.safetensors ]]; then
-    bench_step "profile" 180 staged "$bin/strata" bench forward --device cuda --model "$big" \
-      --profile-out "$out/profile-qwen3-8b.json" --profile-prefill-tokens 16,64,256,1024,4096 \
-      --profile-batches 1,4,16,64 --profile-contexts 0,2048,8192 --repeats 2 \
+    bench_step "profile" 180 "${strata[@]}" bench forward --device "$device" --model "$big" \
+      --profile-out "$out/profile-$big_shape.json" "${profile[@]}" --repeats 2 \
       >"$out/profile.log" 2>&1
   fi
-  ((!smoke)) && wanted forward && forward_benchmarks qwen3-1.7b
+  ((!smoke)) && wanted forward && forward_benchmarks "$mid_shape"
   python3 scripts/gpu_summary.py "$out" >/dev/null 2>&1 || true
   echo "== gpu-check: benchmark steps"
   cat "$out/bench-steps.txt"
@@ -256,5 +277,6 @@ case $mode in
   prepare) prepare ;;
   run) run_checks 0 ;;
   smoke) run_checks 1 ;;
-  *) echo "usage: scripts/gpu-check.sh prepare|run|smoke"; exit 2 ;;
+  dry) run_checks 0 1 ;;
+  *) echo "usage: scripts/gpu-check.sh prepare|run|smoke|dry"; exit 2 ;;
 esac
