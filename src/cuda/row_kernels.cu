@@ -74,6 +74,19 @@ __global__ void add_bias_kernel(uint16_t* __restrict__ x, const float* __restric
   }
 }
 
+// Lane 0 ends with the warp's best (value, index): the larger value, ties to the smaller index.
+__device__ __forceinline__ void warp_argmax(float& best, int& at) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_down_sync(0xffffffffu, best, offset);
+    const int oi = __shfl_down_sync(0xffffffffu, at, offset);
+    if (ov > best || (ov == best && oi < at)) {
+      best = ov;
+      at = oi;
+    }
+  }
+}
+
 // One block per row: each thread keeps the best (value, index) of its stride, ties to the
 // smaller index, then the block reduces the pairs (warps by shuffles, then warp 0). NaN never
 // wins. The Sampler's argmax (model/sampler.cc) picks the same token on a row without NaN.
@@ -89,18 +102,7 @@ __global__ void argmax_rows_kernel(const float* __restrict__ x, int cols,
       at = i;
     }
   }
-  const auto better = [](float v, int i, float bv, int bi) {
-    return v > bv || (v == bv && i < bi);
-  };
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_down_sync(0xffffffffu, best, offset);
-    const int oi = __shfl_down_sync(0xffffffffu, at, offset);
-    if (better(ov, oi, best, at)) {
-      best = ov;
-      at = oi;
-    }
-  }
+  warp_argmax(best, at);
   __shared__ float vals[32];
   __shared__ int idxs[32];
   const int warp = threadIdx.x >> 5;
@@ -114,15 +116,7 @@ __global__ void argmax_rows_kernel(const float* __restrict__ x, int cols,
     const int warps = (blockDim.x + 31) / 32;
     best = lane < warps ? vals[lane] : -INFINITY;
     at = lane < warps ? idxs[lane] : cols;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float ov = __shfl_down_sync(0xffffffffu, best, offset);
-      const int oi = __shfl_down_sync(0xffffffffu, at, offset);
-      if (better(ov, oi, best, at)) {
-        best = ov;
-        at = oi;
-      }
-    }
+    warp_argmax(best, at);
     // A row of NaN only (nothing compared greater): token 0, as the Sampler's argmax.
     if (lane == 0) out[blockIdx.x] = at < cols ? at : 0;
   }
