@@ -52,6 +52,8 @@
 #             inter-token latency at concurrency 1, 8 and 64
 #   depth     `strata bench depth-sweep` on the GPU (issue 31): 8B shape, ~42K-token device
 #             pool, baseline / pinned / tier-pinned at depths 0, 2, 6, 10, 16
+#   graphs    the 0.6B shape's decode with --disable-cuda-graph (kernel by kernel), beside
+#             the forward numbers' CUDA graphs
 # STRATA_GPU_BENCH=forward,load (a comma list) runs only those; STRATA_GPU_BENCH=none none.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -262,6 +264,15 @@ run_checks() {
       >"$out/profile.log" 2>&1
   fi
   ((!smoke)) && wanted forward && forward_benchmarks "$mid_shape"
+  # The decode steps without their CUDA graphs (launched kernel by kernel), beside the
+  # graphs' numbers above: what the graphs save.
+  if ((!smoke)) && wanted graphs && [[ -f $models/$small_shape/model.safetensors ]]; then
+    bench_step "forward eager $small_shape" 120 "${strata[@]}" bench forward --device "$device" \
+      --model "$models/$small_shape" --disable-cuda-graph --prompt-tokens 512 \
+      --decode-tokens "$decode_tokens" --decode-context "$context" --decode-batches "$batch" \
+      --batch-context "$context" --repeats 3 --json >"$out/eager-$small_shape.json" \
+      2>"$out/eager-$small_shape.log"
+  fi
   python3 scripts/gpu_summary.py "$out" >/dev/null 2>&1 || true
   echo "== gpu-check: benchmark steps"
   cat "$out/bench-steps.txt"

@@ -115,8 +115,9 @@ struct ServeOptions {
   ModelOptions model_options;
   std::string simulate;  // a timing profile: simulate the forward pass (docs/simulation.md)
   SimulatedModelOptions simulation;
-  std::string device = "cpu";      // cpu | cuda (docs/cuda.md)
-  double mem_fraction_static = 0;  // cuda: weights + KV pages / GPU memory; 0: --kv-cache-tokens
+  std::string device = "cpu";       // cpu | cuda (docs/cuda.md)
+  double mem_fraction_static = 0;   // cuda: weights + KV pages / GPU memory; 0: --kv-cache-tokens
+  bool disable_cuda_graph = false;  // cuda: every decode step launched kernel by kernel
   EngineOptions engine;
   ServerOptions server;  // server.http: --host, --port, --http-*
 };
@@ -160,6 +161,9 @@ void add_device_flags(CLI::App& cmd, ServeOptions& o) {
                  "(a build with CUDA; docs/cuda.md)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  cmd.add_flag("--disable-cuda-graph", o.disable_cuda_graph,
+               "--device cuda: launch every decode step kernel by kernel instead of replaying "
+               "the CUDA graph captured for its batch size (SGLang's flag; docs/cuda.md)");
   cmd.add_option("--mem-fraction-static", o.mem_fraction_static,
                  "--device cuda: the fraction of the GPU's memory for the weights, the forward's "
                  "activations and the KV pages, which get what the others and the memory "
@@ -184,6 +188,7 @@ Result<std::unique_ptr<ForwardModel>> load_gpu_model(const std::filesystem::path
   g.page_size = eo.page_size;
   g.max_batch_sequences = 2 * eo.max_running_requests;
   g.max_batch_tokens = eo.chunked_prefill_size + g.max_batch_sequences;
+  g.cuda_graphs = !o.disable_cuda_graph;
   if (o.mem_fraction_static > 0 && !tokens_given) {
     // SGLang's reading: weights and KV pages take this fraction of the device's memory. What
     // is already in use on the device (the CUDA context, other processes: measured by the
@@ -334,6 +339,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     if (!set_log_level(o->log_level)) return fail("unknown --log-level '" + o->log_level + "'");
     if (o->mem_fraction_static > 0 && o->device != "cuda") {
       return fail("--mem-fraction-static needs --device cuda");
+    }
+    if (o->disable_cuda_graph && o->device != "cuda") {
+      return fail("--disable-cuda-graph needs --device cuda");
     }
 
     std::filesystem::path dir = o->model;

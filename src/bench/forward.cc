@@ -46,7 +46,8 @@ double seconds_since(Clock::time_point start) {
 
 struct ForwardBenchOptions {
   std::string model_dir;
-  std::string device = "cpu";  // cpu | cuda
+  std::string device = "cpu";       // cpu | cuda
+  bool disable_cuda_graph = false;  // cuda: decode steps kernel by kernel
   std::string preset = "bench";
   std::string arch;  // "": the preset's (make_model.h)
   int threads = 2;
@@ -108,10 +109,10 @@ class Runner {
     return model_.forward(batch, pool_, out_);
   }
   const std::vector<float>& logits() const { return out_.logits; }
-  // Row r's greedy token: the model's own argmax where it gave one (ForwardOutput::argmax, a
-  // GPU for argmax_only rows), else the argmax of the row's logits.
+  // Row r's greedy token: the model's own draw where it gave one (ForwardOutput::sampled, a
+  // GPU for rows with sampling), else the argmax of the row's logits.
   int32_t greedy(size_t r) const {
-    if (!out_.argmax.empty()) return out_.argmax[r];
+    if (!out_.sampled.empty() && out_.sampled[r].token >= 0) return out_.sampled[r].token;
     const auto vocab = static_cast<size_t>(model_.config().vocab_size);
     const auto row = out_.logits.begin() + static_cast<std::ptrdiff_t>(r * vocab);
     return static_cast<int32_t>(std::max_element(row, row + static_cast<std::ptrdiff_t>(vocab)) -
@@ -180,9 +181,9 @@ class ForwardBench {
       int32_t token = 0;
       for (int64_t i = 0; i < o_.decode_tokens; ++i) {
         token = run_.greedy(0);
-        // Greedy decode rows as the engine sends them: only the argmax is wanted.
+        // Greedy decode rows as the engine sends them: drawn where the logits are.
         ForwardSequence seq{std::span(&token, 1), context + i, pages, true};
-        seq.argmax_only = true;
+        seq.sampling = RowSampling{};
         if (auto s = run_.forward(std::span(&seq, 1)); !s) return std::unexpected(s.error());
       }
       const double t = seconds_since(start);
@@ -217,7 +218,7 @@ class ForwardBench {
           seqs[static_cast<size_t>(b)] =
               ForwardSequence{std::span(&next[static_cast<size_t>(b)], 1), o_.batch_context + step,
                               tables[static_cast<size_t>(b)], true};
-          seqs[static_cast<size_t>(b)].argmax_only = true;
+          seqs[static_cast<size_t>(b)].sampling = RowSampling{};
         }
         if (auto s = run_.forward(seqs); !s) return std::unexpected(s.error());
         for (int64_t b = 0; b < batch; ++b) {
@@ -472,12 +473,14 @@ int run_forward_bench(ForwardBenchOptions o) {
     g.page_size = o.page_size;
     g.max_batch_tokens = static_cast<int32_t>(std::min<int64_t>(max_tokens, 1 << 20));
     g.max_batch_sequences = static_cast<int32_t>(max_seqs);
+    g.cuda_graphs = !o.disable_cuda_graph;
     auto made = cuda::GpuModel::create(cpu->config(), cpu->weights(), g);
     if (!made) return fail("--device cuda: " + made.error().message);
     on_gpu = std::move(*made);
     cpu.reset();  // the weights are on the GPU now
     machine = cuda::describe(*device);
-    engine = "CUDA engine, weights bf16, KV bf16";
+    engine = std::string("CUDA engine, weights bf16, KV bf16, ") +
+             (o.disable_cuda_graph ? "decode eager" : "decode in CUDA graphs");
     auto bw = cuda::device_copy_bandwidth(size_t{1} << 30);
     if (!bw) return fail("measuring the device's copy bandwidth: " + bw.error().message);
     copy_bandwidth = *bw;
@@ -600,6 +603,9 @@ void add_bench_forward(CLI::App& bench, int& exit_code) {
   cmd->add_option("--device", o->device,
                   "Where the forward pass runs: cpu | cuda (the GPU's, cuda/gpu_model.h)")
       ->capture_default_str();
+  cmd->add_flag("--disable-cuda-graph", o->disable_cuda_graph,
+                "--device cuda: decode steps launched kernel by kernel, not replayed from the "
+                "CUDA graph of their batch size");
   cmd->add_option(
          "--preset", o->preset,
          "Preset when no --model: tiny | demo | bench | qwen3-0.6b | qwen3-1.7b | qwen3-8b")

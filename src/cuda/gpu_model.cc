@@ -3,9 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/check.h"
+#include "common/log.h"
 #include "cuda/cuda_copy_device.h"
 #include "cuda/cuda_device.h"
 #include "cuda/gemm.h"
@@ -46,12 +51,27 @@ int64_t gpu_weight_bytes(const ModelConfig& config) {
 
 namespace {
 
+// Where sample_rows' arguments and results lie in the `sampled` scratch, for `rows` rows:
+// the rows' rules, then their tokens, log-probabilities, alternatives' ids and theirs.
+struct SampledLayout {
+  explicit SampledLayout(size_t rows) {
+    const auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+    params = 0;
+    tokens = align(rows * sizeof(SampleRowArg));
+    logprobs = tokens + align(rows * 4);
+    top_ids = logprobs + align(rows * 4);
+    top_logprobs = top_ids + align(rows * kSampleMaxTop * 4);
+    bytes = top_logprobs + align(rows * kSampleMaxTop * 4);
+  }
+  size_t params, tokens, logprobs, top_ids, top_logprobs, bytes;
+};
+
 // The batch scratch create() allocates, in bytes per buffer (GpuModel::Impl's names).
 struct ScratchSizes {
   size_t x = 0, residual = 0, qkv = 0, attn = 0, gate_up = 0, act = 0, last = 0, logits = 0,
-         argmax = 0, workspace = 0, meta_i32 = 0, meta_f32 = 0;
+         sampled = 0, workspace = 0, meta_i32 = 0, meta_f32 = 0;
   size_t total() const {
-    return x + residual + qkv + attn + gate_up + act + last + logits + argmax + workspace +
+    return x + residual + qkv + attn + gate_up + act + last + logits + sampled + workspace +
            meta_i32 + meta_f32;
   }
 };
@@ -94,7 +114,7 @@ ScratchSizes scratch_sizes(const ModelConfig& config, const GpuModelOptions& opt
   z.act = t * inter * 2;
   z.last = s * h * 2;
   z.logits = s * static_cast<size_t>(config.vocab_size) * 4;
-  z.argmax = s * 4;
+  z.sampled = SampledLayout(s).bytes;
   z.workspace = splits_rows * static_cast<size_t>(config.num_heads) *
                 static_cast<size_t>(config.head_dim + 2) * 4;
   z.meta_i32 = meta_i32_elems(config, options) * 4;
@@ -138,6 +158,11 @@ int64_t gpu_scratch_bytes(const ModelConfig& config, const GpuModelOptions& opti
 #ifdef STRATA_HAVE_CUDA
 
 namespace {
+
+Status cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) return std::unexpected(detail::cuda_error(e, what));
+  return {};
+}
 
 struct GpuLayer {
   DeviceBuffer qkv, o, gate_up, down;                // BF16 [out][in]
@@ -215,11 +240,15 @@ struct GpuModel::Impl {
   int64_t weight_bytes = 0;
   int32_t max_pages_per_seq = 0;
   // The batch scratch (gpu_model.h).
-  DeviceBuffer x, residual, qkv, attn, gate_up, act, last, logits, argmax, workspace;
+  DeviceBuffer x, residual, qkv, attn, gate_up, act, last, logits, sampled, workspace;
   DeviceBuffer meta_i32, meta_f32;
   // Host side of the metadata, kept between calls (no allocation once grown).
   std::vector<int32_t> host_i32;
   std::vector<float> host_f32;
+  // Sampling on the device: the rows' rules and what comes back (sampled's SampledLayout).
+  std::vector<SampleRowArg> host_sample;
+  std::vector<int32_t> host_tokens, host_top_ids;
+  std::vector<float> host_logprobs, host_top_logprobs;
 
   size_t layer_elems() const {
     return static_cast<size_t>(options.num_pages) * config.num_kv_heads * options.page_size *
@@ -234,7 +263,26 @@ struct GpuModel::Impl {
   size_t meta_i32_capacity() const { return meta_i32_elems(config, options); }
 
   Status validate(std::span<const ForwardSequence> batch, const KvPool& pool) const;
+  struct Step;
+  Status upload(std::span<const ForwardSequence> batch, int32_t pad_to, Step& step);
+  Status compute(std::span<const ForwardSequence> batch, const Step& step);
+  Status download(const Step& step, ForwardOutput& out);
+  int32_t graph_bucket(std::span<const ForwardSequence> batch) const;
   Status run(std::span<const ForwardSequence> batch, ForwardOutput& out);
+
+  // Decode steps as CUDA graphs, one per bucket (GpuModelOptions::cuda_graphs).
+  struct GraphExec {
+    cudaGraphExec_t handle = nullptr;
+    GraphExec() = default;
+    GraphExec(GraphExec&& o) noexcept : handle(std::exchange(o.handle, nullptr)) {}
+    GraphExec& operator=(GraphExec&&) = delete;
+    ~GraphExec() {
+      if (handle != nullptr) cudaGraphExecDestroy(handle);
+    }
+  };
+  std::map<int32_t, GraphExec> graphs;
+  std::set<int32_t> failed_buckets;
+  GpuModel::Counters counters;
 };
 
 GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
@@ -313,7 +361,7 @@ Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig& config,
       {&i.act, sizes.act},
       {&i.last, sizes.last},
       {&i.logits, sizes.logits},
-      {&i.argmax, sizes.argmax},
+      {&i.sampled, sizes.sampled},
       {&i.workspace, sizes.workspace},
       {&i.meta_i32, sizes.meta_i32},
       {&i.meta_f32, sizes.meta_f32},
@@ -331,6 +379,9 @@ const ModelConfig& GpuModel::config() const {
 }
 const GpuModelOptions& GpuModel::options() const {
   return impl_->options;
+}
+GpuModel::Counters GpuModel::counters() const {
+  return impl_->counters;
 }
 int64_t GpuModel::weight_bytes() const {
   return impl_->weight_bytes;
@@ -394,6 +445,14 @@ Status GpuModel::Impl::validate(std::span<const ForwardSequence> batch, const Kv
                    fmt::format("token id {} outside the vocabulary of {}", id, config.vocab_size));
       }
     }
+    if (seq.want_logits && seq.sampling) {
+      const RowSampling& r = *seq.sampling;
+      if (auto arg = sample_row_arg(r.uniform, r.temperature, r.top_k, r.top_p, r.top_logprobs,
+                                    r.logprobs);
+          !arg) {
+        return bad(where + arg.error().message);
+      }
+    }
     const int64_t pages = (end + options.page_size - 1) / options.page_size;
     if (static_cast<int64_t>(seq.page_table.size()) < pages) {
       return bad(where + fmt::format("page table has {} pages, positions [0, {}) need {}",
@@ -417,73 +476,104 @@ Status GpuModel::forward(std::span<const ForwardSequence> batch, KvPool& pool, F
   return impl_->run(batch, out);
 }
 
-Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput& out) {
+// One forward's shape and where its metadata lies in meta_i32 (GpuModel::Impl::upload). A
+// decode step replayed as a CUDA graph is padded to its bucket's sequences: then every field
+// depends on the bucket only, as the captured graph needs.
+struct GpuModel::Impl::Step {
+  int32_t num_seqs = 0, num_tokens = 0, num_logit_rows = 0, num_tiles = 0;
+  int32_t real_logit_rows = 0;  // the batch's own (the rest pad a bucket)
+  int32_t table_stride = 1, num_splits = 1;
+  bool all_decode = false;
+  bool sample = false;  // sample_rows runs (rules uploaded for every logit row)
+  size_t o_tokens = 0, o_slots = 0, o_qo = 0, o_kv = 0, o_rows = 0, o_tile_seq = 0,
+         o_tile_first = 0, o_table = 0;
+};
+
+// The batch's metadata (laid out as meta_i32_capacity() describes) and the rows' sampling
+// rules, built on the host and copied to the device in one copy each. With pad_to > 0 (a
+// decode step of at most that many sequences, for a graph) the batch is padded to pad_to
+// sequences that write nothing (slot -1), read one key of page 0 and are never sampled.
+Status GpuModel::Impl::upload(std::span<const ForwardSequence> batch, int32_t pad_to, Step& st) {
   const ModelConfig& c = config;
   const int32_t ps = options.page_size;
   const int32_t d = c.head_dim;
   const int32_t half = d / 2;
-  const int32_t hidden = c.hidden_size;
-  const int32_t qkv_width = c.q_size() + 2 * c.kv_size();
-  const int32_t inter = c.intermediate_size;
-  const auto eps = static_cast<float>(c.rms_norm_eps);
-  const auto num_seqs = static_cast<int32_t>(batch.size());
-  const StreamHandle st = stream.handle();
-
-  // The batch's metadata, laid out as meta_i32_capacity() describes, then one copy.
-  int32_t num_tokens = 0, num_logit_rows = 0, table_stride = 1, max_kv_len = 1;
-  std::vector<int32_t> new_tokens(batch.size());
+  const auto real_seqs = static_cast<int32_t>(batch.size());
+  st = Step{};
+  st.num_seqs = pad_to > 0 ? pad_to : real_seqs;
+  int32_t max_kv_len = 1;
+  std::vector<int32_t> new_tokens(static_cast<size_t>(st.num_seqs), 1);
   for (size_t s = 0; s < batch.size(); ++s) {
     new_tokens[s] = static_cast<int32_t>(batch[s].token_ids.size());
-    num_tokens += new_tokens[s];
     const int64_t end = batch[s].start_position + new_tokens[s];
     max_kv_len = std::max(max_kv_len, static_cast<int32_t>(end));
-    table_stride = std::max(table_stride, static_cast<int32_t>((end + ps - 1) / ps));
-    if (batch[s].want_logits) ++num_logit_rows;
+    st.table_stride = std::max(st.table_stride, static_cast<int32_t>((end + ps - 1) / ps));
+    if (batch[s].want_logits) ++st.real_logit_rows;
+    if (batch[s].want_logits && batch[s].sampling) st.sample = true;
   }
+  for (int32_t n : new_tokens) st.num_tokens += n;
+  st.num_logit_rows = pad_to > 0 ? pad_to : st.real_logit_rows;
+  st.all_decode = st.num_tokens == st.num_seqs;
+  if (pad_to > 0) {
+    // Fixed for the bucket: the widest page table and the splits of the longest context.
+    st.table_stride = max_pages_per_seq;
+    max_kv_len = static_cast<int32_t>(c.max_position_embeddings);
+    st.sample = true;
+  }
+  st.num_splits =
+      decode_attention_splits(st.num_seqs, c.num_kv_heads, max_kv_len, device.multiprocessors);
   const ExtendKernel extend_kernel =
       options.tensor_core_prefill ? ExtendKernel::kTensorCores : ExtendKernel::kCudaCores;
   const ExtendTiles tiles = plan_extend_tiles(new_tokens, c.group_size(), extend_kernel);
-  const auto num_tiles = static_cast<int32_t>(tiles.seq.size());
-  const size_t o_tokens = 0, o_slots = o_tokens + num_tokens, o_qo = o_slots + num_tokens,
-               o_kv = o_qo + num_seqs + 1, o_rows = o_kv + num_seqs,
-               o_tile_seq = o_rows + num_logit_rows, o_tile_first = o_tile_seq + num_tiles,
-               o_table = o_tile_first + num_tiles,
-               used = o_table + static_cast<size_t>(num_seqs) * table_stride;
+  st.num_tiles = static_cast<int32_t>(tiles.seq.size());
+  st.o_tokens = 0;
+  st.o_slots = st.o_tokens + st.num_tokens;
+  st.o_qo = st.o_slots + st.num_tokens;
+  st.o_kv = st.o_qo + st.num_seqs + 1;
+  st.o_rows = st.o_kv + st.num_seqs;
+  st.o_tile_seq = st.o_rows + st.num_logit_rows;
+  st.o_tile_first = st.o_tile_seq + st.num_tiles;
+  st.o_table = st.o_tile_first + st.num_tiles;
+  const size_t used = st.o_table + static_cast<size_t>(st.num_seqs) * st.table_stride;
   host_i32.assign(used, 0);
-  host_f32.resize(static_cast<size_t>(num_tokens) * d);
+  host_f32.assign(static_cast<size_t>(st.num_tokens) * d, 0.0f);
   {
     int32_t row = 0, logit_row = 0;
-    for (int32_t s = 0; s < num_seqs; ++s) {
+    for (int32_t s = 0; s < st.num_seqs; ++s) {
+      host_i32[st.o_qo + s] = row;
+      if (s >= real_seqs) {  // padding: one key (page 0's first slot), nothing written
+        host_i32[st.o_kv + s] = 1;
+        host_i32[st.o_tokens + row] = 0;
+        host_i32[st.o_slots + row] = -1;
+        host_i32[st.o_rows + logit_row++] = row;
+        ++row;
+        continue;
+      }
       const ForwardSequence& seq = batch[static_cast<size_t>(s)];
-      host_i32[o_qo + s] = row;
-      host_i32[o_kv + s] = static_cast<int32_t>(seq.start_position) + new_tokens[s];
-      const int32_t pages = (host_i32[o_kv + s] + ps - 1) / ps;
+      host_i32[st.o_kv + s] = static_cast<int32_t>(seq.start_position) + new_tokens[s];
+      const int32_t pages = (host_i32[st.o_kv + s] + ps - 1) / ps;
       for (int32_t p = 0; p < pages; ++p) {
-        host_i32[o_table + static_cast<size_t>(s) * table_stride + p] =
+        host_i32[st.o_table + static_cast<size_t>(s) * st.table_stride + p] =
             static_cast<int32_t>(page_index(seq.page_table[static_cast<size_t>(p)]));
       }
       for (int32_t k = 0; k < new_tokens[s]; ++k, ++row) {
         const int64_t pos = seq.start_position + k;
-        host_i32[o_tokens + row] = seq.token_ids[static_cast<size_t>(k)];
-        host_i32[o_slots + row] =
+        host_i32[st.o_tokens + row] = seq.token_ids[static_cast<size_t>(k)];
+        host_i32[st.o_slots + row] =
             static_cast<int32_t>(page_index(seq.page_table[static_cast<size_t>(pos / ps)])) * ps +
             static_cast<int32_t>(pos % ps);
         float* cs = host_f32.data() + static_cast<size_t>(row) * d;
         rope.angles(pos, cs, cs + half);
       }
-      if (seq.want_logits) host_i32[o_rows + logit_row++] = row - 1;
+      if (seq.want_logits) host_i32[st.o_rows + logit_row++] = row - 1;
     }
-    host_i32[o_qo + num_seqs] = row;
+    host_i32[st.o_qo + st.num_seqs] = row;
     std::copy(tiles.seq.begin(), tiles.seq.end(),
-              host_i32.begin() + static_cast<ptrdiff_t>(o_tile_seq));
+              host_i32.begin() + static_cast<ptrdiff_t>(st.o_tile_seq));
     std::copy(tiles.first.begin(), tiles.first.end(),
-              host_i32.begin() + static_cast<ptrdiff_t>(o_tile_first));
+              host_i32.begin() + static_cast<ptrdiff_t>(st.o_tile_first));
   }
-  const auto cuda_ok = [](cudaError_t e, const char* what) -> Status {
-    if (e != cudaSuccess) return std::unexpected(detail::cuda_error(e, what));
-    return {};
-  };
-  const auto cs = static_cast<cudaStream_t>(st);
+  const auto cs = static_cast<cudaStream_t>(stream.handle());
   if (auto s = cuda_ok(
           cudaMemcpyAsync(meta_i32.data(), host_i32.data(), used * 4, cudaMemcpyHostToDevice, cs),
           "forward: copying the batch's metadata");
@@ -496,6 +586,52 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
       !s) {
     return s;
   }
+  if (!st.sample) return {};
+  // The rows' sampling rules (a row without: flags 0, token -1, its logits read).
+  host_sample.assign(static_cast<size_t>(st.num_logit_rows), SampleRowArg{});
+  size_t r = 0;
+  for (const ForwardSequence& f : batch) {
+    if (!f.want_logits) continue;
+    if (f.sampling) {
+      const RowSampling& rs = *f.sampling;
+      auto arg = sample_row_arg(rs.uniform, rs.temperature, rs.top_k, rs.top_p, rs.top_logprobs,
+                                rs.logprobs);
+      STRATA_CHECK(arg.has_value());  // validate() checked it
+      host_sample[r] = *arg;
+    }
+    ++r;
+  }
+  const SampledLayout at(static_cast<size_t>(st.num_logit_rows));
+  return cuda_ok(
+      cudaMemcpyAsync(sampled.as<std::byte>() + at.params, host_sample.data(),
+                      host_sample.size() * sizeof(SampleRowArg), cudaMemcpyHostToDevice, cs),
+      "forward: copying the sampling rules");
+}
+
+// The pass itself, queued on the stream: embeddings, the layers, the final norm, the LM head
+// on the logit rows and, with st.sample, sample_rows. Nothing here copies to or from the host
+// or waits for it, except a prefix still landing (layer_wait): without one it is captured
+// as a CUDA graph as it is.
+Status GpuModel::Impl::compute(std::span<const ForwardSequence> batch, const Step& step) {
+  const ModelConfig& c = config;
+  const int32_t ps = options.page_size;
+  const int32_t d = c.head_dim;
+  const int32_t hidden = c.hidden_size;
+  const int32_t qkv_width = c.q_size() + 2 * c.kv_size();
+  const int32_t inter = c.intermediate_size;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const int32_t num_seqs = step.num_seqs;
+  const int32_t num_tokens = step.num_tokens;
+  const int32_t num_tiles = step.num_tiles;
+  const int32_t table_stride = step.table_stride;
+  const bool all_decode = step.all_decode;
+  const size_t o_tokens = step.o_tokens, o_slots = step.o_slots, o_qo = step.o_qo, o_kv = step.o_kv,
+               o_tile_seq = step.o_tile_seq, o_tile_first = step.o_tile_first,
+               o_table = step.o_table;
+  const ExtendKernel extend_kernel =
+      options.tensor_core_prefill ? ExtendKernel::kTensorCores : ExtendKernel::kCudaCores;
+  const StreamHandle st = stream.handle();
+  const auto cs = static_cast<cudaStream_t>(st);
   const int32_t* dev_i32 = meta_i32.as<int32_t>();
 
   // Embeddings into x; the residual stream starts at zero (the first fused add makes it the
@@ -511,7 +647,6 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
       !s) {
     return s;
   }
-  const bool all_decode = num_tokens == num_seqs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   uint16_t* xb = x.as<uint16_t>();
   for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -570,8 +705,7 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
       a.num_kv_heads = c.num_kv_heads;
       a.head_dim = d;
       a.page_size = ps;
-      a.num_splits =
-          decode_attention_splits(num_seqs, c.num_kv_heads, max_kv_len, device.multiprocessors);
+      a.num_splits = step.num_splits;
       a.scale = scale;
       attended = decode_attention(a, st);
     } else {
@@ -630,47 +764,161 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
       !s) {
     return s;
   }
-  out.logits.resize(static_cast<size_t>(num_logit_rows) * c.vocab_size);
-  out.argmax.clear();
-  if (num_logit_rows > 0) {
-    if (auto s = gather_rows(xb, dev_i32 + o_rows, last.as<uint16_t>(), num_logit_rows, hidden, st);
+  const int32_t rows = step.num_logit_rows;
+  if (rows == 0) return {};
+  if (auto s = gather_rows(xb, dev_i32 + step.o_rows, last.as<uint16_t>(), rows, hidden, st); !s) {
+    return s;
+  }
+  const DeviceBuffer& w = lm_head.size() > 0 ? lm_head : embed;
+  if (auto s = gemm->linear(last.as<uint16_t>(), w.as<uint16_t>(), logits.data(), true, rows,
+                            c.vocab_size, hidden, st);
+      !s) {
+    return s;
+  }
+  if (!step.sample) return {};
+  const SampledLayout at(static_cast<size_t>(rows));
+  std::byte* base = sampled.as<std::byte>();
+  SampleRowsArgs a;
+  a.logits = logits.as<float>();
+  a.params = reinterpret_cast<const SampleRowArg*>(base + at.params);
+  a.tokens = reinterpret_cast<int32_t*>(base + at.tokens);
+  a.logprobs = reinterpret_cast<float*>(base + at.logprobs);
+  a.top_ids = reinterpret_cast<int32_t*>(base + at.top_ids);
+  a.top_logprobs = reinterpret_cast<float*>(base + at.top_logprobs);
+  a.rows = rows;
+  a.cols = c.vocab_size;
+  return sample_rows(a, st);
+}
+
+// What comes back, then the stream synchronized: the drawn tokens of the rows with sampling
+// (ForwardOutput::sampled) and the logits of the others, and of any row sample_rows could not
+// draw; without sampling every row's logits.
+Status GpuModel::Impl::download(const Step& step, ForwardOutput& out) {
+  const auto cs = static_cast<cudaStream_t>(stream.handle());
+  const size_t vocab = static_cast<size_t>(config.vocab_size);
+  const auto n = static_cast<size_t>(step.real_logit_rows);
+  out.logits.resize(n * vocab);
+  out.sampled.clear();
+  const auto copy_rows = [&](size_t first, size_t count) {
+    return cuda_ok(
+        cudaMemcpyAsync(out.logits.data() + first * vocab, logits.as<float>() + first * vocab,
+                        count * vocab * 4, cudaMemcpyDeviceToHost, cs),
+        "forward: copying the logits back");
+  };
+  const auto synchronized = [&]() -> Status {
+    if (auto s = stream.synchronize(); !s) {
+      return make_error(ErrorCode::kInternal, "forward (GPU): " + s.error().message);
+    }
+    return {};
+  };
+  if (n == 0) return synchronized();
+  if (!step.sample) {
+    if (auto s = copy_rows(0, n); !s) return s;
+    return synchronized();
+  }
+  const SampledLayout at(static_cast<size_t>(step.num_logit_rows));
+  const std::byte* base = sampled.as<std::byte>();
+  host_tokens.resize(n);
+  host_logprobs.resize(n);
+  host_top_ids.resize(n * kSampleMaxTop);
+  host_top_logprobs.resize(n * kSampleMaxTop);
+  const std::pair<void*, size_t> back[] = {
+      {host_tokens.data(), at.tokens},
+      {host_logprobs.data(), at.logprobs},
+      {host_top_ids.data(), at.top_ids},
+      {host_top_logprobs.data(), at.top_logprobs},
+  };
+  const size_t bytes[] = {n * 4, n * 4, n * kSampleMaxTop * 4, n * kSampleMaxTop * 4};
+  for (size_t k = 0; k < 4; ++k) {
+    if (auto s = cuda_ok(cudaMemcpyAsync(back[k].first, base + back[k].second, bytes[k],
+                                         cudaMemcpyDeviceToHost, cs),
+                         "forward: copying the sampled tokens back");
         !s) {
       return s;
     }
-    const DeviceBuffer& w = lm_head.size() > 0 ? lm_head : embed;
-    if (auto s = gemm->linear(last.as<uint16_t>(), w.as<uint16_t>(), logits.data(), true,
-                              num_logit_rows, c.vocab_size, hidden, st);
-        !s) {
-      return s;
+  }
+  if (auto s = synchronized(); !s) return s;
+  out.sampled.assign(n, SampledToken{});
+  for (size_t k = 0; k < n; ++k) {
+    SampledToken& t = out.sampled[k];
+    t.token = host_tokens[k];
+    if (t.token < 0) {
+      // No sampling, or a row the kernel could not draw: the host draws from its logits.
+      t.token = -1;
+      if (auto s = copy_rows(k, 1); !s) return s;
+      continue;
     }
-    // Every row greedy without log-probabilities: only the argmax of each comes back.
-    const bool argmax_only = std::all_of(batch.begin(), batch.end(), [](const ForwardSequence& f) {
-      return !f.want_logits || f.argmax_only;
-    });
-    if (argmax_only) {
-      out.argmax.resize(static_cast<size_t>(num_logit_rows));
-      if (auto s = argmax_rows(logits.as<float>(), num_logit_rows, c.vocab_size,
-                               argmax.as<int32_t>(), st);
-          !s) {
-        return s;
-      }
-      if (auto s = cuda_ok(cudaMemcpyAsync(out.argmax.data(), argmax.data(), out.argmax.size() * 4,
-                                           cudaMemcpyDeviceToHost, cs),
-                           "forward: copying the greedy tokens back");
-          !s) {
-        return s;
-      }
-    } else if (auto s = cuda_ok(cudaMemcpyAsync(out.logits.data(), logits.data(),
-                                                out.logits.size() * 4, cudaMemcpyDeviceToHost, cs),
-                                "forward: copying the logits back");
-               !s) {
-      return s;
+    const SampleRowArg& p = host_sample[k];
+    if ((p.flags & kSampleLogprob) != 0 || p.top_logprobs > 0) t.logprob = host_logprobs[k];
+    const size_t alternatives = std::min(static_cast<size_t>(p.top_logprobs), vocab);
+    for (size_t j = 0; j < alternatives; ++j) {
+      t.top_logprobs.push_back(TokenLogprob{host_top_ids[k * kSampleMaxTop + j],
+                                            host_top_logprobs[k * kSampleMaxTop + j]});
     }
   }
-  if (auto s = stream.synchronize(); !s) {
-    return make_error(ErrorCode::kInternal, "forward (GPU): " + s.error().message);
+  return synchronized();
+}
+
+// The bucket a decode step of `seqs` sequences is replayed in: the smallest of
+// kGraphBuckets that holds it (within the options' limits), or 0: run it eagerly.
+int32_t GpuModel::Impl::graph_bucket(std::span<const ForwardSequence> batch) const {
+  if (!options.cuda_graphs || batch.empty()) return 0;
+  for (const ForwardSequence& f : batch) {
+    if (f.token_ids.size() != 1 || !f.want_logits || f.layer_wait != nullptr) return 0;
   }
-  return {};
+  const auto seqs = static_cast<int32_t>(batch.size());
+  const int32_t limit = std::min(options.max_batch_sequences, options.max_batch_tokens);
+  for (int32_t b : kGraphBuckets) {
+    if (b > limit) break;
+    if (b >= seqs) return b;
+  }
+  return 0;
+}
+
+Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput& out) {
+  const int32_t bucket = graph_bucket(batch);
+  Step step;
+  if (auto s = upload(batch, bucket, step); !s) return s;
+  if (bucket == 0 || failed_buckets.count(bucket) > 0) {
+    if (auto s = compute(batch, step); !s) return s;
+    ++counters.eager_steps;
+    return download(step, out);
+  }
+  const auto cs = static_cast<cudaStream_t>(stream.handle());
+  auto it = graphs.find(bucket);
+  if (it == graphs.end()) {
+    // Captured once per bucket, on the first step that needs it; a capture that fails leaves
+    // the bucket to eager steps (logged once).
+    cudaGraph_t graph = nullptr;
+    Status captured = cuda_ok(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal),
+                              "forward: starting a graph capture");
+    if (captured) captured = compute(batch, step);
+    const cudaError_t ended = cudaStreamEndCapture(cs, &graph);
+    if (captured && ended != cudaSuccess) captured = cuda_ok(ended, "forward: ending a capture");
+    GraphExec exec;
+    if (captured) {
+      captured = cuda_ok(cudaGraphInstantiate(&exec.handle, graph, 0),
+                         "forward: instantiating a decode graph");
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!captured) {
+      cudaGetLastError();  // the capture's error is the capture's, not the next call's
+      STRATA_LOG_WARN("decode steps of {} sequences run without a CUDA graph: {}", bucket,
+                      captured.error().message);
+      failed_buckets.insert(bucket);
+      if (auto s = compute(batch, step); !s) return s;
+      ++counters.eager_steps;
+      return download(step, out);
+    }
+    ++counters.graphs_captured;
+    it = graphs.emplace(bucket, std::move(exec)).first;
+  }
+  if (auto s = cuda_ok(cudaGraphLaunch(it->second.handle, cs), "forward: replaying a decode graph");
+      !s) {
+    return s;
+  }
+  ++counters.graph_replays;
+  return download(step, out);
 }
 
 #else  // without CUDA
@@ -678,6 +926,7 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
 struct GpuModel::Impl {
   ModelConfig config;
   GpuModelOptions options;
+  GpuModel::Counters counters;
 };
 
 GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
@@ -696,6 +945,9 @@ const ModelConfig& GpuModel::config() const {
 }
 const GpuModelOptions& GpuModel::options() const {
   return impl_->options;
+}
+GpuModel::Counters GpuModel::counters() const {
+  return impl_->counters;
 }
 int64_t GpuModel::weight_bytes() const {
   return 0;

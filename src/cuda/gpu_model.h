@@ -45,7 +45,15 @@ struct GpuModelOptions {
   // Prefill attention on tensor cores (kernels.h ExtendKernel); false: the CUDA-core kernel,
   // the tensor-core one's reference (tests).
   bool tensor_core_prefill = true;
+  // Decode steps (every sequence one token, no prefix still landing) replayed as CUDA graphs,
+  // one captured per batch-size bucket (kGraphBuckets) on its first step, the batch padded to
+  // its bucket; false: every step launched kernel by kernel (the graphs' reference).
+  bool cuda_graphs = true;
 };
+
+// The batch sizes decode graphs are captured for; a step takes the smallest that holds it
+// (above the largest, or above the options' limits, it runs eagerly).
+inline constexpr int32_t kGraphBuckets[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
 
 // Device bytes a model of `config` needs besides its weights for `options`: the KV pages
 // and the batch scratch (what --mem-fraction-static sizes the pages from).
@@ -90,7 +98,15 @@ class GpuModel final : public ForwardModel {
 
   const GpuModelOptions& options() const;
   int64_t weight_bytes() const;  // on the device
-  int64_t kv_bytes() const;      // on the device
+  // How the forward passes ran: graphs captured, decode steps replayed from one, and steps
+  // launched kernel by kernel (prefill, mixed, or no graph). Forward thread only.
+  struct Counters {
+    int64_t graphs_captured = 0;
+    int64_t graph_replays = 0;
+    int64_t eager_steps = 0;
+  };
+  Counters counters() const;
+  int64_t kv_bytes() const;  // on the device
 
  private:
   GpuModel();

@@ -112,3 +112,42 @@ struct CopySpanArg {
 };
 
 }  // namespace strata::cuda
+
+namespace strata::cuda {
+
+// Sampling on the device (sample_rows.cu): one row's rules, model/sampler.h's RowSampling
+// as the kernel reads it, and the batch's arguments. The kernel draws as the Sampler does:
+// argmax at temperature 0; else the top_k largest (by value, then the smaller id), then the
+// shortest ranked prefix whose weight exp((logit - max) / T) reaches top_p of theirs, walked in
+// token-id order until the running sum exceeds uniform x their total.
+inline constexpr int32_t kSampleDraw = 1;           // draw this row (else its token is -1)
+inline constexpr int32_t kSampleLogprob = 2;        // and report its token's log-probability
+inline constexpr int32_t kSampleMaxTop = 20;        // alternatives a row may ask for
+inline constexpr int32_t kSampleCandidates = 2048;  // ranked tokens the kernel holds at most
+
+struct SampleRowArg {
+  double uniform = 0.0;  // in [0, 1), drawn on the host by the request's generator
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;         // <= 0 or >= cols: no limit
+  int32_t top_logprobs = 0;  // 0 .. kSampleMaxTop
+  int32_t flags = 0;         // kSampleDraw | kSampleLogprob
+  int32_t pad = 0;
+};
+
+struct SampleRowsArgs {
+  const float* logits = nullptr;         // F32 [rows][cols]
+  const SampleRowArg* params = nullptr;  // [rows] (device memory)
+  // [rows]: each row's token; -1 when not drawn: no kSampleDraw, or a row the kernel cannot
+  // draw within kSampleCandidates ranked tokens (top_k above it, a top_p nucleus or ties
+  // wider than it): the caller then reads the row's logits and draws on the host by the same
+  // rules and number.
+  int32_t* tokens = nullptr;
+  float* logprobs = nullptr;      // [rows]: log-softmax of the raw logits at the token
+  int32_t* top_ids = nullptr;     // [rows][kSampleMaxTop]: the most likely tokens, ties by id
+  float* top_logprobs = nullptr;  // [rows][kSampleMaxTop]: their log-probabilities
+  int32_t rows = 0;
+  int32_t cols = 0;
+};
+
+}  // namespace strata::cuda

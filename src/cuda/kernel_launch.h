@@ -20,8 +20,7 @@ int launch_gather_rows(const uint16_t* src, const int32_t* index, uint16_t* dst,
                        int32_t cols, StreamHandle stream);
 int launch_add_bias(uint16_t* x, const float* bias, int32_t rows, int32_t cols,
                     StreamHandle stream);
-int launch_argmax_rows(const float* x, int32_t rows, int32_t cols, int32_t* out,
-                       StreamHandle stream);
+int launch_sample_rows(const SampleRowsArgs& args, StreamHandle stream);
 // One instantiation per head size, one per file (decode_attention_d64.cu, _d128.cu).
 int launch_decode_attention_d64(const DecodeAttentionArgs& args, StreamHandle stream);
 int launch_decode_attention_d128(const DecodeAttentionArgs& args, StreamHandle stream);

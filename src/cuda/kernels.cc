@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #ifdef STRATA_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -153,12 +154,45 @@ Status add_bias(uint16_t* x, const float* bias, int32_t rows, int32_t cols, Stre
 #endif
 }
 
-Status argmax_rows(const float* x, int32_t rows, int32_t cols, int32_t* out, StreamHandle stream) {
-  if (auto st = check_rows(rows, cols, "argmax_rows"); !st) return st;
-  if (rows == 0) return {};
-  if (x == nullptr || out == nullptr) return bad_argument("argmax_rows: a null pointer");
+Result<SampleRowArg> sample_row_arg(double uniform, float temperature, int32_t top_k, float top_p,
+                                    int32_t top_logprobs, bool logprob) {
+  if (!(uniform >= 0.0 && uniform < 1.0)) {
+    return std::unexpected(Error{ErrorCode::kInvalidArgument,
+                                 fmt::format("sample_rows: uniform {} outside [0, 1)", uniform)});
+  }
+  if (!std::isfinite(temperature) || temperature < 0.0f) {
+    return std::unexpected(
+        Error{ErrorCode::kInvalidArgument,
+              fmt::format("sample_rows: temperature {} (finite, >= 0)", temperature)});
+  }
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    return std::unexpected(Error{ErrorCode::kInvalidArgument,
+                                 fmt::format("sample_rows: top_p {} outside (0, 1]", top_p)});
+  }
+  if (top_logprobs < 0 || top_logprobs > kSampleMaxTop) {
+    return std::unexpected(Error{
+        ErrorCode::kInvalidArgument,
+        fmt::format("sample_rows: top_logprobs {} outside 0..{}", top_logprobs, kSampleMaxTop)});
+  }
+  SampleRowArg a;
+  a.uniform = uniform;
+  a.temperature = temperature;
+  a.top_k = top_k;
+  a.top_p = top_p;
+  a.top_logprobs = top_logprobs;
+  a.flags = kSampleDraw | (logprob ? kSampleLogprob : 0);
+  return a;
+}
+
+Status sample_rows(const SampleRowsArgs& args, StreamHandle stream) {
+  if (auto st = check_rows(args.rows, args.cols, "sample_rows"); !st) return st;
+  if (args.rows == 0) return {};
+  if (args.logits == nullptr || args.params == nullptr || args.tokens == nullptr ||
+      args.logprobs == nullptr || args.top_ids == nullptr || args.top_logprobs == nullptr) {
+    return bad_argument("sample_rows: a null pointer");
+  }
 #ifdef STRATA_HAVE_CUDA
-  return launched(detail::launch_argmax_rows(x, rows, cols, out, stream), "argmax_rows");
+  return launched(detail::launch_sample_rows(args, stream), "sample_rows");
 #else
   (void)stream;
   return unsupported_build();

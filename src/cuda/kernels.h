@@ -58,10 +58,18 @@ Status gather_rows(const uint16_t* src, const int32_t* index, uint16_t* dst, int
 // x[r][c] += bias[c] (x BF16, bias F32): the QKV product's biases (Qwen2), o_proj's.
 Status add_bias(uint16_t* x, const float* bias, int32_t rows, int32_t cols, StreamHandle stream);
 
-// out[r] = the index of row r's largest value (F32 rows of `cols`), ties to the smaller index,
-// NaN never chosen (a row of NaN: 0): greedy decoding's token without the logits leaving the
-// device (ForwardOutput::argmax), the Sampler's argmax on any row without NaN.
-Status argmax_rows(const float* x, int32_t rows, int32_t cols, int32_t* out, StreamHandle stream);
+// Draws each row's token on the device by the Sampler's rules and the row's uniform number
+// (SampleRowsArgs and SampleRowArg in kernel_args.h; model/sampler.h's sample_row is its CPU
+// reference): greedy, temperature, top-k, top-p, the token's log-probability and up to
+// kSampleMaxTop alternatives. A row it cannot draw within kSampleCandidates ranked tokens
+// gets token -1 (the caller reads its logits). rows >= 0, cols >= 1; each row's params
+// checked on the host by the caller (temperature >= 0, top_p in (0, 1], top_logprobs <=
+// kSampleMaxTop: sample_row_args does it).
+Status sample_rows(const SampleRowsArgs& args, StreamHandle stream);
+
+// A RowSampling-like rule as the kernel's argument; kInvalidArgument for one out of range.
+Result<SampleRowArg> sample_row_arg(double uniform, float temperature, int32_t top_k, float top_p,
+                                    int32_t top_logprobs, bool logprob);
 
 // Paged decode attention (DecodeAttentionArgs in kernel_args.h says what each argument is).
 

@@ -74,61 +74,7 @@ __global__ void add_bias_kernel(uint16_t* __restrict__ x, const float* __restric
   }
 }
 
-// Lane 0 ends with the warp's best (value, index): the larger value, ties to the smaller index.
-__device__ __forceinline__ void warp_argmax(float& best, int& at) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_down_sync(0xffffffffu, best, offset);
-    const int oi = __shfl_down_sync(0xffffffffu, at, offset);
-    if (ov > best || (ov == best && oi < at)) {
-      best = ov;
-      at = oi;
-    }
-  }
-}
-
-// One block per row: each thread keeps the best (value, index) of its stride, ties to the
-// smaller index, then the block reduces the pairs (warps by shuffles, then warp 0). NaN never
-// wins. The Sampler's argmax (model/sampler.cc) picks the same token on a row without NaN.
-__global__ void argmax_rows_kernel(const float* __restrict__ x, int cols,
-                                   int32_t* __restrict__ out) {
-  const float* row = x + static_cast<size_t>(blockIdx.x) * cols;
-  float best = -INFINITY;
-  int at = cols;  // none yet
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-    const float v = row[i];
-    if (v > best || (at == cols && v == best)) {  // strictly larger: the first index stays
-      best = v;
-      at = i;
-    }
-  }
-  warp_argmax(best, at);
-  __shared__ float vals[32];
-  __shared__ int idxs[32];
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  if (lane == 0) {
-    vals[warp] = best;
-    idxs[warp] = at;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    const int warps = (blockDim.x + 31) / 32;
-    best = lane < warps ? vals[lane] : -INFINITY;
-    at = lane < warps ? idxs[lane] : cols;
-    warp_argmax(best, at);
-    // A row of NaN only (nothing compared greater): token 0, as the Sampler's argmax.
-    if (lane == 0) out[blockIdx.x] = at < cols ? at : 0;
-  }
-}
-
 }  // namespace
-
-int launch_argmax_rows(const float* x, int32_t rows, int32_t cols, int32_t* out,
-                       StreamHandle stream) {
-  argmax_rows_kernel<<<rows, 1024, 0, static_cast<cudaStream_t>(stream)>>>(x, cols, out);
-  return static_cast<int>(cudaGetLastError());
-}
 
 int launch_fused_add_rms_norm(uint16_t* x, float* residual, const uint16_t* weight, int32_t rows,
                               int32_t dim, float eps, StreamHandle stream) {

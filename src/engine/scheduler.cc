@@ -1196,9 +1196,18 @@ bool Scheduler::preempt_for(const Seq& head) {
 // float (exact below 2^24, checked in SimulatedModel), which is also what a remembered prompt
 // row holds, so that full hits work without vocabulary-wide rows.
 SampledToken Scheduler::sample_row(Seq& seq, std::span<const float> row) {
-  if (!chooses_tokens_) return seq.sampler->sample(row);
+  const RowSampling draw = take_draw(seq);
+  if (!chooses_tokens_) return seq.sampler->sample(row, draw);
   STRATA_CHECK(row.size() == 1);
   return sample_chosen(seq.sampler->params(), static_cast<int32_t>(row[0]));
+}
+
+// The draw of seq's next token: the one its batch was given (Seq::draw), else a new one.
+RowSampling Scheduler::take_draw(Seq& seq) {
+  if (!seq.draw) return seq.sampler->next_row();
+  const RowSampling draw = *seq.draw;
+  seq.draw.reset();
+  return draw;
 }
 
 // Hands a sampled token to the stream; finishes the request at a stop token or max_tokens.
@@ -1469,12 +1478,13 @@ bool Scheduler::step() {
     fs.start_position = p.start;
     fs.page_table = p.seq->pages;
     fs.want_logits = p.start + p.count == static_cast<int64_t>(p.seq->tokens.size());
-    // A greedy decode row without log-probabilities needs only its argmax (a GPU then sends
-    // back a token instead of a vocabulary of floats); a prompt's last row is remembered
-    // whole (full hits sample from it).
-    const SamplingParams& sp = p.seq->spec.sampling;
-    fs.argmax_only = fs.want_logits && p.seq->generated > 0 && sp.temperature == 0.0f &&
-                     !sp.logprobs && sp.top_logprobs == 0;
+    // A decode row may be sampled where its logits are (a GPU then sends back a token instead
+    // of a vocabulary of floats), by the rules and the number its Sampler gives; a prompt's
+    // last row is remembered whole (full hits sample from it).
+    if (fs.want_logits && p.seq->generated > 0 && !chooses_tokens_) {
+      if (!p.seq->draw) p.seq->draw = p.seq->sampler->next_row();
+      fs.sampling = p.seq->draw;
+    }
     if (p.seq->load_ticket != 0 && !p.seq->load_failed) {
       p.seq->layer_wait = transfers_->layer_wait(p.seq->load_ticket);
       fs.layer_wait = &p.seq->layer_wait;
@@ -1520,9 +1530,9 @@ bool Scheduler::step() {
         static_cast<size_t>(std::count_if(batch.begin(), batch.end(),
                                           [](const ForwardSequence& f) { return f.want_logits; })));
   }
-  if (!output_.argmax.empty()) {
+  if (!output_.sampled.empty()) {
     STRATA_CHECK(
-        output_.argmax.size() ==
+        output_.sampled.size() ==
         static_cast<size_t>(std::count_if(batch.begin(), batch.end(),
                                           [](const ForwardSequence& f) { return f.want_logits; })));
   }
@@ -1542,12 +1552,15 @@ bool Scheduler::step() {
       if (seq.remote_room != 0) pd_send_ready(seq, false);
       continue;
     }
-    if (!output_.argmax.empty()) {
-      // The model took the argmax of this greedy decode row itself (ForwardOutput::argmax).
-      STRATA_CHECK(batch[i].argmax_only && seq.generated > 0 && seq.remote_room == 0);
-      const int32_t token = output_.argmax[row++];
+    if (!output_.sampled.empty() && output_.sampled[row].token >= 0) {
+      // The model drew this decode row's token itself (ForwardOutput::sampled), with the
+      // number the row was given.
+      STRATA_CHECK(batch[i].sampling && seq.generated > 0 && seq.remote_room == 0);
+      SampledToken drawn = std::move(output_.sampled[row++]);
+      STRATA_CHECK(drawn.token < model_->config().vocab_size);
+      seq.draw.reset();
       cache_computed_pages(seq);
-      if (emit_sampled(seq, sample_chosen(seq.sampler->params(), token))) done.push_back(&seq);
+      if (emit_sampled(seq, seq.sampler->accept(std::move(drawn)))) done.push_back(&seq);
       continue;
     }
     std::span<const float> logits;

@@ -129,6 +129,7 @@ class Scheduler {
   bool emit_sampled(Seq& seq, GeneratedToken tok);
   // The token of one output row: sampled from logits, or the one the model chose.
   SampledToken sample_row(Seq& seq, std::span<const float> row);
+  RowSampling take_draw(Seq& seq);
   // The usage figures of a request's first admission (what the cache saved, per tier).
   void count_admission(Seq& seq);
 

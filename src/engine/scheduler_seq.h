@@ -36,6 +36,10 @@ struct Scheduler::Seq {
   int32_t generated = 0;
   RequestUsage usage;
   std::optional<Sampler> sampler;
+  // The next token's draw (Sampler::next_row), taken when a batch first asked a model to
+  // sample this row (ForwardSequence::sampling) and kept until a token uses it: a row made
+  // void and computed again draws with the same number, wherever it is sampled.
+  std::optional<RowSampling> draw;
   // Hierarchical cache: tiers tried for this request, and what they gave. (A try is made
   // once per turn in the queue and reset where trying again makes sense: not a state.)
   bool load_tried = false;

@@ -2,12 +2,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "memory/layer_wait.h"
 #include "memory/page_id.h"
+#include "model/sampler.h"
 
 namespace strata {
 
@@ -26,10 +28,11 @@ struct ForwardSequence {
   std::span<const PageId> page_table;
   // Whether to compute the logits of the last new token (the one sampled next).
   bool want_logits = true;
-  // With want_logits: only the row's argmax is wanted (greedy sampling without
-  // log-probabilities). A model may then give that token instead of the row
-  // (ForwardOutput::argmax); one that does not gives the logits as for any row.
-  bool argmax_only = false;
+  // With want_logits: the rules and the uniform number by which this step's token is drawn
+  // (model/sampler.h). A model that samples where its logits are (a GPU) may then give the
+  // drawn token instead of the row (ForwardOutput::sampled); one that does not gives the
+  // logits as for any row, and the engine draws by the same rules and number.
+  std::optional<RowSampling> sampling;
   // Pages of [0, start_position) still landing (null: all readable): called before each
   // layer's attention reads them (memory/layer_wait.h). The pages of the new positions are
   // never among them.

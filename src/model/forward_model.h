@@ -30,11 +30,12 @@ namespace strata {
 struct ForwardOutput {
   std::vector<float> logits;    // rows x vocab_size, row-major
   std::vector<int32_t> tokens;  // one per row: the token the sampler must emit
-  // With logits, from a model that takes the argmax itself where every row of the batch is
-  // argmax_only (ForwardSequence): one entry per row, its argmax (ties: the smallest id); the
-  // rows of `logits` then hold anything (a GPU leaves them on the device). Empty: read the
-  // logits.
-  std::vector<int32_t> argmax;
+  // With logits, from a model that draws tokens itself (ForwardSequence::sampling): one entry
+  // per row, in row order. An entry whose token is >= 0 is that row's draw, log-probabilities
+  // filled as asked (is_stop unset: the engine's Sampler marks it), and its row of `logits`
+  // holds anything (a GPU leaves it on the device); token -1: read the row's logits (the row
+  // had no sampling, or the device could not draw it). Empty: read every row's logits.
+  std::vector<SampledToken> sampled;
 };
 
 // KV pages a model keeps in memory of its own (GpuModel: GPU memory), the engine's KvPool

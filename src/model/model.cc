@@ -102,7 +102,7 @@ KvPoolShape Model::kv_pool_shape(int32_t num_pages, int32_t page_size, KvDtype d
 
 Status Model::forward(std::span<const ForwardSequence> batch, KvPool& pool, ForwardOutput& out) {
   out.tokens.clear();
-  out.argmax.clear();
+  out.sampled.clear();
   return forward(batch, pool, out.logits);
 }
 

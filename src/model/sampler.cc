@@ -100,52 +100,52 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int32_t n)
   return out;
 }
 
-Sampler::Sampler(SamplingParams params, uint64_t fallback_seed)
-    : params_(std::move(params)), rng_(params_.seed.value_or(fallback_seed)) {
-  const Status valid = validate_sampling_params(params_);
-  STRATA_CHECK_MSG(valid.has_value(), valid.error().message);
-}
+namespace {
 
-int32_t Sampler::draw(std::span<const float> logits) {
+// The token of one draw by the rules of sampler.h: argmax at temperature 0; else the kept
+// tokens (top_k by rank, then the top_p prefix of the ranking) walked in id order.
+int32_t draw_row(std::span<const float> logits, const RowSampling& row, Sampler::Scratch& sc) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
-  if (params_.temperature == 0.0f) return argmax(logits);
+  if (row.temperature == 0.0f) return argmax(logits);
 
   // Candidates: all tokens, or the top_k ranked ones.
-  const bool use_top_k = params_.top_k > 0 && params_.top_k < vocab;
-  const bool use_top_p = params_.top_p < 1.0f;
-  candidates_.resize(static_cast<size_t>(vocab));
-  for (int32_t i = 0; i < vocab; ++i) candidates_[static_cast<size_t>(i)] = i;
-  size_t kept = candidates_.size();
+  const bool use_top_k = row.top_k > 0 && row.top_k < vocab;
+  const bool use_top_p = row.top_p < 1.0f;
+  std::vector<int32_t>& candidates = sc.candidates;
+  std::vector<float>& weights = sc.weights;
+  candidates.resize(static_cast<size_t>(vocab));
+  for (int32_t i = 0; i < vocab; ++i) candidates[static_cast<size_t>(i)] = i;
+  size_t kept = candidates.size();
   const RankBefore rank{logits};
   if (use_top_k) {
-    kept = static_cast<size_t>(params_.top_k);
-    std::nth_element(candidates_.begin(),
-                     candidates_.begin() + static_cast<std::ptrdiff_t>(kept - 1), candidates_.end(),
-                     rank);
+    kept = static_cast<size_t>(row.top_k);
+    std::nth_element(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(kept - 1),
+                     candidates.end(), rank);
   }
 
   // Weights exp((logit - max) / T) of the candidates.
   float max_logit = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < kept; ++i) {
-    max_logit = std::max(max_logit, logits[static_cast<size_t>(candidates_[i])]);
+    max_logit = std::max(max_logit, logits[static_cast<size_t>(candidates[i])]);
   }
-  const float inv_t = 1.0f / params_.temperature;
-  weights_.resize(kept);
+  const float inv_t = 1.0f / row.temperature;
+  weights.resize(kept);
   for (size_t i = 0; i < kept; ++i) {
-    weights_[i] = (logits[static_cast<size_t>(candidates_[i])] - max_logit) * inv_t;
+    weights[i] = (logits[static_cast<size_t>(candidates[i])] - max_logit) * inv_t;
   }
-  exp_row(weights_.data(), weights_.data(), static_cast<int64_t>(kept));
-  double total = 0.0;
-  for (size_t i = 0; i < kept; ++i) total += weights_[i];
+  exp_row(weights.data(), weights.data(), static_cast<int64_t>(kept));
 
   if (use_top_p) {
+    double total = 0.0;
+    for (size_t i = 0; i < kept; ++i) total += weights[i];
     // Rank the candidates (most likely first) only as far as needed to reach top_p:
     // sort a growing prefix selected by nth_element.
-    const double target = static_cast<double>(params_.top_p) * total;
+    const double target = static_cast<double>(row.top_p) * total;
     size_t prefix = std::min<size_t>(kept, 256);
+    std::vector<std::pair<int32_t, float>>& ranked = sc.ranked;
     for (;;) {
-      std::vector<std::pair<int32_t, float>> ranked(kept);
-      for (size_t i = 0; i < kept; ++i) ranked[i] = {candidates_[i], weights_[i]};
+      ranked.resize(kept);
+      for (size_t i = 0; i < kept; ++i) ranked[i] = {candidates[i], weights[i]};
       auto by_rank = [&](const std::pair<int32_t, float>& a, const std::pair<int32_t, float>& b) {
         return rank(a.first, b.first);
       };
@@ -163,10 +163,9 @@ int32_t Sampler::draw(std::span<const float> logits) {
       }
       if (cumulative >= target || prefix == kept) {
         kept = cut;
-        total = cumulative;
         for (size_t i = 0; i < kept; ++i) {
-          candidates_[i] = ranked[i].first;
-          weights_[i] = ranked[i].second;
+          candidates[i] = ranked[i].first;
+          weights[i] = ranked[i].second;
         }
         break;
       }
@@ -174,32 +173,83 @@ int32_t Sampler::draw(std::span<const float> logits) {
     }
   }
 
-  const double u = rng_.uniform() * total;
+  // The walk is in token-id order (the canonical order a device follows too).
+  if (use_top_k || use_top_p) {
+    std::vector<std::pair<int32_t, float>>& by_id = sc.ranked;
+    by_id.resize(kept);
+    for (size_t i = 0; i < kept; ++i) by_id[i] = {candidates[i], weights[i]};
+    std::sort(by_id.begin(), by_id.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t i = 0; i < kept; ++i) {
+      candidates[i] = by_id[i].first;
+      weights[i] = by_id[i].second;
+    }
+  }
+  double total = 0.0;
+  for (size_t i = 0; i < kept; ++i) total += weights[i];
+  const double u = row.uniform * total;
   double cumulative = 0.0;
   for (size_t i = 0; i < kept; ++i) {
-    cumulative += weights_[i];
-    if (u < cumulative) return candidates_[i];
+    cumulative += weights[i];
+    if (u < cumulative) return candidates[i];
   }
   // Rounding left u at the very top: the last candidate with weight.
   for (size_t i = kept; i-- > 0;) {
-    if (weights_[i] > 0.0f) return candidates_[i];
+    if (weights[i] > 0.0f) return candidates[i];
   }
-  return candidates_[0];
+  return candidates[0];
+}
+
+SampledToken sample_row_with(std::span<const float> logits, const RowSampling& row,
+                             Sampler::Scratch& sc) {
+  STRATA_CHECK(!logits.empty());
+  SampledToken out;
+  out.token = draw_row(logits, row, sc);
+  if (row.logprobs || row.top_logprobs > 0) {
+    const double lse = log_sum_exp(logits, sc.weights);
+    out.logprob =
+        static_cast<float>(static_cast<double>(logits[static_cast<size_t>(out.token)]) - lse);
+    if (row.top_logprobs > 0) out.top_logprobs = top_logprobs(logits, row.top_logprobs);
+  }
+  return out;
+}
+
+}  // namespace
+
+SampledToken sample_row(std::span<const float> logits, const RowSampling& row) {
+  Sampler::Scratch scratch;
+  return sample_row_with(logits, row, scratch);
+}
+
+Sampler::Sampler(SamplingParams params, uint64_t fallback_seed)
+    : params_(std::move(params)), rng_(params_.seed.value_or(fallback_seed)) {
+  const Status valid = validate_sampling_params(params_);
+  STRATA_CHECK_MSG(valid.has_value(), valid.error().message);
+}
+
+RowSampling Sampler::next_row() {
+  RowSampling row;
+  row.temperature = params_.temperature;
+  row.top_k = params_.top_k;
+  row.top_p = params_.top_p;
+  row.logprobs = params_.logprobs;
+  row.top_logprobs = params_.top_logprobs;
+  if (row.temperature > 0.0f) row.uniform = rng_.uniform();
+  return row;
 }
 
 SampledToken Sampler::sample(std::span<const float> logits) {
-  STRATA_CHECK(!logits.empty());
-  SampledToken out;
-  out.token = draw(logits);
-  out.is_stop = std::find(params_.stop_token_ids.begin(), params_.stop_token_ids.end(),
-                          out.token) != params_.stop_token_ids.end();
-  if (params_.logprobs || params_.top_logprobs > 0) {
-    const double lse = log_sum_exp(logits, weights_);
-    out.logprob =
-        static_cast<float>(static_cast<double>(logits[static_cast<size_t>(out.token)]) - lse);
-    if (params_.top_logprobs > 0) out.top_logprobs = top_logprobs(logits, params_.top_logprobs);
-  }
-  return out;
+  return sample(logits, next_row());
+}
+
+SampledToken Sampler::sample(std::span<const float> logits, const RowSampling& row) {
+  return accept(sample_row_with(logits, row, scratch_));
+}
+
+SampledToken Sampler::accept(SampledToken drawn) const {
+  drawn.is_stop = std::find(params_.stop_token_ids.begin(), params_.stop_token_ids.end(),
+                            drawn.token) != params_.stop_token_ids.end();
+  return drawn;
 }
 
 }  // namespace strata

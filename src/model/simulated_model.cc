@@ -160,7 +160,7 @@ Status SimulatedModel::forward(std::span<const ForwardSequence> batch, KvPool& p
   if (auto st = validate(batch, pool); !st) return st;
   out.logits.clear();
   out.tokens.clear();
-  out.argmax.clear();
+  out.sampled.clear();
   const int32_t ps = pool.page_size();
   for (const ForwardSequence& s : batch) {
     int64_t pos = s.start_position;

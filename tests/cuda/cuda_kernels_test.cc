@@ -7,6 +7,7 @@
 // unless STRATA_REQUIRE_GPU=1 (scripts/gpu-check.sh sets it) makes a missing GPU a failure.
 // The checks that come before any launch (shapes refused, probe_device's answers) run on
 // every machine.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "model/attention.h"
 #include "model/kernels.h"
 #include "model/model_config.h"
+#include "model/sampler.h"
 #include "model/thread_pool.h"
 
 namespace strata::cuda {
@@ -542,44 +544,151 @@ TEST(CudaKernelsTest, GatherRowsAndAddBiasMatchTheCpu) {
   }
 }
 
-// Greedy decoding's argmax on the device equals the Sampler's (model/sampler.cc): the first
-// index of the largest value, with ties planted, a NaN never chosen, one row of one value.
-TEST(CudaKernelsTest, ArgmaxRowsPicksTheSamplersToken) {
-  int32_t out = 0;
-  EXPECT_EQ(argmax_rows(nullptr, 1, 4, &out, nullptr).error().code, ErrorCode::kInvalidArgument);
-  EXPECT_TRUE(argmax_rows(nullptr, 0, 4, nullptr, nullptr).has_value());  // nothing to do
+// Sampling on the device draws as the Sampler does (model/sampler.h's sample_row is its CPU
+// reference): from the same row and uniform number, the same token (greedy, temperature,
+// top-k, top-p and their mixes, ties planted), the same
+// alternatives and log-probabilities; a row it cannot draw within kSampleCandidates ranked
+// tokens (ties wider than them) comes back as -1, and a row without kSampleDraw too. Only a
+// uniform number within rounding of a boundary between two tokens may go either way: such
+// rows are counted, not compared.
+TEST(CudaKernelsTest, SampleRowsDrawsTheSamplersToken) {
+  EXPECT_FALSE(sample_row_arg(1.0, 1.0f, 0, 1.0f, 0, false).has_value());
+  EXPECT_FALSE(sample_row_arg(0.5, -1.0f, 0, 1.0f, 0, false).has_value());
+  EXPECT_FALSE(sample_row_arg(0.5, 1.0f, 0, 0.0f, 0, false).has_value());
+  EXPECT_FALSE(sample_row_arg(0.5, 1.0f, 0, 1.0f, kSampleMaxTop + 1, false).has_value());
+  SampleRowsArgs none;
+  none.rows = 1;
+  none.cols = 4;
+  EXPECT_EQ(sample_rows(none, nullptr).error().code, ErrorCode::kInvalidArgument);
+  none.rows = 0;
+  EXPECT_TRUE(sample_rows(none, nullptr).has_value());  // nothing to do
   STRATA_NEED_GPU();
   std::mt19937 rng(8);
-  const int32_t rows = 7, cols = 151936;
-  std::vector<float> x(static_cast<size_t>(rows) * cols);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  for (float& v : x) v = normal(rng);
-  // Row 1: a tie between two late indices at the top; row 2: NaN at the front and a tie; row
-  // 3: all equal; row 4: the largest at the last index.
-  auto at = [&](int r, int c) -> float& { return x[static_cast<size_t>(r) * cols + c]; };
-  at(1, 90000) = 50.0f;
-  at(1, 150000) = 50.0f;
-  at(2, 0) = std::numeric_limits<float>::quiet_NaN();
-  at(2, 7) = 40.0f;
-  at(2, 3) = 40.0f;
-  for (int c = 0; c < cols; ++c) at(3, c) = 1.5f;
-  at(4, cols - 1) = 99.0f;
-  DeviceBuffer dx = to_device(x);
-  auto dout = DeviceBuffer::allocate(rows * 4);
-  ASSERT_TRUE(dout.has_value());
-  ASSERT_TRUE(argmax_rows(dx.as<float>(), rows, cols, dout->as<int32_t>(), nullptr).has_value());
-  const auto got = to_host<int32_t>(*dout, rows);
-  for (int r = 0; r < rows; ++r) {
-    int32_t want = 0;
-    for (int c = 1; c < cols; ++c) {
-      if (at(r, c) > at(r, want) || std::isnan(at(r, want))) want = c;
+  int compared = 0, near_boundary = 0;
+  for (const int32_t cols : {50, 3000, 151936}) {
+    const int32_t rows = smoke() ? 24 : 96;
+    std::vector<float> x(static_cast<size_t>(rows) * cols);
+    std::vector<SampleRowArg> params(static_cast<size_t>(rows));
+    std::vector<RowSampling> rules(static_cast<size_t>(rows));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    for (int32_t r = 0; r < rows; ++r) {
+      float* row = x.data() + static_cast<size_t>(r) * cols;
+      const int shape = r % 4;
+      for (int32_t c = 0; c < cols; ++c) {
+        // 0: a trained model's peaky row (a few tokens far above the rest); 1: spread; 2:
+        // BF16-like quantised values with ties; 3: peaky with ties at the top.
+        float v = normal(rng) * (shape == 1 ? 3.0f : 1.0f);
+        if (shape == 2) v = std::round(v * 4.0f) / 4.0f;
+        row[c] = v;
+      }
+      if (shape == 0 || shape == 3) {
+        for (int k = 0; k < 12; ++k) row[rng() % cols] = 8.0f + 2.0f * normal(rng);
+      }
+      if (shape == 3) row[cols / 3] = row[cols / 2] = row[cols - 1] = 15.0f;
+      RowSampling& q = rules[static_cast<size_t>(r)];
+      const int rule = (r / 4) % 8;
+      q.temperature = rule == 0 ? 0.0f : static_cast<float>(0.3 + 1.2 * unit(rng));
+      q.top_k = rule == 2 || rule == 5 ? 1 + static_cast<int32_t>(rng() % 60) : rule == 6 ? 1 : 0;
+      q.top_p = rule == 3 || rule == 5 ? static_cast<float>(0.3 + 0.6 * unit(rng)) : 1.0f;
+      q.uniform = unit(rng);
+      q.logprobs = r % 3 == 0;
+      q.top_logprobs = rule == 4 ? kSampleMaxTop : rule == 7 ? 3 : 0;
+      auto arg =
+          sample_row_arg(q.uniform, q.temperature, q.top_k, q.top_p, q.top_logprobs, q.logprobs);
+      ASSERT_TRUE(arg.has_value());
+      params[static_cast<size_t>(r)] = *arg;
     }
-    EXPECT_EQ(got[static_cast<size_t>(r)], want) << "row " << r;
+    params[1].flags = 0;  // not drawn
+    DeviceBuffer dx = to_device(x);
+    DeviceBuffer dp = to_device(params);
+    auto tokens = DeviceBuffer::allocate(static_cast<size_t>(rows) * 4);
+    auto logprobs = DeviceBuffer::allocate(static_cast<size_t>(rows) * 4);
+    auto top_ids = DeviceBuffer::allocate(static_cast<size_t>(rows) * kSampleMaxTop * 4);
+    auto top_lps = DeviceBuffer::allocate(static_cast<size_t>(rows) * kSampleMaxTop * 4);
+    ASSERT_TRUE(tokens && logprobs && top_ids && top_lps);
+    SampleRowsArgs a;
+    a.logits = dx.as<float>();
+    a.params = dp.as<SampleRowArg>();
+    a.tokens = tokens->as<int32_t>();
+    a.logprobs = logprobs->as<float>();
+    a.top_ids = top_ids->as<int32_t>();
+    a.top_logprobs = top_lps->as<float>();
+    a.rows = rows;
+    a.cols = cols;
+    ASSERT_TRUE(sample_rows(a, nullptr).has_value());
+    const auto got = to_host<int32_t>(*tokens, static_cast<size_t>(rows));
+    const auto got_lp = to_host<float>(*logprobs, static_cast<size_t>(rows));
+    const auto got_ids = to_host<int32_t>(*top_ids, static_cast<size_t>(rows) * kSampleMaxTop);
+    const auto got_tlp = to_host<float>(*top_lps, static_cast<size_t>(rows) * kSampleMaxTop);
+    EXPECT_EQ(got[1], -1);
+    for (int32_t r = 0; r < rows; ++r) {
+      if (r == 1) continue;
+      const std::span<const float> row(x.data() + static_cast<size_t>(r) * cols,
+                                       static_cast<size_t>(cols));
+      const RowSampling& q = rules[static_cast<size_t>(r)];
+      const std::string where = fmt::format("cols {} row {} T {} top_k {} top_p {} u {}", cols, r,
+                                            q.temperature, q.top_k, q.top_p, q.uniform);
+      const int32_t token = got[static_cast<size_t>(r)];
+      // Rows of a trained model's shape always fit the candidates.
+      if ((r % 4 == 0 || r % 4 == 3) && q.top_p == 1.0f) {
+        ASSERT_GE(token, 0) << where;
+      }
+      if (token < 0) continue;  // left to the host
+      const SampledToken want = sample_row(row, q);
+      RowSampling lower = q, upper = q;
+      lower.uniform = std::max(0.0, q.uniform - 1e-6);
+      upper.uniform = std::min(1.0 - 1e-12, q.uniform + 1e-6);
+      if (q.temperature > 0.0f && (sample_row(row, lower).token != want.token ||
+                                   sample_row(row, upper).token != want.token)) {
+        ++near_boundary;
+        continue;
+      }
+      ASSERT_EQ(token, want.token) << where;
+      ++compared;
+      if (q.logprobs || q.top_logprobs > 0) {
+        EXPECT_NEAR(got_lp[static_cast<size_t>(r)], want.logprob, 1e-4) << where;
+      }
+      const size_t n = std::min(static_cast<size_t>(q.top_logprobs), static_cast<size_t>(cols));
+      for (size_t j = 0; j < n; ++j) {
+        EXPECT_EQ(got_ids[static_cast<size_t>(r) * kSampleMaxTop + j], want.top_logprobs[j].token)
+            << where << " alternative " << j;
+        EXPECT_NEAR(got_tlp[static_cast<size_t>(r) * kSampleMaxTop + j],
+                    want.top_logprobs[j].logprob, 1e-4)
+            << where;
+      }
+    }
   }
-  EXPECT_EQ(got[1], 90000);
-  EXPECT_EQ(got[2], 3);
-  EXPECT_EQ(got[3], 0);
-  EXPECT_EQ(got[4], cols - 1);
+  EXPECT_GT(compared, near_boundary * 10);
+  // Ties wider than the candidates under top_k: left to the host.
+  {
+    const int32_t cols = 151936;
+    std::vector<float> flat(static_cast<size_t>(cols), 1.5f);
+    auto arg = sample_row_arg(0.5, 1.0f, 3000, 1.0f, 0, false);
+    ASSERT_TRUE(arg.has_value());
+    DeviceBuffer dx = to_device(flat);
+    DeviceBuffer dp = to_device(std::vector<SampleRowArg>{*arg});
+    auto out = DeviceBuffer::allocate(4 + 4 + 2 * kSampleMaxTop * 4);
+    ASSERT_TRUE(out.has_value());
+    SampleRowsArgs a;
+    a.logits = dx.as<float>();
+    a.params = dp.as<SampleRowArg>();
+    a.tokens = out->as<int32_t>();
+    a.logprobs = out->as<float>() + 1;
+    a.top_ids = out->as<int32_t>() + 2;
+    a.top_logprobs = out->as<float>() + 2 + kSampleMaxTop;
+    a.rows = 1;
+    a.cols = cols;
+    ASSERT_TRUE(sample_rows(a, nullptr).has_value());
+    EXPECT_EQ(to_host<int32_t>(*out, 1)[0], -1);
+    // The same flat row with no filter: a token of the walk (uniform 0.5: the middle id).
+    auto plain = sample_row_arg(0.5, 1.0f, 0, 1.0f, 0, false);
+    dp = to_device(std::vector<SampleRowArg>{*plain});
+    a.params = dp.as<SampleRowArg>();
+    ASSERT_TRUE(sample_rows(a, nullptr).has_value());
+    const int32_t mid = to_host<int32_t>(*out, 1)[0];
+    EXPECT_EQ(mid, sample_row(flat, RowSampling{.temperature = 1.0f, .uniform = 0.5}).token);
+  }
 }
 
 // Tiles: each sequence's new tokens cut in order, none for a sequence without any.

@@ -18,6 +18,7 @@
 #include "gpu_test_util.h"
 #include "model/make_model.h"
 #include "model/model.h"
+#include "model/sampler.h"
 
 namespace strata::cuda {
 namespace {
@@ -165,9 +166,11 @@ TEST(GpuModelTest, LogitsMatchTheCpuEngineStepByStep) {
   }
 }
 
-// Greedy decode rows (argmax_only): the argmax comes back instead of the logits, the same
-// token as the argmax of the logits the same step gives without it.
-TEST(GpuModelTest, GreedyRowsBringBackTheirArgmaxOnly) {
+// Decode rows with sampling are drawn on the device: their tokens come back (not their
+// logits), the same as the Sampler draws from the logits the same step gives without it, for
+// greedy and sampled rows, with log-probabilities; a row without sampling beside them still
+// gets its logits.
+TEST(GpuModelTest, RowsWithSamplingBringBackTheirTokens) {
   STRATA_NEED_GPU();
   auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 7);
   ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
@@ -186,26 +189,39 @@ TEST(GpuModelTest, GreedyRowsBringBackTheirArgmaxOnly) {
   ForwardOutput out;
   ForwardSequence prompts[] = {{a, 0, pa, true}, {b, 0, pb, true}};
   ASSERT_TRUE((*gpu)->forward(prompts, **pool, out).has_value());
-  EXPECT_TRUE(out.argmax.empty());  // prompt rows want their logits
+  EXPECT_TRUE(out.sampled.empty());  // prompt rows without sampling want their logits
   const int32_t ta = 17, tb = 23;
   ForwardSequence step[] = {{std::span(&ta, 1), 20, pa, true}, {std::span(&tb, 1), 33, pb, true}};
   ASSERT_TRUE((*gpu)->forward(step, **pool, out).has_value());
   const auto vocab = static_cast<size_t>((*cpu)->config().vocab_size);
-  std::vector<int32_t> want;
-  for (size_t r = 0; r < 2; ++r) {
-    const auto row = out.logits.begin() + static_cast<std::ptrdiff_t>(r * vocab);
-    want.push_back(static_cast<int32_t>(
-        std::max_element(row, row + static_cast<std::ptrdiff_t>(vocab)) - row));
-  }
-  // The same step again (its K and V rewritten in place), greedy-only.
-  step[0].argmax_only = step[1].argmax_only = true;
+  const std::vector<float> logits = out.logits;
+  auto row = [&](size_t r) { return std::span<const float>(logits.data() + r * vocab, vocab); };
+  const RowSampling greedy{.logprobs = true, .top_logprobs = 2};
+  const RowSampling warm{.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .uniform = 0.37};
+  // The same step again (its K and V rewritten in place), drawn on the device.
+  step[0].sampling = greedy;
+  step[1].sampling = warm;
   ASSERT_TRUE((*gpu)->forward(step, **pool, out).has_value());
-  EXPECT_EQ(out.argmax, want);
-  // One row that wants its logits makes the batch give them all.
-  step[1].argmax_only = false;
+  ASSERT_EQ(out.sampled.size(), 2u);
+  const SampledToken g = sample_row(row(0), greedy);
+  EXPECT_EQ(out.sampled[0].token, g.token);
+  EXPECT_NEAR(out.sampled[0].logprob, g.logprob, 1e-4);
+  ASSERT_EQ(out.sampled[0].top_logprobs.size(), 2u);
+  EXPECT_EQ(out.sampled[0].top_logprobs[1].token, g.top_logprobs[1].token);
+  EXPECT_EQ(out.sampled[1].token, sample_row(row(1), warm).token);
+  // A row without sampling beside one with: its logits come back, the other's token.
+  step[1].sampling.reset();
   ASSERT_TRUE((*gpu)->forward(step, **pool, out).has_value());
-  EXPECT_TRUE(out.argmax.empty());
-  EXPECT_EQ(out.logits.size(), 2 * vocab);
+  ASSERT_EQ(out.sampled.size(), 2u);
+  EXPECT_EQ(out.sampled[0].token, g.token);
+  EXPECT_EQ(out.sampled[1].token, -1);
+  float worst = 0.0f;
+  for (size_t i = 0; i < vocab; ++i)
+    worst = std::max(worst, std::abs(out.logits[vocab + i] - logits[vocab + i]));
+  EXPECT_LT(worst, 1e-3f);
+  // Bad rules are refused before anything runs.
+  step[1].sampling = RowSampling{.temperature = 1.0f, .uniform = 1.5};
+  EXPECT_EQ((*gpu)->forward(step, **pool, out).error().code, ErrorCode::kInvalidArgument);
 }
 
 TEST(GpuModelTest, BatchesBeyondTheScratchOrThePoolAreRefused) {
@@ -231,6 +247,91 @@ TEST(GpuModelTest, BatchesBeyondTheScratchOrThePoolAreRefused) {
   EXPECT_EQ((*gpu)->forward(fine, **other, out).error().code, ErrorCode::kInvalidArgument);
   EXPECT_TRUE((*gpu)->forward(fine, **pool, out).has_value());
   EXPECT_EQ(out.logits.size(), static_cast<size_t>((*cpu)->config().vocab_size));
+}
+
+// Decode steps replayed from a CUDA graph equal the same steps launched kernel by kernel: one
+// graph captured per bucket (3 sequences pad to 4, 5 to 8), replayed on every later step of
+// that size, with the padding never written into a page nor sampled; logits and drawn tokens
+// as the eager model's; prefill steps stay eager.
+TEST(GpuModelTest, DecodeGraphReplaysEqualEagerSteps) {
+  STRATA_NEED_GPU();
+  auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 9);
+  ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
+  const int32_t pages = 64, page_size = 16;
+  GpuModelOptions o{.num_pages = pages,
+                    .page_size = page_size,
+                    .max_batch_tokens = 256,
+                    .max_batch_sequences = 8};
+  GpuModelOptions eager_options = o;
+  eager_options.cuda_graphs = false;
+  auto graphed = GpuModel::create((*cpu)->config(), (*cpu)->weights(), o);
+  auto eager = GpuModel::create((*cpu)->config(), (*cpu)->weights(), eager_options);
+  ASSERT_TRUE(graphed.has_value() && eager.has_value());
+  auto pool_g = (*graphed)->make_kv_pool(pages, page_size, KvDtype::kF32);
+  auto pool_e = (*eager)->make_kv_pool(pages, page_size, KvDtype::kF32);
+  ASSERT_TRUE(pool_g.has_value() && pool_e.has_value());
+  const auto vocab = static_cast<size_t>((*cpu)->config().vocab_size);
+  for (const int32_t seqs : {3, 5}) {
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(seqs));
+    std::vector<std::vector<PageId>> tables(static_cast<size_t>(seqs));
+    for (int32_t s = 0; s < seqs; ++s) {
+      for (int32_t i = 0; i < 17 + 9 * s; ++i) {
+        prompts[static_cast<size_t>(s)].push_back((i * 13 + s * 7 + 1) %
+                                                  static_cast<int32_t>(vocab));
+      }
+      for (int32_t p = 0; p < 4; ++p)
+        tables[static_cast<size_t>(s)].push_back(make_page_id(s * 4 + p));
+    }
+    std::vector<ForwardSequence> prefill;
+    for (int32_t s = 0; s < seqs; ++s) {
+      prefill.push_back({prompts[static_cast<size_t>(s)], 0, tables[static_cast<size_t>(s)], true});
+    }
+    ForwardOutput og, oe;
+    ASSERT_TRUE((*graphed)->forward(prefill, **pool_g, og).has_value());
+    ASSERT_TRUE((*eager)->forward(prefill, **pool_e, oe).has_value());
+    const auto captured = (*graphed)->counters().graphs_captured;
+    const auto replays = (*graphed)->counters().graph_replays;
+    std::vector<int32_t> next(static_cast<size_t>(seqs), 1);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<ForwardSequence> decode;
+      for (int32_t s = 0; s < seqs; ++s) {
+        ForwardSequence f{std::span(&next[static_cast<size_t>(s)], 1),
+                          static_cast<int64_t>(prompts[static_cast<size_t>(s)].size()) + step,
+                          tables[static_cast<size_t>(s)], true};
+        // Even rows drawn on the device (greedy with alternatives), odd rows' logits read.
+        if (s % 2 == 0) f.sampling = RowSampling{.logprobs = true, .top_logprobs = 3};
+        decode.push_back(f);
+      }
+      ASSERT_TRUE((*graphed)->forward(decode, **pool_g, og).has_value());
+      ASSERT_TRUE((*eager)->forward(decode, **pool_e, oe).has_value());
+      ASSERT_EQ(og.sampled.size(), static_cast<size_t>(seqs));
+      ASSERT_EQ(oe.sampled.size(), static_cast<size_t>(seqs));
+      for (int32_t s = 0; s < seqs; ++s) {
+        const auto r = static_cast<size_t>(s);
+        const std::string where = std::to_string(seqs) + " seqs, step " + std::to_string(step) +
+                                  ", row " + std::to_string(s);
+        if (s % 2 == 0) {
+          EXPECT_EQ(og.sampled[r].token, oe.sampled[r].token) << where;
+          EXPECT_NEAR(og.sampled[r].logprob, oe.sampled[r].logprob, 1e-3) << where;
+          next[r] = std::max(og.sampled[r].token, 0);
+        } else {
+          ASSERT_EQ(og.sampled[r].token, -1);
+          float worst = 0.0f;
+          for (size_t i = 0; i < vocab; ++i) {
+            worst = std::max(worst, std::abs(og.logits[r * vocab + i] - oe.logits[r * vocab + i]));
+          }
+          EXPECT_LT(worst, 1e-3f) << where;
+          next[r] = static_cast<int32_t>(
+              std::max_element(oe.logits.begin() + static_cast<std::ptrdiff_t>(r * vocab),
+                               oe.logits.begin() + static_cast<std::ptrdiff_t>((r + 1) * vocab)) -
+              (oe.logits.begin() + static_cast<std::ptrdiff_t>(r * vocab)));
+        }
+      }
+    }
+    EXPECT_EQ((*graphed)->counters().graphs_captured, captured + 1) << seqs;
+    EXPECT_EQ((*graphed)->counters().graph_replays, replays + 4) << seqs;
+    EXPECT_EQ((*eager)->counters().graph_replays, 0);
+  }
 }
 
 }  // namespace

@@ -230,13 +230,14 @@ TEST_F(ExternalKvTest, TheIoBackendReachesTheDeviceAndIsRefusedOnTheCpuEngine) {
       << refused.error().message;
 }
 
-// A model that takes a greedy decode row's argmax itself (as the GPU model does, sending back
-// a token instead of a vocabulary of floats) gets only rows that need nothing else: decode
-// rows of greedy requests without log-probabilities. Its logits are then NaN: every output
-// still equals the CPU engine's, with log-probabilities, sampling at a temperature, and mixed
-// batches (which get the logits).
-TEST_F(ExternalKvTest, AGreedyDecodeRowTakesTheModelsArgmaxInsteadOfItsLogits) {
-  model_->argmax_ = true;
+// A model that draws decode rows itself (as the GPU model does, sending back a token instead
+// of a vocabulary of floats) is given every decode row with its rules and the number its
+// Sampler drew; its logits are then NaN. Every output equals the CPU engine's: greedy, at a
+// temperature with top-k and top-p, with log-probabilities, in mixed batches (greedy and
+// sampled, prompts and decodes), and when the model leaves some rows to the engine (which
+// then draws them with the same number).
+TEST_F(ExternalKvTest, DecodeRowsAreSampledByTheModelWithTheSamplersNumber) {
+  model_->sample_ = true;
   auto plain_model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 11,
                                        ModelOptions{.num_threads = 1});
   ASSERT_TRUE(plain_model.has_value());
@@ -249,45 +250,75 @@ TEST_F(ExternalKvTest, AGreedyDecodeRowTakesTheModelsArgmaxInsteadOfItsLogits) {
     const std::vector<int32_t> prompt = test_prompt(n, 70 + n);
     EXPECT_EQ(run(*e, prompt, 12).tokens, run_greedy(**plain, prompt, 12).tokens) << n;
   }
-  EXPECT_GE(model_->argmax_rows_, 3 * 11);  // every decode step but the prompt's row
+  EXPECT_GE(model_->sampled_rows_, 3 * 11);  // every decode step but the prompt's row
   auto spec_of = [](std::vector<int32_t> prompt, float temperature, bool logprobs) {
     RequestSpec spec;
     spec.prompt = std::move(prompt);
     spec.sampling.temperature = temperature;
     spec.sampling.seed = 5;
     spec.sampling.logprobs = logprobs;
+    spec.sampling.top_logprobs = logprobs ? 3 : 0;
+    if (temperature > 0.0f) {
+      spec.sampling.top_k = 40;
+      spec.sampling.top_p = 0.9f;
+    }
     spec.max_tokens = 10;
     return spec;
   };
-  // Log-probabilities and a temperature need the rows: given, never NaN.
-  for (const auto& [temperature, logprobs] : {std::pair{0.0f, true}, std::pair{0.8f, false}}) {
-    const std::vector<int32_t> prompt = test_prompt(40, 90);
-    auto got = e->submit(spec_of(prompt, temperature, logprobs));
-    auto want = (*plain)->submit(spec_of(prompt, temperature, logprobs));
-    ASSERT_TRUE(got.has_value() && want.has_value());
-    std::vector<float> got_logprobs;
-    Outcome g;
+  struct Got {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    std::vector<int32_t> top;  // each token's most likely alternative
+  };
+  auto collect = [](RequestStream& stream) {
+    Got g;
     for (int i = 0; i < 6000; ++i) {
       bool finished = false;
-      for (StreamItem& item : (*got)->wait(10)) {
+      for (StreamItem& item : stream.wait(10)) {
         for (const auto& t : item.tokens) {
           g.tokens.push_back(t.token);
-          got_logprobs.push_back(t.logprob);
+          g.logprobs.push_back(t.logprob);
+          g.top.push_back(t.top_logprobs.empty() ? -1 : t.top_logprobs[0].token);
         }
         finished = finished || item.finish.has_value();
       }
       if (finished) break;
     }
-    EXPECT_EQ(g.tokens, drain(**want).tokens) << temperature;
-    for (float lp : got_logprobs) EXPECT_FALSE(std::isnan(lp));
+    return g;
+  };
+  // Drawn by the model, and (fallback_every_ = 3) partly left to the engine.
+  for (int64_t fallback : {0, 3}) {
+    model_->fallback_every_ = fallback;
+    for (const auto& [temperature, logprobs] :
+         {std::pair{0.0f, true}, std::pair{0.8f, false}, std::pair{1.2f, true}}) {
+      const std::vector<int32_t> prompt = test_prompt(40, 90);
+      const int64_t drawn = model_->sampled_rows_;
+      auto got = e->submit(spec_of(prompt, temperature, logprobs));
+      auto want = (*plain)->submit(spec_of(prompt, temperature, logprobs));
+      ASSERT_TRUE(got.has_value() && want.has_value());
+      const Got g = collect(**got);
+      const Got w = collect(**want);
+      EXPECT_EQ(g.tokens, w.tokens) << temperature << " fallback " << fallback;
+      EXPECT_EQ(g.top, w.top) << temperature;
+      ASSERT_EQ(g.logprobs.size(), w.logprobs.size());
+      for (size_t i = 0; i < g.logprobs.size(); ++i) {
+        EXPECT_FALSE(std::isnan(g.logprobs[i]));
+        if (logprobs) {
+          EXPECT_NEAR(g.logprobs[i], w.logprobs[i], 1e-5) << i;
+        }
+      }
+      EXPECT_GT(model_->sampled_rows_, drawn);
+    }
   }
-  // A batch of greedy and sampled requests together: the greedy ones read their rows too.
-  const int64_t argmaxed = model_->argmax_rows_;
+  EXPECT_GT(model_->fallback_rows_, 0);
+  model_->fallback_every_ = 0;
+  // A batch of greedy and sampled requests, prompts beside decodes: each row as the CPU's.
+  const int64_t drawn = model_->sampled_rows_;
   std::vector<std::shared_ptr<RequestStream>> streams, refs;
   for (int i = 0; i < 4; ++i) {
-    const std::vector<int32_t> prompt = test_prompt(30, 100 + i);
-    auto a = e->submit(spec_of(prompt, i % 2 == 0 ? 0.0f : 0.7f, false));
-    auto b = (*plain)->submit(spec_of(prompt, i % 2 == 0 ? 0.0f : 0.7f, false));
+    const std::vector<int32_t> prompt = test_prompt(30 + 50 * i, 100 + i);
+    auto a = e->submit(spec_of(prompt, i % 2 == 0 ? 0.0f : 0.7f, i == 1));
+    auto b = (*plain)->submit(spec_of(prompt, i % 2 == 0 ? 0.0f : 0.7f, i == 1));
     ASSERT_TRUE(a.has_value() && b.has_value());
     streams.push_back(*a);
     refs.push_back(*b);
@@ -295,7 +326,7 @@ TEST_F(ExternalKvTest, AGreedyDecodeRowTakesTheModelsArgmaxInsteadOfItsLogits) {
   for (size_t i = 0; i < streams.size(); ++i) {
     EXPECT_EQ(drain(*streams[i]).tokens, drain(*refs[i]).tokens) << i;
   }
-  EXPECT_GE(model_->argmax_rows_, argmaxed);
+  EXPECT_GT(model_->sampled_rows_, drawn);
   expect_engine_consistent(*e);
 }
 

@@ -39,20 +39,28 @@ class OwnKvModel final : public ForwardModel {
       return bad_argument("not the counting pool");
     }
     if (auto st = inner_->forward(batch, *own_, out); !st) return st;
-    // As a GPU does (ForwardOutput::argmax): when every row is greedy-only, the argmax of each
-    // comes back and the rows themselves are garbage (NaN here, so a reader would show).
-    const bool all_argmax = std::all_of(batch.begin(), batch.end(), [](const ForwardSequence& f) {
-      return !f.want_logits || f.argmax_only;
-    });
-    if (argmax_ && all_argmax && !out.logits.empty()) {
+    // As a GPU does (ForwardOutput::sampled): a row with sampling is drawn here, by the
+    // Sampler's rules and the row's number (sample_row), and comes back as a token, its
+    // logits garbage (NaN, so a reader would show). With fallback_every_ = n, every n-th such
+    // row is left to the engine (token -1), as a device that cannot draw a row does.
+    if (sample_ && !out.logits.empty()) {
       const auto vocab = static_cast<size_t>(config().vocab_size);
-      for (size_t r = 0; r * vocab < out.logits.size(); ++r) {
-        const auto row = out.logits.begin() + static_cast<std::ptrdiff_t>(r * vocab);
-        out.argmax.push_back(static_cast<int32_t>(
-            std::max_element(row, row + static_cast<std::ptrdiff_t>(vocab)) - row));
+      size_t r = 0;
+      for (const ForwardSequence& f : batch) {
+        if (!f.want_logits) continue;
+        const std::span<float> row(out.logits.data() + r * vocab, vocab);
+        ++r;
+        SampledToken drawn;
+        drawn.token = -1;
+        if (f.sampling && !(fallback_every_ > 0 && ++offered_rows_ % fallback_every_ == 0)) {
+          drawn = sample_row(row, *f.sampling);
+          std::fill(row.begin(), row.end(), std::numeric_limits<float>::quiet_NaN());
+          ++sampled_rows_;
+        } else if (f.sampling) {
+          ++fallback_rows_;
+        }
+        out.sampled.push_back(std::move(drawn));
       }
-      argmax_rows_ += static_cast<int64_t>(out.argmax.size());
-      std::fill(out.logits.begin(), out.logits.end(), std::numeric_limits<float>::quiet_NaN());
     }
     return {};
   }
@@ -74,9 +82,12 @@ class OwnKvModel final : public ForwardModel {
   int32_t num_pages_;
   std::unique_ptr<KvPool> own_;
   bool refuse_devices_ = false;
-  bool argmax_ = false;        // take greedy rows' argmax itself, as the GPU model does
-  int64_t argmax_rows_ = 0;    // rows it answered so
-  std::span<std::byte> host_;  // the last device's host memory
+  bool sample_ = false;         // draw rows with sampling itself, as the GPU model does
+  int64_t fallback_every_ = 0;  // leave every n-th such row to the engine (0: none)
+  int64_t offered_rows_ = 0;    // rows with sampling seen while fallback_every_ > 0
+  int64_t sampled_rows_ = 0;    // rows it drew
+  int64_t fallback_rows_ = 0;   // rows with sampling it left to the engine
+  std::span<std::byte> host_;   // the last device's host memory
   CopyPath path_ = CopyPath::kDirect;
   FakeCopyDevice* device_ = nullptr;  // the last one made (the engine owns it)
 };
