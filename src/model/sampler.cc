@@ -228,12 +228,11 @@ Sampler::Sampler(SamplingParams params, uint64_t fallback_seed)
 }
 
 RowSampling Sampler::next_row() {
-  RowSampling row;
-  row.temperature = params_.temperature;
-  row.top_k = params_.top_k;
-  row.top_p = params_.top_p;
-  row.logprobs = params_.logprobs;
-  row.top_logprobs = params_.top_logprobs;
+  RowSampling row{.temperature = params_.temperature,
+                  .top_k = params_.top_k,
+                  .top_p = params_.top_p,
+                  .logprobs = params_.logprobs,
+                  .top_logprobs = params_.top_logprobs};
   if (row.temperature > 0.0f) row.uniform = rng_.uniform();
   return row;
 }
