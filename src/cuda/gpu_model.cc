@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <map>
 #include <set>
 #include <string>
@@ -247,8 +248,8 @@ struct GpuModel::Impl {
   std::vector<float> host_f32;
   // Sampling on the device: the rows' rules and what comes back (sampled's SampledLayout).
   std::vector<SampleRowArg> host_sample;
-  std::vector<int32_t> host_tokens, host_top_ids;
-  std::vector<float> host_logprobs, host_top_logprobs;
+  std::vector<uint32_t> host_results;  // tokens .. top_logprobs, as SampledLayout lays them
+  std::vector<int32_t> new_tokens;     // each sequence's new tokens (upload)
 
   size_t layer_elems() const {
     return static_cast<size_t>(options.num_pages) * config.num_kv_heads * options.page_size *
@@ -502,7 +503,7 @@ Status GpuModel::Impl::upload(std::span<const ForwardSequence> batch, int32_t pa
   st = Step{};
   st.num_seqs = pad_to > 0 ? pad_to : real_seqs;
   int32_t max_kv_len = 1;
-  std::vector<int32_t> new_tokens(static_cast<size_t>(st.num_seqs), 1);
+  new_tokens.assign(static_cast<size_t>(st.num_seqs), 1);
   for (size_t s = 0; s < batch.size(); ++s) {
     new_tokens[s] = static_cast<int32_t>(batch[s].token_ids.size());
     const int64_t end = batch[s].start_position + new_tokens[s];
@@ -816,32 +817,23 @@ Status GpuModel::Impl::download(const Step& step, ForwardOutput& out) {
     if (auto s = copy_rows(0, n); !s) return s;
     return synchronized();
   }
+  // The results lie one after the other (SampledLayout): one copy brings them all back.
   const SampledLayout at(static_cast<size_t>(step.num_logit_rows));
-  const std::byte* base = sampled.as<std::byte>();
-  host_tokens.resize(n);
-  host_logprobs.resize(n);
-  host_top_ids.resize(n * kSampleMaxTop);
-  host_top_logprobs.resize(n * kSampleMaxTop);
-  const std::pair<void*, size_t> back[] = {
-      {host_tokens.data(), at.tokens},
-      {host_logprobs.data(), at.logprobs},
-      {host_top_ids.data(), at.top_ids},
-      {host_top_logprobs.data(), at.top_logprobs},
-  };
-  const size_t bytes[] = {n * 4, n * 4, n * kSampleMaxTop * 4, n * kSampleMaxTop * 4};
-  for (size_t k = 0; k < 4; ++k) {
-    if (auto s = cuda_ok(cudaMemcpyAsync(back[k].first, base + back[k].second, bytes[k],
-                                         cudaMemcpyDeviceToHost, cs),
-                         "forward: copying the sampled tokens back");
-        !s) {
-      return s;
-    }
+  host_results.resize((at.bytes - at.tokens) / 4);
+  if (auto s = cuda_ok(cudaMemcpyAsync(host_results.data(), sampled.as<std::byte>() + at.tokens,
+                                       at.bytes - at.tokens, cudaMemcpyDeviceToHost, cs),
+                       "forward: copying the sampled tokens back");
+      !s) {
+    return s;
   }
+  const auto word = [&](size_t offset, size_t i) {
+    return host_results[(offset - at.tokens) / 4 + i];
+  };
   if (auto s = synchronized(); !s) return s;
   out.sampled.assign(n, SampledToken{});
   for (size_t k = 0; k < n; ++k) {
     SampledToken& t = out.sampled[k];
-    t.token = host_tokens[k];
+    t.token = static_cast<int32_t>(word(at.tokens, k));
     if (t.token < 0) {
       // No sampling, or a row the kernel could not draw: the host draws from its logits.
       t.token = -1;
@@ -849,11 +841,14 @@ Status GpuModel::Impl::download(const Step& step, ForwardOutput& out) {
       continue;
     }
     const SampleRowArg& p = host_sample[k];
-    if ((p.flags & kSampleLogprob) != 0 || p.top_logprobs > 0) t.logprob = host_logprobs[k];
+    if ((p.flags & kSampleLogprob) != 0 || p.top_logprobs > 0) {
+      t.logprob = std::bit_cast<float>(word(at.logprobs, k));
+    }
     const size_t alternatives = std::min(static_cast<size_t>(p.top_logprobs), vocab);
     for (size_t j = 0; j < alternatives; ++j) {
-      t.top_logprobs.push_back(TokenLogprob{host_top_ids[k * kSampleMaxTop + j],
-                                            host_top_logprobs[k * kSampleMaxTop + j]});
+      const size_t i = k * kSampleMaxTop + j;
+      t.top_logprobs.push_back(TokenLogprob{static_cast<int32_t>(word(at.top_ids, i)),
+                                            std::bit_cast<float>(word(at.top_logprobs, i))});
     }
   }
   return synchronized();
@@ -879,11 +874,12 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
   const int32_t bucket = graph_bucket(batch);
   Step step;
   if (auto s = upload(batch, bucket, step); !s) return s;
-  if (bucket == 0 || failed_buckets.count(bucket) > 0) {
+  const auto eager = [&]() -> Status {
     if (auto s = compute(batch, step); !s) return s;
     ++counters.eager_steps;
     return download(step, out);
-  }
+  };
+  if (bucket == 0 || failed_buckets.count(bucket) > 0) return eager();
   const auto cs = static_cast<cudaStream_t>(stream.handle());
   auto it = graphs.find(bucket);
   if (it == graphs.end()) {
@@ -906,9 +902,7 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
       STRATA_LOG_WARN("decode steps of {} sequences run without a CUDA graph: {}", bucket,
                       captured.error().message);
       failed_buckets.insert(bucket);
-      if (auto s = compute(batch, step); !s) return s;
-      ++counters.eager_steps;
-      return download(step, out);
+      return eager();
     }
     ++counters.graphs_captured;
     it = graphs.emplace(bucket, std::move(exec)).first;

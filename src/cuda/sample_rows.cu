@@ -264,10 +264,13 @@ __global__ void __launch_bounds__(kThreads, 1) sample_rows_kernel(SampleRowsArgs
     const float s = sh.threshold;
     for (int i = tid; i < cols; i += kThreads) {
       const float v = row[i];
-      if (v >= s) sh.cand[atomicAdd(&sh.count, 1)] = rank_key(v, i);
+      if (v >= s) {
+        const int at = atomicAdd(&sh.count, 1);
+        if (at < kSampleCandidates) sh.cand[at] = rank_key(v, i);  // the search counted them
+      }
     }
     __syncthreads();
-    n = sh.count;
+    n = min(sh.count, kSampleCandidates);
     uint64_t keys[kItems];
 #pragma unroll
     for (int k = 0; k < kItems; ++k) keys[k] = sh.cand[tid * kItems + k];
