@@ -6,17 +6,29 @@
 #   one shared boilerplate prompt, under `default-no-floor` (the default policy with
 #   --load-floor-bonus 0: the cached boilerplate pulls each new session onto a warm worker)
 #   and `default` (the load floor spreads new sessions). Reported: sessions per worker.
-# Q1 (a saturated worker evicting in storms): a trace replayed faster than the workers'
-#   small KV pools hold, under `precise` (no backpressure: every request is sent at once) and
-#   `default` (backpressure: the router queues, then answers 429 with Retry-After, which the
-#   client honours, --retry-refused). Reported: pages evicted per worker, refusals, requests
-#   lost.
+# Q1 (a saturated worker evicting in storms), twice:
+#   - in the seed's setting (q1s): the agentic workload of Q2, more sessions at a time, on
+#     workers whose KV pool holds a fair share of the live sessions but not all of them, under
+#     `precise` (no floor, no backpressure: the boilerplate pulls every session onto one
+#     worker), `default-no-floor` (backpressure alone: a saturated worker gets no new session
+#     while another can take it) and `default` (floor and backpressure). The cluster has room
+#     for the load; only its placement can saturate a worker. Reported: sessions and pages
+#     evicted per worker, the cache hit (what the evictions cost), refusals, failures.
+#   - overloaded (q1): a trace replayed faster than the workers' small KV pools hold, under
+#     `precise` (no backpressure: every request is sent at once) and `default` (backpressure:
+#     the router queues, then answers 429 with Retry-After, which the client honours,
+#     --retry-refused). Reported: pages evicted per worker, refusals, requests lost.
 # Writes out/bench-seed-003/<q>-s<SEED>/ and prints one line per policy and seed.
 #
 # Environment (all optional):
 #   SEEDS        seeds                                     (default: "1 2 3")
+#   PARTS        which runs                                (default: "q2 q1s q1")
 #   Q2_WORKERS   workers of Q2                             (default: 4)
 #   Q2_SESSIONS  sessions of Q2                            (default: 24)
+#   Q1S_WORKERS  workers of Q1 in the seed's setting       (default: 4)
+#   Q1S_SESSIONS its sessions                              (default: 64)
+#   Q1S_RATE     its new sessions per second               (default: 2)
+#   Q1S_KV       its workers' --worker-kv-tokens           (default: 8192)
 #   Q1_WORKERS   workers of Q1                             (default: 8)
 #   Q1_KV        each Q1 worker's --worker-kv-tokens       (default: 200000)
 #   Q1_LIMIT     Q1's --trace-limit                        (default: 400)
@@ -28,6 +40,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 read -r -a seeds <<<"${SEEDS:-1 2 3}"
+parts=" ${PARTS:-q2 q1s q1} "
 strata=${STRATA:-${BUILD_DIR:-build}/strata}
 trace=${TRACE:-../shared/traces/mooncake_synthetic_trace.jsonl}
 status=0
@@ -54,13 +67,26 @@ PY
 }
 
 for seed in "${seeds[@]}"; do
+  if [[ $parts == *" q2 "* ]]; then
   dir=out/bench-seed-003/q2-s$seed
   rm -rf "$dir"
   "$strata" "${common[@]}" --workers "${Q2_WORKERS:-4}" --workloads agentic \
     --sessions "${Q2_SESSIONS:-24}" --policies default-no-floor,default --seed "$seed" \
     --out "$dir" >"$dir.log" 2>&1 || { status=1; echo "== Q2 seed $seed: exit $? ($dir.log)"; }
   [[ -f $dir/results.json ]] && report "$dir/results.json" Q2 "$seed"
+  fi
 
+  if [[ $parts == *" q1s "* ]]; then
+  dir=out/bench-seed-003/q1s-s$seed
+  rm -rf "$dir"
+  "$strata" "${common[@]}" --workers "${Q1S_WORKERS:-4}" --workloads agentic \
+    --sessions "${Q1S_SESSIONS:-64}" --session-rate "${Q1S_RATE:-2}" \
+    --worker-kv-tokens "${Q1S_KV:-8192}" --policies precise,default-no-floor,default \
+    --seed "$seed" --out "$dir" >"$dir.log" 2>&1 || { status=1; echo "== Q1s seed $seed: exit $? ($dir.log)"; }
+  [[ -f $dir/results.json ]] && report "$dir/results.json" Q1s "$seed"
+  fi
+
+  if [[ $parts == *" q1 "* ]]; then
   dir=out/bench-seed-003/q1-s$seed
   rm -rf "$dir"
   "$strata" "${common[@]}" --workers "${Q1_WORKERS:-8}" --worker-kv-tokens "${Q1_KV:-200000}" \
@@ -69,5 +95,6 @@ for seed in "${seeds[@]}"; do
     --seed "$seed" \
     --out "$dir" >"$dir.log" 2>&1 || { status=1; echo "== Q1 seed $seed: exit $? ($dir.log)"; }
   [[ -f $dir/results.json ]] && report "$dir/results.json" Q1 "$seed"
+  fi
 done
 exit $status

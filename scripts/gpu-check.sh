@@ -54,6 +54,9 @@
 #             pool, baseline / pinned / tier-pinned at depths 0, 2, 6, 10, 16
 #   graphs    the 0.6B shape's decode with --disable-cuda-graph (kernel by kernel), beside
 #             the forward numbers' CUDA graphs
+#   overlap   `strata bench load` on `serve --device cuda` with the 0.6B shape at concurrency
+#             64, with overlapped steps (the default) and with --disable-overlap-schedule:
+#             what preparing step N+1 while step N runs saves
 # STRATA_GPU_BENCH=forward,load (a comma list) runs only those; STRATA_GPU_BENCH=none none.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -273,12 +276,25 @@ run_checks() {
       --batch-context "$context" --repeats 3 --json >"$out/eager-$small_shape.json" \
       2>"$out/eager-$small_shape.log"
   fi
+  # Overlapped steps against steps prepared one after the other, on the small shape, whose
+  # passes are shortest beside the scheduler's bookkeeping.
+  if ((!smoke)) && wanted overlap && [[ -f $models/$small_shape/model.safetensors ]]; then
+    local ov
+    for ov in on off; do
+      local ov_args=()
+      [[ $ov == off ]] && ov_args=(--server-arg=--disable-overlap-schedule)
+      bench_step "load overlap-$ov $small_shape" 120 "${strata[@]}" bench load --spawn \
+        --model "$models/$small_shape" "${serve[@]}" "${serve_memory[@]}" "${ov_args[@]}" \
+        --concurrency 64 --requests-per-level 128 --max-tokens 128 \
+        --out "$out/load-overlap-$ov" >"$out/load-overlap-$ov.log" 2>&1
+    done
+  fi
   python3 scripts/gpu_summary.py "$out" >/dev/null 2>&1 || true
   echo "== gpu-check: benchmark steps"
   cat "$out/bench-steps.txt"
   [[ -f $out/summary-forward.md ]] && cat "$out/summary-forward.md"
   [[ -f $out/tiers.txt ]] && { echo "== tiers (issue 31)"; grep -v '^{' "$out/tiers.txt"; }
-  for f in "$out"/load/summary.md "$out"/depth-sweep/summary.md; do
+  for f in "$out"/load/summary.md "$out"/depth-sweep/summary.md "$out"/load-overlap-{on,off}/summary.md; do
     [[ -f $f ]] && { echo "== $f"; cat "$f"; }
   done
   echo "== gpu-check: all passed"

@@ -217,6 +217,16 @@ std::vector<int64_t> read_worker_evictions(const std::vector<std::string>& worke
   return out;
 }
 
+// Pages each worker evicted between two readings (-1 where either is missing).
+std::vector<int64_t> evictions_since(const std::vector<int64_t>& before,
+                                     const std::vector<int64_t>& after) {
+  std::vector<int64_t> out;
+  for (size_t w = 0; w < after.size() && w < before.size(); ++w) {
+    out.push_back(after[w] >= 0 && before[w] >= 0 ? after[w] - before[w] : -1);
+  }
+  return out;
+}
+
 // The counters of every router replica that answers, summed (a killed one's are gone).
 Result<RouterCounters> read_router_counters(const std::vector<ServerClient>& routers) {
   std::string all;
@@ -613,6 +623,9 @@ Status ClusterRun::run_agentic(const std::string& workload, const std::string& p
   phase.arrival_span_s = w.sessions.back().arrival_s;
   auto before = read_router_counters(replicas_);
   if (!before) return std::unexpected(before.error());
+  // Pages each worker evicted over the phase (not with a worker killed: its count restarts).
+  const std::vector<int64_t> evicted_before =
+      failure ? std::vector<int64_t>{} : read_worker_evictions(view_.workers, o_.target.api_key);
   PhaseLog log(monotonic_s());
   const double kill_s = o_.kill_at * o_.failure_duration_s;
   const double restart_s = o_.restart_at * o_.failure_duration_s;
@@ -660,6 +673,10 @@ Status ClusterRun::run_agentic(const std::string& workload, const std::string& p
   auto after = read_router_counters(replicas_);
   if (!after) return std::unexpected(after.error());
   phase.router = *after - *before;
+  if (!failure) {
+    phase.evicted_pages_per_worker =
+        evictions_since(evicted_before, read_worker_evictions(view_.workers, o_.target.api_key));
+  }
   phase.error = interrupted() ? std::string("interrupted") : tick_error;
   record_.phases.push_back(std::move(phase));
   return {};
@@ -724,12 +741,8 @@ Status ClusterRun::run_trace(const std::string& policy, const std::vector<std::s
   auto after = read_router_counters(replicas_);
   if (!after) return std::unexpected(after.error());
   phase.router = *after - *before;
-  const std::vector<int64_t> evicted_after =
-      read_worker_evictions(view_.workers, o_.target.api_key);
-  for (size_t w = 0; w < evicted_after.size() && w < evicted_before.size(); ++w) {
-    const bool read = evicted_after[w] >= 0 && evicted_before[w] >= 0;
-    phase.evicted_pages_per_worker.push_back(read ? evicted_after[w] - evicted_before[w] : -1);
-  }
+  phase.evicted_pages_per_worker =
+      evictions_since(evicted_before, read_worker_evictions(view_.workers, o_.target.api_key));
   if (fleet_) {
     const Fleet::CpuSeconds cpu_after = fleet_->cpu_seconds();
     phase.router_cpu_s = cpu_delta(cpu_before.routers, cpu_after.routers);

@@ -257,6 +257,11 @@ void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
       ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str()
       ->group(group);
+  cmd.add_flag(
+         "--disable-overlap-schedule", [&o](int64_t) { o.overlap_schedule = false; },
+         "Prepare each forward pass only after the last one's results are read (default: "
+         "the next decode step is prepared while one runs)")
+      ->group(group);
   cmd.add_option("--max-pinned-ratio", o.max_pinned_ratio, "Pinned pages / pool pages, in [0, 1]")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str()

@@ -133,6 +133,13 @@ struct EngineOptions {
   // of computing them beside it (SGLang's in-batch prefix caching; docs/scheduling.md).
   // --shared-prefill-wait-tokens, >= 0 (0: never wait).
   int32_t shared_prefill_wait_tokens = 64;
+  // Overlapped steps (docs/scheduling.md): while a forward pass runs, the scheduler prepares
+  // the next one when it needs nothing of this one's results but its tokens (every running
+  // request decoding on), and reads this one's results while the next runs; the next step's
+  // input tokens are filled in from this one's on the forward thread. SGLang's overlap
+  // scheduler. --disable-overlap-schedule turns it off (every step prepared after the last
+  // one was read).
+  bool overlap_schedule = true;
   double max_pinned_ratio = 0.8;  // pinned pages / pool pages, in [0, 1]
   // Pins a client makes without the admin key (a message's cache_control): always soft,
   // their TTL capped, inside a budget of their own (engine/pin_policy.h).
@@ -172,6 +179,7 @@ struct EngineCounters {
   // them that had no room otherwise.
   uint64_t queued_holds_released = 0;
   uint64_t forward_steps = 0;
+  uint64_t overlapped_steps = 0;    // forward passes prepared while the one before ran
   uint64_t prompt_logits_hits = 0;  // full hits sampled from remembered logits (no forward)
   // Requests that waited for a running request to prefill the prompt they share (once each).
   uint64_t shared_prefill_waits = 0;

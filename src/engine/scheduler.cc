@@ -17,6 +17,33 @@
 #include "memory/transfer_engine.h"
 
 namespace strata {
+
+// One forward pass handed to the forward thread (scheduler.h, "Overlapped steps"). `rows`
+// point into `tokens` and `pages`, which the batch owns; `future` rows have their token
+// written into `tokens` by resolve_futures() before the pass.
+struct Scheduler::Batch {
+  uint64_t id = 0;
+  std::vector<Planned> plan;
+  std::vector<ForwardSequence> rows;
+  std::vector<int32_t> tokens;
+  std::vector<PageId> pages;
+  std::vector<size_t> token_at;     // per row: where its tokens start in `tokens`
+  std::vector<int32_t> logits_row;  // per row: its row of the output, or -1
+  // Per output row: the draw its token is taken with when the next batch needs that token
+  // before the scheduler reads this one (set by prepare_next), and the token so drawn on the
+  // forward thread (resolve_futures), which read_batch() then uses.
+  std::vector<std::optional<RowSampling>> draws;
+  std::vector<std::optional<SampledToken>> resolved;
+  Batch* prev = nullptr;  // the batch whose tokens the future rows take
+  bool poisoned = false;  // the batch before failed: not run
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+  ForwardOutput output;
+  Status status;
+  double forward_ms = 0.0;
+  bool done = true;  // GUARDED_BY(mutex_) while handed over
+};
+
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::kStop:
@@ -68,6 +95,7 @@ Scheduler::Scheduler(ForwardModel* model, EngineOptions options,
   // A measurement knob (docs/scheduling.md): the forward pass on the scheduler thread, as
   // before commands ran during it.
   inline_forward_ = std::getenv("STRATA_INLINE_FORWARD") != nullptr;
+  for (auto& b : batches_) b = std::make_unique<Batch>();
   allocator_ = std::make_unique<PageAllocator>(num_pages_);
   tree_ = std::make_unique<RadixTree>(RadixTreeOptions{options_.page_size}, allocator_.get(),
                                       &events_, clock_);
@@ -620,6 +648,7 @@ EngineState Scheduler::make_state() {
   for (const auto& [room, pages] : quarantine_) {
     if (!pd_stage_) s.request_private_pages += static_cast<int64_t>(pages.size());
   }
+  s.request_private_pages += static_cast<int64_t>(deferred_free_.size());
   s.audit_pages = [this] { return audit_pages(); };
   s.make_device_room = [this](int64_t pages) { return make_room_for_restore(pages); };
   s.land_loads = [this] { land_loads(); };
@@ -662,6 +691,7 @@ Status Scheduler::audit_pages() const {
     for (const auto& [room, pages] : quarantine_)
       owned.insert(owned.end(), pages.begin(), pages.end());
   }
+  owned.insert(owned.end(), deferred_free_.begin(), deferred_free_.end());
   if (auto st = allocator_->audit(owned); !st) return st;
   if (pd_stage_) {
     // The stage's pages: rooms ordered or being copied in, sends being staged or sent, and
@@ -738,9 +768,11 @@ void Scheduler::run() {
       counters_.session_records_dropped = sessions_->dropped_total();
       last_session_tick_ms_ = now_ms;
     }
-    run_commands(commands, /*may_retract=*/true);
+    // A batch prepared beside the last one may still run: its requests cannot step back.
+    run_commands(commands, /*may_retract=*/cur_ == nullptr);
     if (!session_waiters_.empty()) {
       EngineState state = make_state();
+      if (cur_ != nullptr) state.make_device_room = [](int64_t) { return 0; };
       serve_session_waiters(state);
     }
     if (stop) break;
@@ -774,8 +806,10 @@ void Scheduler::run() {
       published_counters_ = counters_;
     }
   }
-  // Shutdown: everything still here ends cancelled, pages go back. Copies in flight
-  // finish first (the transfer threads still write pages the tree owns).
+  // Shutdown: a batch still in flight runs and is read; everything still here ends
+  // cancelled, pages go back. Copies in flight finish first (the transfer threads still
+  // write pages the tree owns).
+  drain_batches();
   while (!pending_transfers_.empty() || !pending_storage_.empty()) {
     poll_io(/*force=*/true);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -821,44 +855,296 @@ void Scheduler::run_commands(std::deque<std::function<void(EngineState&)>>& comm
 
 void Scheduler::run_forward_thread() {
   for (;;) {
-    std::span<const ForwardSequence> batch;
+    Batch* b = nullptr;
     {
       std::unique_lock lock(mutex_);
-      forward_wake_.wait(lock, [&] { return forward_stopping_ || forward_pending_; });
-      if (!forward_pending_) return;
-      forward_pending_ = false;
-      batch = forward_batch_;
+      forward_wake_.wait(lock, [&] { return forward_stopping_ || !forward_queue_.empty(); });
+      if (forward_queue_.empty()) return;
+      b = forward_queue_.front();
     }
-    Status st = model_->forward(batch, *kv_pool_, output_);
+    run_batch(*b);
+    // A batch queued behind this one takes its tokens now, before the scheduler may read
+    // this one's results (it reads them once `done`).
+    Batch* next = nullptr;
     {
       std::lock_guard lock(mutex_);
-      forward_status_ = std::move(st);
-      forward_finished_ = true;
+      if (forward_queue_.size() > 1) {
+        next = forward_queue_[1];
+      } else {
+        b->done = true;
+        forward_queue_.pop_front();
+      }
+    }
+    if (next != nullptr) {
+      resolve_futures(*next, *b);
+      std::lock_guard lock(mutex_);
+      b->done = true;
+      forward_queue_.pop_front();
     }
     wake_.notify_one();
   }
 }
 
-Status Scheduler::forward_serving_commands(std::span<const ForwardSequence> batch) {
+void Scheduler::run_batch(Batch& b) {
+  if (b.poisoned) {
+    b.status = make_error(ErrorCode::kInternal, "the forward pass before this one failed");
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  b.status = model_->forward(b.rows, *kv_pool_, b.output);
+  b.forward_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Scheduler::resolve_futures(Batch& next, Batch& prev) {
+  if (next.prev != &prev) return;
+  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
+  for (size_t i = 0; i < next.plan.size(); ++i) {
+    const int32_t r = next.plan[i].future;
+    if (r < 0) continue;
+    int32_t token = 0;
+    const auto row = static_cast<size_t>(r);
+    if (!prev.status) {
+      next.poisoned = true;
+    } else if (!prev.output.sampled.empty() && prev.output.sampled[row].token >= 0) {
+      token = prev.output.sampled[row].token;
+    } else {
+      STRATA_CHECK(prev.draws[row].has_value() && prev.output.logits.size() >= (row + 1) * vocab);
+      if (!prev.resolved[row]) {
+        prev.resolved[row] = strata::sample_row(
+            std::span<const float>(prev.output.logits.data() + row * vocab, vocab),
+            *prev.draws[row]);
+      }
+      token = prev.resolved[row]->token;
+    }
+    next.tokens[next.token_at[i]] = token;
+  }
+}
+
+bool Scheduler::ahead(const Seq& seq) const {
+  return ahead_batch_ != 0 && seq.last_batch == ahead_batch_;
+}
+
+Scheduler::Batch& Scheduler::free_batch() {
+  for (auto& b : batches_) {
+    if (b.get() != cur_) return *b;
+  }
+  STRATA_CHECK_MSG(false, "no free batch");
+  return *batches_[0];
+}
+
+void Scheduler::fill_batch(Batch& b, std::vector<Planned> plan) {
+  b.id = next_batch_id_++;
+  b.plan = std::move(plan);
+  b.rows.clear();
+  b.tokens.clear();
+  b.pages.clear();
+  b.token_at.clear();
+  b.logits_row.clear();
+  b.prev = nullptr;
+  b.poisoned = false;
+  b.prefill_tokens = 0;
+  b.decode_tokens = 0;
+  b.forward_ms = 0.0;
+  b.status = {};
+  std::vector<size_t> pages_at;
+  int32_t logits_rows = 0;
+  for (const Planned& p : b.plan) {
+    Seq& seq = *p.seq;
+    seq.last_batch = b.id;
+    b.token_at.push_back(b.tokens.size());
+    if (p.future >= 0) {
+      b.tokens.push_back(0);  // resolve_futures() writes it
+    } else {
+      b.tokens.insert(b.tokens.end(), seq.tokens.begin() + p.start,
+                      seq.tokens.begin() + p.start + p.count);
+    }
+    pages_at.push_back(b.pages.size());
+    b.pages.insert(b.pages.end(), seq.pages.begin(), seq.pages.end());
+    ForwardSequence fs;
+    fs.start_position = p.start;
+    fs.want_logits = p.future >= 0 || p.start + p.count == static_cast<int64_t>(seq.tokens.size());
+    // A decode row may be sampled where its logits are (a GPU then sends back a token instead
+    // of a vocabulary of floats), by the rules and the number its Sampler gives; a prompt's
+    // last row is remembered whole (full hits sample from it).
+    if (p.future >= 0) {
+      fs.sampling = seq.next_draw;
+    } else if (fs.want_logits && seq.generated > 0 && !chooses_tokens_) {
+      if (!seq.draw) seq.draw = seq.sampler->next_row();
+      fs.sampling = seq.draw;
+    }
+    if (seq.load_ticket != 0 && !seq.load_failed) {
+      seq.layer_wait = transfers_->layer_wait(seq.load_ticket);
+      fs.layer_wait = &seq.layer_wait;
+    }
+    b.logits_row.push_back(fs.want_logits ? logits_rows++ : -1);
+    const bool decode =
+        p.count == 1 && (p.future >= 0 || p.start + 1 == static_cast<int64_t>(seq.tokens.size()));
+    (decode ? b.decode_tokens : b.prefill_tokens) += p.count;
+    b.rows.push_back(fs);
+  }
+  // The spans, once the owned vectors have stopped growing.
+  for (size_t i = 0; i < b.rows.size(); ++i) {
+    const size_t pages_end = i + 1 < b.rows.size() ? pages_at[i + 1] : b.pages.size();
+    b.rows[i].token_ids = std::span<const int32_t>(b.tokens.data() + b.token_at[i],
+                                                   static_cast<size_t>(b.plan[i].count));
+    b.rows[i].page_table =
+        std::span<const PageId>(b.pages.data() + pages_at[i], pages_end - pages_at[i]);
+  }
+  b.draws.assign(static_cast<size_t>(logits_rows), std::nullopt);
+  b.resolved.assign(static_cast<size_t>(logits_rows), std::nullopt);
+}
+
+void Scheduler::launch(Batch& b) {
+  if (inline_forward_) {
+    run_batch(b);
+    std::lock_guard lock(mutex_);
+    b.done = true;
+    return;
+  }
+  bool resolve_here = false;
   {
     std::lock_guard lock(mutex_);
-    forward_batch_ = batch;
-    forward_pending_ = true;
-    forward_finished_ = false;
+    b.done = false;
+    // The batch before has run and its tokens were not taken then: take them here (its
+    // results are read only after this).
+    resolve_here = b.prev != nullptr && b.prev->done;
+    if (!resolve_here) forward_queue_.push_back(&b);
+  }
+  if (resolve_here) {
+    resolve_futures(b, *b.prev);
+    std::lock_guard lock(mutex_);
+    forward_queue_.push_back(&b);
   }
   forward_wake_.notify_one();
+}
+
+Status Scheduler::wait_serving_commands(Batch& b) {
   for (;;) {
     std::deque<std::function<void(EngineState&)>> commands;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return forward_finished_ || !commands_.empty(); });
-      if (commands_.empty()) {
-        forward_finished_ = false;
-        return std::move(forward_status_);
-      }
+      wake_.wait(lock, [&] { return b.done || !commands_.empty(); });
+      if (commands_.empty()) return b.status;
       commands.swap(commands_);
     }
     run_commands(commands, /*may_retract=*/false);
+  }
+}
+
+Scheduler::Batch* Scheduler::prepare_next(Batch& cur) {
+  if (!options_.overlap_schedule || inline_forward_ || chooses_tokens_ || pd_ != nullptr ||
+      !waiting_.empty() || !session_waiters_.empty()) {
+    return nullptr;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ || !inbox_.empty()) return nullptr;
+  }
+  // Every running request is in `cur` (nothing was left out of it, nothing joined since).
+  if (running_.size() != cur.plan.size()) return nullptr;
+  std::vector<Planned> plan;
+  for (size_t i = 0; i < cur.plan.size(); ++i) {
+    Seq& seq = *cur.plan[i].seq;
+    if (seq.ending) continue;  // ended in the batch before; finishes once `cur` has run
+    // A row that gives no token (a prompt's chunk), a copy the pass reads, a cancelled stream
+    // or a prefill order: the next step needs this one's results.
+    if (cur.logits_row[i] < 0 || seq.load_ticket != 0 || seq.load_failed || seq.remote_room != 0 ||
+        seq.stream->cancelled()) {
+      return nullptr;
+    }
+    // Its token in `cur` is its last (max_tokens): it ends there, in no later batch.
+    if (seq.generated + 1 >= seq.spec.max_tokens) continue;
+    plan.push_back(Planned{&seq, static_cast<int64_t>(seq.tokens.size()), 1, cur.logits_row[i]});
+  }
+  if (plan.empty()) return nullptr;
+  for (const Planned& p : plan) {
+    // Eviction only: the requests in flight may not step back.
+    if (!ensure_pages(*p.seq, p.start + 1)) return nullptr;
+  }
+  for (const Planned& p : plan) {
+    Seq& seq = *p.seq;
+    // The draws in order: `cur`'s token's (a prompt's last row was given none), then the next.
+    if (!seq.draw) seq.draw = seq.sampler->next_row();
+    cur.draws[static_cast<size_t>(p.future)] = seq.draw;
+    if (!seq.next_draw) seq.next_draw = seq.sampler->next_row();
+  }
+  Batch& next = free_batch();
+  fill_batch(next, std::move(plan));
+  next.prev = &cur;
+  ++counters_.overlapped_steps;
+  return &next;
+}
+
+bool Scheduler::finish_step() {
+  Batch& cur = *cur_;
+  Batch* next = prepare_next(cur);
+  if (next != nullptr) launch(*next);
+  const Status st = wait_serving_commands(cur);
+  budget_.observe(cur.prefill_tokens, cur.decode_tokens, cur.forward_ms);
+  ++counters_.forward_steps;
+  // The loads the pass read as they landed: settled now, before anything reads its output.
+  for (size_t i = 0; i < cur.plan.size(); ++i) {
+    Seq& seq = *cur.plan[i].seq;
+    if (cur.rows[i].layer_wait == nullptr) continue;
+    transfers_->end_layer_wait(seq.load_ticket);
+    seq.layer_wait = nullptr;
+    settle_load(seq);
+  }
+  // Pages let go of while `cur` ran (read_batch of the batch before) are free now.
+  allocator_->free(deferred_free_);
+  deferred_free_.clear();
+  if (!st) {
+    if (next != nullptr) (void)wait_serving_commands(*next);
+    fail_batch(cur, st);
+    cur_ = nullptr;
+    return true;
+  }
+  ahead_batch_ = next != nullptr ? next->id : 0;
+  read_batch(cur);
+  ahead_batch_ = 0;
+  cur_ = next;
+  return true;
+}
+
+void Scheduler::fail_batch(Batch& b, const Status& st) {
+  // The batch was validated at submit; a failure here is a fault: end those requests.
+  STRATA_LOG_ERROR("forward pass failed: {}", st.error().message);
+  allocator_->free(deferred_free_);
+  deferred_free_.clear();
+  finish_ended(b);
+  for (const Planned& p : b.plan) {
+    if (p.future < 0) p.seq->computed = std::min(p.seq->computed, p.start);
+  }
+  for (auto& seq : running_) finish(*seq, FinishReason::kError, st.error().message);
+  running_.clear();
+}
+
+void Scheduler::finish_ended(Batch& b) {
+  std::vector<Seq*> ended;
+  for (const Planned& p : b.plan) {
+    // (One that ended in `b` itself and is ahead finishes after the batch it is in.)
+    if (!p.seq->ending || ahead(*p.seq)) continue;
+    finish(*p.seq, p.seq->ending->reason, {}, p.seq->ending->stop_token);
+    ended.push_back(p.seq);
+  }
+  if (ended.empty()) return;
+  std::erase_if(running_, [&](const std::unique_ptr<Seq>& s) {
+    return std::find(ended.begin(), ended.end(), s.get()) != ended.end();
+  });
+}
+
+void Scheduler::drain_batches() {
+  while (cur_ != nullptr) {
+    const Status st = wait_serving_commands(*cur_);
+    allocator_->free(deferred_free_);
+    deferred_free_.clear();
+    if (!st) {
+      fail_batch(*cur_, st);
+    } else {
+      read_batch(*cur_);
+    }
+    cur_ = nullptr;
   }
 }
 
@@ -900,7 +1186,12 @@ void Scheduler::cache_computed_pages(Seq& seq) {
   MatchResult m = tree_->match_prefix(tokens, seq.spec.cache_salt);
   for (int32_t k = seq.tree_pages; k < m.num_pages; ++k) {
     if (m.device_pages[static_cast<size_t>(k)] != seq.pages[static_cast<size_t>(k)]) {
-      allocator_->free(seq.pages[static_cast<size_t>(k)]);
+      // A batch in flight may still read the duplicate: it goes back once that has run.
+      if (ahead(seq)) {
+        deferred_free_.push_back(seq.pages[static_cast<size_t>(k)]);
+      } else {
+        allocator_->free(seq.pages[static_cast<size_t>(k)]);
+      }
       seq.pages[static_cast<size_t>(k)] = m.device_pages[static_cast<size_t>(k)];
     }
   }
@@ -1353,6 +1644,8 @@ void Scheduler::admit() {
 }
 
 bool Scheduler::step() {
+  // A batch prepared beside the last one runs: read it (and prepare the one after).
+  if (cur_ != nullptr) return finish_step();
   // Cancelled running requests leave first: their pages go back at once.
   for (size_t i = 0; i < running_.size();) {
     if (running_[i]->stream->cancelled()) {
@@ -1377,11 +1670,6 @@ bool Scheduler::step() {
   for (const auto& seq : running_) decoding += seq->decoding() ? 1 : 0;
   const int64_t prefill_budget = budget_.prefill_tokens(decoding);
   counters_.prefill_budget_tokens = prefill_budget;
-  struct Planned {
-    Seq* seq;
-    int64_t start;
-    int64_t count;
-  };
   std::vector<Planned> plan;
   std::vector<PlanRequest> viewed;
   // running_[0, decided) are decided: committed, or skipped for this step.
@@ -1434,7 +1722,7 @@ bool Scheduler::step() {
         const Tried tried = evict_first(seq, positions);
         if (tried != Tried::kRetract) {
           if (tried == Tried::kFits) {
-            plan.push_back(Planned{&seq, run.start, run.count});
+            plan.push_back(Planned{&seq, run.start, run.count, -1});
             decided = run.index + 1;
           }
           again = true;
@@ -1447,7 +1735,7 @@ bool Scheduler::step() {
         again = true;
         break;
       }
-      plan.push_back(Planned{&seq, run.start, run.count});
+      plan.push_back(Planned{&seq, run.start, run.count, -1});
       decided = run.index + 1;
     }
     if (again) continue;
@@ -1463,86 +1751,56 @@ bool Scheduler::step() {
       break;
     }
     if (tried == Tried::kFits) {
-      plan.push_back(Planned{&seq, unfit.start, unfit.count});
+      plan.push_back(Planned{&seq, unfit.start, unfit.count, -1});
       decided = unfit.index + 1;
     }
   }
   if (plan.empty()) return false;
+  Batch& b = free_batch();
+  fill_batch(b, std::move(plan));
+  launch(b);
+  cur_ = &b;
+  return finish_step();
+}
 
-  std::vector<ForwardSequence> batch;
-  batch.reserve(plan.size());
-  for (const Planned& p : plan) {
-    ForwardSequence fs;
-    fs.token_ids =
-        std::span<const int32_t>(p.seq->tokens.data() + p.start, static_cast<size_t>(p.count));
-    fs.start_position = p.start;
-    fs.page_table = p.seq->pages;
-    fs.want_logits = p.start + p.count == static_cast<int64_t>(p.seq->tokens.size());
-    // A decode row may be sampled where its logits are (a GPU then sends back a token instead
-    // of a vocabulary of floats), by the rules and the number its Sampler gives; a prompt's
-    // last row is remembered whole (full hits sample from it).
-    if (fs.want_logits && p.seq->generated > 0 && !chooses_tokens_) {
-      if (!p.seq->draw) p.seq->draw = p.seq->sampler->next_row();
-      fs.sampling = p.seq->draw;
-    }
-    if (p.seq->load_ticket != 0 && !p.seq->load_failed) {
-      p.seq->layer_wait = transfers_->layer_wait(p.seq->load_ticket);
-      fs.layer_wait = &p.seq->layer_wait;
-    }
-    batch.push_back(fs);
-  }
-  int64_t step_prefill = 0;
-  int64_t step_decode = 0;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const bool decode =
-        plan[i].count == 1 && plan[i].start + 1 == static_cast<int64_t>(plan[i].seq->tokens.size());
-    (decode ? step_decode : step_prefill) += plan[i].count;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  Status st = inline_forward_ ? model_->forward(batch, *kv_pool_, output_)
-                              : forward_serving_commands(batch);
-  budget_.observe(
-      step_prefill, step_decode,
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  ++counters_.forward_steps;
-  // The loads the pass read as they landed: settled now, before anything reads its output.
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Seq& seq = *plan[i].seq;
-    if (batch[i].layer_wait == nullptr) continue;
-    transfers_->end_layer_wait(seq.load_ticket);
-    seq.layer_wait = nullptr;
-    settle_load(seq);
-  }
-  if (!st) {
-    // The batch was validated at submit; a failure here is a fault: end those requests.
-    STRATA_LOG_ERROR("forward pass failed: {}", st.error().message);
-    for (const Planned& p : plan) p.seq->computed = p.start;
-    for (auto& seq : running_) finish(*seq, FinishReason::kError, st.error().message);
-    running_.clear();
-    return true;
-  }
-
+// The results of `b` (it has run): tokens sampled and emitted, pages cached, requests
+// finished. Requests with a row in the batch launched after it (ahead) do not finish here:
+// they end there (Seq::ending), and pages they let go of wait for it (deferred_free_).
+void Scheduler::read_batch(Batch& b) {
+  const std::vector<Planned>& plan = b.plan;
+  const std::vector<ForwardSequence>& batch = b.rows;
+  ForwardOutput& out = b.output;
+  const auto logits_rows = static_cast<size_t>(std::count_if(
+      batch.begin(), batch.end(), [](const ForwardSequence& f) { return f.want_logits; }));
   const size_t row_width = chooses_tokens_ ? 1 : static_cast<size_t>(model_->config().vocab_size);
   std::vector<float> chosen_row(1);
-  if (chooses_tokens_) {
-    STRATA_CHECK(
-        output_.tokens.size() >=
-        static_cast<size_t>(std::count_if(batch.begin(), batch.end(),
-                                          [](const ForwardSequence& f) { return f.want_logits; })));
-  }
-  if (!output_.sampled.empty()) {
-    STRATA_CHECK(
-        output_.sampled.size() ==
-        static_cast<size_t>(std::count_if(batch.begin(), batch.end(),
-                                          [](const ForwardSequence& f) { return f.want_logits; })));
-  }
+  if (chooses_tokens_) STRATA_CHECK(out.tokens.size() >= logits_rows);
+  if (!out.sampled.empty()) STRATA_CHECK(out.sampled.size() == logits_rows);
+  // The token of one output row has been read: the next draw (prepare_next) is the row's now.
+  auto draw_used = [](Seq& seq) {
+    seq.draw.reset();
+    if (seq.next_draw) seq.draw = std::exchange(seq.next_draw, std::nullopt);
+  };
+  // Hands the token to the stream; true when the request finished. A request ahead that
+  // draws a stop token ends in the batch after (it never reaches max_tokens here: it would
+  // not be ahead).
+  auto emit = [&](Seq& seq, GeneratedToken tok) {
+    if (!ahead(seq)) return emit_sampled(seq, std::move(tok));
+    if (tok.is_stop) {
+      seq.ending = Seq::Ending{FinishReason::kStop, tok.token};
+      return false;
+    }
+    STRATA_CHECK(!emit_sampled(seq, std::move(tok)));
+    return false;
+  };
   size_t row = 0;
   std::vector<Seq*> done;
   std::vector<Seq*> sent;  // orders whose prompt is computed: their last pages go out
   for (size_t i = 0; i < plan.size(); ++i) {
     Seq& seq = *plan[i].seq;
-    if (seq.load_failed) {
-      // Computed over pages that did not land: its row and pages are void.
+    if (seq.load_failed || seq.ending) {
+      // Computed over pages that did not land, or after the request ended (it finishes
+      // below): its row and pages are void.
       if (batch[i].want_logits) ++row;
       continue;
     }
@@ -1552,24 +1810,25 @@ bool Scheduler::step() {
       if (seq.remote_room != 0) pd_send_ready(seq, false);
       continue;
     }
-    if (!output_.sampled.empty() && output_.sampled[row].token >= 0) {
+    if (!out.sampled.empty() && out.sampled[row].token >= 0) {
       // The model drew this decode row's token itself (ForwardOutput::sampled), with the
       // number the row was given.
       STRATA_CHECK(batch[i].sampling && seq.generated > 0 && seq.remote_room == 0);
-      SampledToken drawn = std::move(output_.sampled[row++]);
+      SampledToken drawn = std::move(out.sampled[row++]);
       STRATA_CHECK(drawn.token < model_->config().vocab_size);
-      seq.draw.reset();
+      draw_used(seq);
       cache_computed_pages(seq);
-      if (emit_sampled(seq, seq.sampler->accept(std::move(drawn)))) done.push_back(&seq);
+      if (emit(seq, seq.sampler->accept(std::move(drawn)))) done.push_back(&seq);
       continue;
     }
     std::span<const float> logits;
     if (chooses_tokens_) {
-      chosen_row[0] = static_cast<float>(output_.tokens[row]);
+      chosen_row[0] = static_cast<float>(out.tokens[row]);
       logits = chosen_row;
     } else {
-      logits = std::span<const float>(output_.logits.data() + row * row_width, row_width);
+      logits = std::span<const float>(out.logits.data() + row * row_width, row_width);
     }
+    std::optional<SampledToken> resolved = std::move(b.resolved[row]);
     ++row;
     // The prompt's last position: remembered for the next full hit of the same prompt.
     if (seq.generated == 0 && seq.prompt_len > options_.page_size) {
@@ -1585,7 +1844,11 @@ bool Scheduler::step() {
       sent.push_back(&seq);
       continue;
     }
-    if (emit_sampled(seq, sample_row(seq, logits))) done.push_back(&seq);
+    // Drawn on the forward thread already (the batch after needed it), with this row's draw.
+    SampledToken tok =
+        resolved ? seq.sampler->accept(std::move(*resolved)) : sample_row(seq, logits);
+    draw_used(seq);
+    if (emit(seq, std::move(tok))) done.push_back(&seq);
   }
   for (Seq* s : sent) {
     s->move_to(SeqState::kSending);
@@ -1599,8 +1862,8 @@ bool Scheduler::step() {
       return std::find(done.begin(), done.end(), s.get()) != done.end();
     });
   }
+  finish_ended(b);
   abandon_failed_loads();
-  return true;
 }
 
 }  // namespace strata

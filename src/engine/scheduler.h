@@ -11,6 +11,7 @@
 // consistent tree.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -218,13 +219,48 @@ class Scheduler {
   // state (engine/seq_state.h).
   Status audit_pages() const;
   Status audit_states() const;
-  // Runs the forward pass on the forward thread and, while it runs, the commands that
+  // The forward pass runs on the forward thread and, while it runs, the commands that
   // arrive (cache control, tool_end's restore, kv_meta): a command waits for at most the
   // scheduler's bookkeeping between steps, not for a whole step. Commands then see the
   // tree and pools as between steps; they only may not retract running requests (the
   // batch in flight is theirs): make_device_room answers 0 meanwhile, and a restore that
   // needs it waits for the step's end (serve_session_waiters).
-  Status forward_serving_commands(std::span<const ForwardSequence> batch);
+  //
+  // Overlapped steps (EngineOptions::overlap_schedule). A batch owns copies of what its rows
+  // point to (tokens, page tables), so the scheduler may change its requests while it runs.
+  // While batch N runs, prepare_next() makes N+1 when every running request continues from
+  // a row of N that gives its next token: each gets one row whose input is that token (a
+  // future: Planned::future), filled in by resolve_futures() once N has run, on the forward
+  // thread (from the token the model drew, or drawn there from the row's logits with the
+  // request's RowSampling). N's results are read meanwhile; a request that ends in N while
+  // it has a row in N+1 (`ahead`) finishes after N+1 has run (Seq::ending), and pages it
+  // lets go of meanwhile wait in deferred_free_. Commands and tool-session waiters may not
+  // retract requests while a batch is in flight.
+  struct Planned {
+    Seq* seq = nullptr;
+    int64_t start = 0;
+    int64_t count = 0;
+    int32_t future = -1;  // >= 0: the input is the token of this logits row of the batch before
+  };
+  struct Batch;
+  Batch& free_batch();
+  void fill_batch(Batch& b, std::vector<Planned> plan);
+  void launch(Batch& b);
+  // Waits for `b` to have run, running the commands that arrive meanwhile.
+  Status wait_serving_commands(Batch& b);
+  void run_batch(Batch& b);  // the forward thread's part
+  void resolve_futures(Batch& next, Batch& prev);
+  Batch* prepare_next(Batch& cur);
+  // Step N (cur_) runs: prepares N+1 if it can, waits for N and reads its results.
+  bool finish_step();
+  void read_batch(Batch& b);
+  void fail_batch(Batch& b, const Status& st);
+  // A request has a row in a batch launched after the one being read.
+  bool ahead(const Seq& seq) const;
+  // The requests that ended in a batch before `b` (Seq::ending) finish; `b` has run.
+  void finish_ended(Batch& b);
+  // Any batch in flight runs and is read (shutdown).
+  void drain_batches();
   void run_forward_thread();
   void run_commands(std::deque<std::function<void(EngineState&)>>& commands, bool may_retract);
   // Hierarchical cache, all on the scheduler thread.
@@ -329,8 +365,13 @@ class Scheduler {
   // Scheduler thread only.
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
-  // The last forward pass's logits rows, or its tokens (a backend that chooses them).
-  ForwardOutput output_;
+  // The two batches (one running, one prepared beside it), the one launched and not yet
+  // read (null: none), ids, and what waits for the batch in flight.
+  std::array<std::unique_ptr<Batch>, 2> batches_;
+  Batch* cur_ = nullptr;
+  uint64_t next_batch_id_ = 1;
+  uint64_t ahead_batch_ = 0;  // while a batch is read: the id of the one launched after it
+  std::vector<PageId> deferred_free_;
   // The last-position logits of recent prompts (full hits sample from them): 32 MiB holds
   // ~230 prompts of 3,000 tokens with a 32,000-token vocabulary, ~50 with Qwen3's.
   PromptLogitsCache prompt_logits_{size_t{32} << 20};
@@ -346,14 +387,12 @@ class Scheduler {
   EngineCounters published_counters_;                       // GUARDED_BY(mutex_)
   bool stopping_ = false;                                   // GUARDED_BY(mutex_)
   bool pd_signal_ = false;  // GUARDED_BY(mutex_): messages or completions arrived
-  // The forward thread: one batch at a time, handed over and back under mutex_.
-  std::span<const ForwardSequence> forward_batch_;  // GUARDED_BY(mutex_)
-  bool forward_pending_ = false;                    // GUARDED_BY(mutex_)
+  // The forward thread: the batches to run in order (at most two), handed over and back
+  // under mutex_ (Batch::done).
+  std::deque<Batch*> forward_queue_;  // GUARDED_BY(mutex_)
   // Set only once the scheduler thread has exited: it may hand the forward thread a batch
   // until its last step, so the forward thread outlives it (~Scheduler).
   bool forward_stopping_ = false;  // GUARDED_BY(mutex_)
-  bool forward_finished_ = false;  // GUARDED_BY(mutex_)
-  Status forward_status_;          // GUARDED_BY(mutex_)
   std::condition_variable forward_wake_;
   bool inline_forward_ = false;  // STRATA_INLINE_FORWARD: no forward thread
   std::thread forward_thread_;

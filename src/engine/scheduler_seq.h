@@ -40,6 +40,18 @@ struct Scheduler::Seq {
   // sample this row (ForwardSequence::sampling) and kept until a token uses it: a row made
   // void and computed again draws with the same number, wherever it is sampled.
   std::optional<RowSampling> draw;
+  // Overlapped steps: the draw of the token after that, taken when the next batch was
+  // prepared before this one's token was read (it becomes `draw` once `draw` is used); the
+  // id of the last batch this request has a row in (Scheduler::Batch::id); and how it ended
+  // when it ended in a batch that another batch holding it followed: it finishes once that
+  // one has run (its pages are that batch's until then), the row it has there void.
+  std::optional<RowSampling> next_draw;
+  uint64_t last_batch = 0;
+  struct Ending {
+    FinishReason reason = FinishReason::kStop;
+    int32_t stop_token = -1;
+  };
+  std::optional<Ending> ending;
   // Hierarchical cache: tiers tried for this request, and what they gave. (A try is made
   // once per turn in the queue and reset where trying again makes sense: not a state.)
   bool load_tried = false;

@@ -15,6 +15,7 @@ EngineGaugeValues engine_gauges(const EngineCounters& c, bool pd_enabled) {
                         {"restores_made_room", c.restores_made_room},
                         {"queued_holds_released", c.queued_holds_released},
                         {"forward_steps", c.forward_steps},
+                        {"overlapped_steps", c.overlapped_steps},
                         {"prompt_logits_hits", c.prompt_logits_hits},
                         {"shared_prefill_waits", c.shared_prefill_waits}};
   g.prefill_budget_tokens = c.prefill_budget_tokens;
