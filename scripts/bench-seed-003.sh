@@ -28,7 +28,7 @@
 #   Q1S_WORKERS  workers of Q1 in the seed's setting       (default: 4)
 #   Q1S_SESSIONS its sessions                              (default: 64)
 #   Q1S_RATE     its new sessions per second               (default: 2)
-#   Q1S_KV       its workers' --worker-kv-tokens           (default: 8192)
+#   Q1S_KV       its workers' --worker-kv-tokens           (default: 4096)
 #   Q1_WORKERS   workers of Q1                             (default: 8)
 #   Q1_KV        each Q1 worker's --worker-kv-tokens       (default: 200000)
 #   Q1_LIMIT     Q1's --trace-limit                        (default: 400)
@@ -81,7 +81,7 @@ for seed in "${seeds[@]}"; do
   rm -rf "$dir"
   "$strata" "${common[@]}" --workers "${Q1S_WORKERS:-4}" --workloads agentic \
     --sessions "${Q1S_SESSIONS:-64}" --session-rate "${Q1S_RATE:-2}" \
-    --worker-kv-tokens "${Q1S_KV:-8192}" --policies precise,default-no-floor,default \
+    --worker-kv-tokens "${Q1S_KV:-4096}" --policies precise,default-no-floor,default \
     --seed "$seed" --out "$dir" >"$dir.log" 2>&1 || { status=1; echo "== Q1s seed $seed: exit $? ($dir.log)"; }
   [[ -f $dir/results.json ]] && report "$dir/results.json" Q1s "$seed"
   fi

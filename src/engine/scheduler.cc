@@ -1850,6 +1850,9 @@ void Scheduler::read_batch(Batch& b) {
     draw_used(seq);
     if (emit(seq, std::move(tok))) done.push_back(&seq);
   }
+  // Before the requests that finished here leave running_ (and are freed): `b`'s plan
+  // names them.
+  finish_ended(b);
   for (Seq* s : sent) {
     s->move_to(SeqState::kSending);
     auto it = std::find_if(running_.begin(), running_.end(),
@@ -1862,7 +1865,6 @@ void Scheduler::read_batch(Batch& b) {
       return std::find(done.begin(), done.end(), s.get()) != done.end();
     });
   }
-  finish_ended(b);
   abandon_failed_loads();
 }
 
