@@ -1110,11 +1110,9 @@ bool Scheduler::finish_step() {
 void Scheduler::fail_batch(Batch& b, const Status& st) {
   // The batch was validated at submit; a failure here is a fault: end those requests.
   STRATA_LOG_ERROR("forward pass failed: {}", st.error().message);
-  allocator_->free(deferred_free_);
-  deferred_free_.clear();
   finish_ended(b);
   for (const Planned& p : b.plan) {
-    if (p.future < 0) p.seq->computed = std::min(p.seq->computed, p.start);
+    if (p.future < 0) p.seq->computed = p.start;
   }
   for (auto& seq : running_) finish(*seq, FinishReason::kError, st.error().message);
   running_.clear();
@@ -1135,17 +1133,8 @@ void Scheduler::finish_ended(Batch& b) {
 }
 
 void Scheduler::drain_batches() {
-  while (cur_ != nullptr) {
-    const Status st = wait_serving_commands(*cur_);
-    allocator_->free(deferred_free_);
-    deferred_free_.clear();
-    if (!st) {
-      fail_batch(*cur_, st);
-    } else {
-      read_batch(*cur_);
-    }
-    cur_ = nullptr;
-  }
+  // prepare_next() prepares nothing once the engine stops: this reads the last batch.
+  while (cur_ != nullptr) finish_step();
 }
 
 void Scheduler::flush_events() {
