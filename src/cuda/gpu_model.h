@@ -51,6 +51,15 @@ struct GpuModelOptions {
   bool cuda_graphs = true;
 };
 
+// The options for an engine of these sizes (EngineOptions' fields of the same names): its
+// pool's pages (kv_cache_tokens / page_size), and room for the largest step its scheduler
+// forms: up to 2 × max_running_requests sequences (the running requests and the prompts
+// admitted beside them) carrying a prefill chunk of chunked_prefill_size tokens and one
+// token each besides. What `strata serve --device cuda`, `strata bench tiers` and the
+// engine tests (tests/engine/test_device.h) make the GPU model with.
+GpuModelOptions gpu_options_for_engine(int32_t page_size, int32_t kv_cache_tokens,
+                                       int32_t max_running_requests, int32_t chunked_prefill_size);
+
 // The batch sizes decode graphs are captured for; a step takes the smallest that holds it
 // (above the largest, or above the options' limits, it runs eagerly).
 inline constexpr int32_t kGraphBuckets[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};

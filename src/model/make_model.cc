@@ -238,7 +238,8 @@ ModelConfig preset_config(ModelPreset preset, Architecture arch,
   return c;
 }
 
-TensorStore make_random_tensors(const ModelConfig& c, uint64_t seed, TensorDtype dtype) {
+TensorStore make_random_tensors(const ModelConfig& c, uint64_t seed, TensorDtype dtype,
+                                double lm_head_scale) {
   std::vector<RandomTensor> tensors;
   auto add_random = [&](std::string name, std::vector<int64_t> shape, double mean, double std) {
     tensors.push_back(RandomTensor{std::move(name), std::move(shape), mean, std});
@@ -246,7 +247,8 @@ TensorStore make_random_tensors(const ModelConfig& c, uint64_t seed, TensorDtype
   const int64_t hidden = c.hidden_size;
   const double inv_sqrt_hidden = 1.0 / std::sqrt(static_cast<double>(hidden));
   const double std_w = 0.02;
-  add_random("model.embed_tokens.weight", {c.vocab_size, hidden}, 0.0, inv_sqrt_hidden);
+  add_random("model.embed_tokens.weight", {c.vocab_size, hidden}, 0.0,
+             inv_sqrt_hidden * (c.tie_word_embeddings ? lm_head_scale : 1.0));
   for (int32_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     add_random(p + "input_layernorm.weight", {hidden}, 1.0, 0.1);
@@ -273,7 +275,8 @@ TensorStore make_random_tensors(const ModelConfig& c, uint64_t seed, TensorDtype
   }
   add_random("model.norm.weight", {hidden}, 1.0, 0.1);
   if (!c.tie_word_embeddings) {
-    add_random("lm_head.weight", {c.vocab_size, hidden}, 0.0, 2.0 * inv_sqrt_hidden);
+    add_random("lm_head.weight", {c.vocab_size, hidden}, 0.0,
+               2.0 * inv_sqrt_hidden * lm_head_scale);
   }
   TensorStore store;
   add_random_tensors(store, tensors, seed, dtype);
@@ -315,7 +318,11 @@ Result<MadeModel> make_model_files(const MakeModelOptions& options) {
   if (options.num_shards < 1) {
     return make_error(ErrorCode::kInvalidArgument, "num_shards must be >= 1");
   }
+  if (!(options.lm_head_scale > 0)) {
+    return make_error(ErrorCode::kInvalidArgument, "lm_head_scale must be > 0");
+  }
   ModelConfig config = preset_config(options.preset, options.arch);
+  if (options.head_dim) config.head_dim = *options.head_dim;
   TokenizerInfo tokenizer;
   std::optional<GeneratedTokenizer> generated;
   if (options.tokenizer_dir) {
@@ -344,7 +351,8 @@ Result<MadeModel> make_model_files(const MakeModelOptions& options) {
                            : (options.dtype == TensorDtype::kF16 ? "float16" : "bfloat16");
   if (auto s = validate_model_config(config); !s) return std::unexpected(s.error());
 
-  const TensorStore tensors = make_random_tensors(config, options.seed, options.dtype);
+  const TensorStore tensors =
+      make_random_tensors(config, options.seed, options.dtype, options.lm_head_scale);
   MadeModel made;
   made.config = config;
   for (const std::string& name : tensors.names()) {

@@ -60,7 +60,12 @@ ModelConfig preset_config(ModelPreset preset, Architecture arch,
                           std::optional<int32_t> vocab_size = std::nullopt);
 
 // Random weights for `config` under their Hugging Face names, stored as `dtype`.
-TensorStore make_random_tensors(const ModelConfig& config, uint64_t seed, TensorDtype dtype);
+// `lm_head_scale` multiplies the LM head's standard deviation (the embedding's when they are
+// tied): logits of standard deviation about 2 × it. Random weights give flat logits, where a
+// GPU's BF16 rounding can flip a greedy choice between two runs that should agree; the GPU
+// tests make them peaky (8: the top token well clear of the next).
+TensorStore make_random_tensors(const ModelConfig& config, uint64_t seed, TensorDtype dtype,
+                                double lm_head_scale = 1.0);
 
 // The preset's model in memory, without files.
 Result<std::unique_ptr<Model>> make_preset_model(ModelPreset preset, Architecture arch,
@@ -79,6 +84,10 @@ struct MakeModelOptions {
   // Overrides the vocabulary size; must cover the tokenizer's largest id.
   std::optional<int32_t> vocab_size;
   int num_shards = 1;  // > 1: model-0000i-of-0000n.safetensors + index
+  // Overrides the preset's head size (the GPU kernels take 64 and 128; the tiny preset's is
+  // 16 or 32): the query and KV widths follow it, the hidden size stays.
+  std::optional<int32_t> head_dim;
+  double lm_head_scale = 1.0;  // make_random_tensors'; > 0
 };
 
 struct MadeModel {

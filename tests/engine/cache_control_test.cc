@@ -11,6 +11,7 @@
 #include "engine/engine_test_access.h"
 #include "engine_test_util.h"
 #include "model/make_model.h"
+#include "test_device.h"
 
 namespace strata {
 namespace {
@@ -25,10 +26,8 @@ std::string session_name(int i) {
 class CacheControlTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 17,
-                                   ModelOptions{.num_threads = 1});
-    ASSERT_TRUE(model.has_value()) << model.error().message;
-    model_ = std::move(*model);
+    STRATA_TEST_MODEL(model_, ModelPreset::kTiny, Architecture::kLlama, 17,
+                      ModelOptions{.num_threads = 1});
   }
 
   std::unique_ptr<Engine> start(bool hicache, EngineOptions o = {}) {
@@ -38,7 +37,7 @@ class CacheControlTest : public ::testing::Test {
     o.chunked_prefill_size = 256;
     o.hicache.enabled = hicache;
     o.hicache.ratio = 4.0;
-    auto e = Engine::create(model_.get(), o, {});
+    auto e = create_test_engine(model_, o, {});
     EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
     return e ? std::move(*e) : nullptr;
   }
@@ -56,7 +55,7 @@ class CacheControlTest : public ::testing::Test {
     return hashes;
   }
 
-  std::unique_ptr<Model> model_;
+  TestModel model_;  // before the engines that run on it
 };
 
 TEST_F(CacheControlTest, PinUnpinAndTheirCounts) {

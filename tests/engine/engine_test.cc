@@ -9,6 +9,7 @@
 
 #include "engine_test_util.h"
 #include "model/make_model.h"
+#include "test_device.h"
 
 namespace strata {
 namespace {
@@ -16,14 +17,12 @@ namespace {
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 7,
-                                   ModelOptions{.num_threads = 1});
-    ASSERT_TRUE(model.has_value()) << model.error().message;
-    model_ = std::move(*model);
+    STRATA_TEST_MODEL(model_, ModelPreset::kTiny, Architecture::kLlama, 7,
+                      ModelOptions{.num_threads = 1});
   }
 
   std::unique_ptr<Engine> start(EngineOptions opts) {
-    auto e = Engine::create(model_.get(), opts, [this](std::vector<KvEvent> batch) {
+    auto e = create_test_engine(model_, opts, [this](std::vector<KvEvent> batch) {
       std::lock_guard lock(events_mutex_);
       for (auto& ev : batch) events_.push_back(std::move(ev));
     });
@@ -53,7 +52,7 @@ class EngineTest : public ::testing::Test {
     EXPECT_TRUE(inv.has_value()) << inv.error().message;
   }
 
-  std::unique_ptr<Model> model_;
+  TestModel model_;  // before the engines that run on it
   std::mutex events_mutex_;
   std::vector<KvEvent> events_;
 };

@@ -6,6 +6,7 @@
 #include "engine/engine.h"
 #include "engine_test_util.h"
 #include "model/make_model.h"
+#include "test_device.h"
 
 namespace strata {
 namespace {
@@ -13,12 +14,10 @@ namespace {
 class FullHitTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 7,
-                                   ModelOptions{.num_threads = 1});
-    ASSERT_TRUE(model.has_value()) << model.error().message;
-    model_ = std::move(*model);
-    auto e = Engine::create(model_.get(), EngineOptions{.page_size = 4, .kv_cache_tokens = 1024},
-                            nullptr);
+    STRATA_TEST_MODEL(model_, ModelPreset::kTiny, Architecture::kLlama, 7,
+                      ModelOptions{.num_threads = 1});
+    auto e =
+        create_test_engine(model_, EngineOptions{.page_size = 4, .kv_cache_tokens = 1024}, nullptr);
     ASSERT_TRUE(e.has_value()) << e.error().message;
     engine_ = std::move(*e);
   }
@@ -29,7 +28,7 @@ class FullHitTest : public ::testing::Test {
     return engine_->counters();
   }
 
-  std::unique_ptr<Model> model_;
+  TestModel model_;  // before the engines that run on it
   std::unique_ptr<Engine> engine_;
 };
 

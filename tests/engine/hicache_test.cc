@@ -14,6 +14,7 @@
 #include "engine/engine_test_access.h"
 #include "engine_test_util.h"
 #include "model/make_model.h"
+#include "test_device.h"
 
 namespace strata {
 namespace {
@@ -21,10 +22,8 @@ namespace {
 class HiCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 11,
-                                   ModelOptions{.num_threads = 1});
-    ASSERT_TRUE(model.has_value()) << model.error().message;
-    model_ = std::move(*model);
+    STRATA_TEST_MODEL(model_, ModelPreset::kTiny, Architecture::kLlama, 11,
+                      ModelOptions{.num_threads = 1});
     dir_ = std::filesystem::temp_directory_path() /
            ("strata-hicache-test-" + std::to_string(::getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -46,7 +45,7 @@ class HiCacheTest : public ::testing::Test {
   }
 
   std::unique_ptr<Engine> start(EngineOptions o) {
-    auto e = Engine::create(model_.get(), std::move(o), {});
+    auto e = create_test_engine(model_, std::move(o), {});
     EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
     return e ? std::move(*e) : nullptr;
   }
@@ -68,7 +67,7 @@ class HiCacheTest : public ::testing::Test {
   // Waits until no copy is in flight (backups land asynchronously).
   static void settle(Engine& e) { settle_transfers(e); }
 
-  std::unique_ptr<Model> model_;
+  TestModel model_;  // before the engines that run on it
   std::filesystem::path dir_;
 };
 
@@ -194,14 +193,14 @@ TEST_F(HiCacheTest, FileStorageIsSharedAcrossRestartsAndChecked) {
 TEST_F(HiCacheTest, BadOptionsAreRefused) {
   EngineOptions o = options();
   o.hicache.ratio = 0.5;
-  EXPECT_FALSE(Engine::create(model_.get(), o, {}).has_value());
+  EXPECT_FALSE(create_test_engine(model_, o, {}).has_value());
   o = options();
   o.hicache.enabled = false;
   o.hicache.storage_backend = "file";
-  EXPECT_FALSE(Engine::create(model_.get(), o, {}).has_value());
+  EXPECT_FALSE(create_test_engine(model_, o, {}).has_value());
   o = options();
   o.hicache.storage_backend = "nfs";
-  EXPECT_FALSE(Engine::create(model_.get(), o, {}).has_value());
+  EXPECT_FALSE(create_test_engine(model_, o, {}).has_value());
 }
 
 // The host tier's copies through a device the test controls (tests/memory/fake_copy_device.h,
@@ -304,7 +303,7 @@ TEST_F(CopyFaultTest, AnOverlappedLoadWaitsLayerByLayerOnTheComputeStream) {
   // One compute wait per layer of the model, each on a load event, in increasing order (a
   // layer's event is issued after the one before it).
   const std::vector<CopyEvent> waits = device.compute_waits_now();
-  ASSERT_EQ(waits.size() - waits_before, static_cast<size_t>(model_->config().num_layers));
+  ASSERT_EQ(waits.size() - waits_before, static_cast<size_t>(model_.config().num_layers));
   for (size_t i = waits_before; i < waits.size(); ++i) {
     EXPECT_EQ(device.queue_of(waits[i]), CopyQueue::kLoad);
     if (i > waits_before) {

@@ -27,6 +27,7 @@
 #include "engine/engine_test_access.h"
 #include "engine_test_util.h"
 #include "model/make_model.h"
+#include "test_device.h"
 
 namespace strata {
 namespace {
@@ -78,13 +79,11 @@ struct PoolModel {
 class RoomRandomTest : public ::testing::TestWithParam<RoomCase> {
  protected:
   void SetUp() override {
-    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 5,
-                                   ModelOptions{.num_threads = 1});
-    ASSERT_TRUE(model.has_value()) << model.error().message;
-    model_ = std::move(*model);
+    STRATA_TEST_MODEL(model_, ModelPreset::kTiny, Architecture::kLlama, 5,
+                      ModelOptions{.num_threads = 1});
   }
 
-  std::unique_ptr<Model> model_;
+  TestModel model_;  // before the engines that run on it
 };
 
 TEST_P(RoomRandomTest, EveryRequestThatFitsCompletesAndPinsDemoteNeverDrop) {
@@ -101,7 +100,7 @@ TEST_P(RoomRandomTest, EveryRequestThatFitsCompletesAndPinsDemoteNeverDrop) {
     o.hicache.write_policy = c.policy;
     o.hicache.load_overlap = c.overlap;
   }
-  auto created = Engine::create(model_.get(), o, {});
+  auto created = create_test_engine(model_, o, {});
   ASSERT_TRUE(created.has_value()) << created.error().message;
   std::unique_ptr<Engine> e = std::move(*created);
 

@@ -12,6 +12,7 @@
 #include "engine/engine_test_access.h"
 #include "engine_test_util.h"
 #include "model/make_model.h"
+#include "test_device.h"
 
 namespace strata {
 namespace {
@@ -19,14 +20,12 @@ namespace {
 class SchedulingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 17,
-                                   ModelOptions{.num_threads = 1});
-    ASSERT_TRUE(model.has_value()) << model.error().message;
-    model_ = std::move(*model);
+    STRATA_TEST_MODEL(model_, ModelPreset::kTiny, Architecture::kLlama, 17,
+                      ModelOptions{.num_threads = 1});
   }
 
   std::unique_ptr<Engine> start(EngineOptions o) {
-    auto e = Engine::create(model_.get(), o, {});
+    auto e = create_test_engine(model_, o, {});
     EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
     return e ? std::move(*e) : nullptr;
   }
@@ -85,7 +84,7 @@ class SchedulingTest : public ::testing::Test {
     return order_;
   }
 
-  std::unique_ptr<Model> model_;
+  TestModel model_;  // before the engines that run on it
   std::shared_ptr<RequestStream> blocker_;
   std::mutex order_mutex_;
   std::vector<std::string> order_;  // first item (token or finish) per request
@@ -297,7 +296,7 @@ TEST_F(SchedulingTest, OutputBeyondThePoolEndsWithLengthNotAnError) {
   EngineOptions o = serial();
   o.kv_cache_tokens = 256;
   auto e = start(o);
-  ASSERT_LT(256, model_->config().max_position_embeddings);
+  ASSERT_LT(256, model_.config().max_position_embeddings);
   const Outcome out = run_greedy(*e, test_prompt(100, 11), 1'000'000);
   EXPECT_EQ(out.reason, FinishReason::kLength) << out.error;
   EXPECT_EQ(out.tokens.size(), 156u);  // 256 - 100

