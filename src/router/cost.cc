@@ -115,8 +115,11 @@ CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
     const double deficit = std::max(0.0, mean_assigned - static_cast<double>(w.sessions_assigned));
     const double bonus = std::max(weights.load_floor_bonus,
                                   static_cast<double>(shared_tokens) * weights.prefill_token);
-    // Full at half the mean or below, nothing at the mean (cost.h).
-    t.floor = bonus * std::min(1.0, 2.0 * deficit / std::max(1.0, mean_assigned));
+    // Full at half the mean or below, nothing at the mean, less the shared prefix the worker
+    // is credited with already (cost.h).
+    const double held = std::min(t.credited_tokens, static_cast<double>(shared_tokens));
+    t.floor = std::max(0.0, bonus * std::min(1.0, 2.0 * deficit / std::max(1.0, mean_assigned)) -
+                                held * weights.prefill_token);
   }
   t.cost = t.prefill + t.load - t.sticky - t.floor;
   return t;

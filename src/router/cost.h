@@ -15,8 +15,9 @@
 //   load(w)    = inflight_prefill_tokens(w) * inflight_prefill_token
 //              + decode_requests(w) * decode_request
 //   sticky(w)  = sticky_bonus                      if the request's session is bound to w
-//   floor(w)   = max(load_floor_bonus, shared * prefill_token)
-//                * min(1, 2 * max(0, mean - assigned(w)) / max(1, mean))
+//   floor(w)   = max(0, max(load_floor_bonus, shared * prefill_token)
+//                       * min(1, 2 * max(0, mean - assigned(w)) / max(1, mean))
+//                       - min(credited_tokens(w), shared) * prefill_token)
 //                                                  if the request is not sticky (below)
 //
 // Cached credit. The worker's leading cached run of the prompt has n = D + H + S blocks,
@@ -55,6 +56,12 @@
 // bonus is at least `shared`: the prompt tokens cached on two or more eligible workers
 // (the second-longest cached run), which a cold worker pays once to join them. A prefix
 // cached on one worker only (a conversation) is not shared and keeps its full weight.
+// The floor makes up for the shared prefix a worker lacks; it is not added on top of the
+// credit for the shared prefix it holds (session 23). Added on top, a warm worker a session
+// below the mean (2/3 of the bonus at a mean of three) beat a worker at half the mean that
+// lacked the boilerplate (whose full floor only made up for the missing prefix), so the
+// workers that had fallen behind stayed behind: 1-3 of 64 ended an agentic trace with one
+// session of a mean of 3.1. Now both cost the same there and the load decides.
 //
 // The pool. Workers that are not eligible (unhealthy, breaker open, draining) and
 // prefill-role workers (prefill_only: they serve only a decode worker's prefill orders,

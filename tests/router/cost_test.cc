@@ -194,6 +194,42 @@ TEST(CostTest, TheFloorBonusIsGraduated) {
   EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, true, 16.0).floor, 0.0);
 }
 
+// The floor makes up for the shared prefix a worker lacks, not on top of the one it holds:
+// a warm worker a session below the mean, holding the shared system prompt, and one at half
+// the mean without it cost the same before load, and the less loaded (the one behind) wins.
+TEST(CostTest, TheFloorIsNotAddedOnTopOfTheSharedPrefixHeld) {
+  const CostWeights weights = default_weights();
+  const RequestFeatures request = new_session(16'000);  // 12,000 tokens of it shared
+  std::vector<WorkerCandidate> ws = {worker(0), worker(1), worker(2)};
+  for (WorkerCandidate& w : ws) w.load_fraction = 0.0;  // cached blocks certain to stay
+  ws[0].cached_device_blocks = 750;  // 12,000 tokens: the system prompt
+  ws[0].sessions_assigned = 3;       // a session below the mean of 4
+  ws[0].decode_requests = 3;
+  ws[1].cached_device_blocks = 750;
+  ws[1].sessions_assigned = 7;
+  ws[1].decode_requests = 7;
+  ws[2].sessions_assigned = 2;  // half the mean: the full floor, and no system prompt
+  ws[2].decode_requests = 1;
+  const double mean = 4.0;
+  const int64_t shared = shared_cached_tokens(request, ws);
+  ASSERT_EQ(shared, 12'000);
+  const CostTerms warm = cost_terms(request, ws[0], weights, false, mean, shared);
+  const CostTerms behind = cost_terms(request, ws[2], weights, false, mean, shared);
+  // The warm worker's floor (half the bonus) is less than the prefix it holds: none left.
+  EXPECT_DOUBLE_EQ(warm.floor, 0.0);
+  // The one behind gets the whole bonus (the shared prefix: 12,000 tokens).
+  EXPECT_DOUBLE_EQ(behind.floor, 12'000.0 * weights.prefill_token);
+  EXPECT_DOUBLE_EQ(warm.prefill - warm.floor, behind.prefill - behind.floor);
+  const Decision d = choose_or_die(request, ws);
+  EXPECT_EQ(d.worker, 2u);
+  // Without its floor the warm worker would have won: the floor decided.
+  EXPECT_EQ(d.reason, RouteReason::kLoadFloor);
+  // A worker holding part of the shared prefix gets the rest of the floor.
+  ws[2].cached_device_blocks = 250;  // 4,000 of the 12,000
+  EXPECT_DOUBLE_EQ(cost_terms(request, ws[2], weights, false, mean, shared).floor,
+                   8'000.0 * weights.prefill_token);
+}
+
 TEST(CostTest, StickyWinsOverASmallCacheAdvantageElsewhere) {
   std::vector<WorkerCandidate> ws = {worker(0), worker(1), worker(2)};
   ws[0].cached_device_blocks = 64;  // the session's prefix, 1024 tokens
