@@ -144,7 +144,10 @@ engine_tests_on_gpu() {
   local filter=()
   ((smoke)) && filter=(--gtest_filter='TestDeviceTest.*')
   local rc=0
-  STRATA_TEST_DEVICE=cuda timeout --kill-after=10 240 \
+  local limit=$((final_deadline - SECONDS))
+  ((limit > 150)) && limit=150
+  ((limit < 30)) && limit=30
+  STRATA_TEST_DEVICE=cuda timeout --kill-after=10 "$limit" \
     env "LD_LIBRARY_PATH=$libpath" "$bin/engine_tests" "${filter[@]}" >"$out/engine_tests.txt" 2>&1 || rc=$?
   grep -E "^\[  (FAILED|SKIPPED) |tests ran|PASSED" "$out/engine_tests.txt" | tail -n 20 || true
   echo "-- engine tests on the GPU: exit $rc" | tee -a "$out/checks.txt"
@@ -167,13 +170,19 @@ suites_on_gpu() {
   if [[ ! -d $js/node_modules/openai && -f $stage_dir/js.tar.xz ]]; then
     unxz_stream <"$stage_dir/js.tar.xz" | tar -C "$js" -xf -
   fi
+  # The suites spawn strata themselves: a wrapper puts the staged libraries on its path
+  # alone (node keeps the machine's own).
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$libpath" "$bin/strata" >"$unpacked/strata"
+  chmod +x "$unpacked/strata"
   local suite rc
   mkdir -p "$out/suites"
   for suite in http_api conversations cache_events; do
     rc=0
-    STRATA_TEST_DEVICE=cuda STRATA_BIN=$bin/strata STRATA_SOURCE_DIR=$root \
-      STRATA_TEST_DIR=$unpacked/test-work LD_LIBRARY_PATH=$libpath \
-      timeout --kill-after=10 150 "${node[@]}" tests/server/device_gate.mjs \
+    local limit=$((final_deadline - SECONDS))
+    ((limit > 90)) && limit=90
+    ((limit < 30)) && limit=30
+    STRATA_TEST_DEVICE=cuda STRATA_BIN=$unpacked/strata STRATA_SOURCE_DIR=$root \
+      STRATA_TEST_DIR=$unpacked/test-work timeout --kill-after=10 "$limit" "${node[@]}" tests/server/device_gate.mjs \
       "tests/server/$suite.test.mjs" >"$out/suites/$suite.txt" 2>&1 || rc=$?
     { grep -E "^# (tests|pass|fail|skipped)" "$out/suites/$suite.txt" || tail -n 1 "$out/suites/$suite.txt"; } |
       tr '\n' ' ' || true
@@ -312,14 +321,21 @@ run_checks() {
   grep -F "[tier ttft]" "$out/cuda_tests.txt" >"$out/tier_ttft.txt" || true
   cat "$out/tier_ttft.txt"
   echo "== gpu-check: the kernel and model checks passed"
+  # The engine tests, the benchmarks and the suites share the run's budget (the device
+  # tool's command limit is 10 minutes; a fresh machine's start takes some of the session's
+  # 15): the suites' share is kept back from the benchmarks, which come between.
+  final_deadline=$((SECONDS + ${STRATA_GPU_BUDGET_S:-500}))
+  local suites_reserve=100
+  ((smoke)) && suites_reserve=0
   late_failures=()
   engine_tests_on_gpu
-  ((smoke)) || suites_on_gpu
-  if [[ $benches == none ]]; then finish_checks; return; fi
+  if [[ $benches == none ]]; then
+    ((smoke)) || suites_on_gpu
+    finish_checks
+    return
+  fi
   : >"$out/bench-steps.txt"
-  # The benchmarks share what is left of the run's budget (the device tool's command limit
-  # is 10 minutes; a fresh machine's start takes some of the session's 15).
-  deadline=$((SECONDS + ${STRATA_GPU_BUDGET_S:-500}))
+  deadline=$((final_deadline - suites_reserve))
   if ((smoke)); then
     wanted forward && forward_benchmarks "$small_shape"
   else
@@ -368,6 +384,7 @@ run_checks() {
         --out "$out/load-overlap-$ov" >"$out/load-overlap-$ov.log" 2>&1
     done
   fi
+  ((smoke)) || suites_on_gpu
   python3 scripts/gpu_summary.py "$out" >/dev/null 2>&1 || true
   echo "== gpu-check: benchmark steps"
   cat "$out/bench-steps.txt"
