@@ -2,7 +2,7 @@
 // stops it by its process id. The model is the tiny preset with the real Qwen3 tokenizer
 // and chat template, made once per build directory.
 import { spawn, execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import assert from 'node:assert/strict';
 
@@ -31,9 +31,17 @@ export function tinyQwen3Model() {
   const onGpu = TEST_DEVICE === 'cuda';
   const dir = path.join(WORK_DIR, onGpu ? 'tiny-qwen3-gpu' : 'tiny-qwen3');
   if (!existsSync(path.join(dir, 'config.json'))) {
-    mkdirSync(dir, { recursive: true });
-    execFileSync(STRATA, ['make-model', '--out', dir, '--preset', 'tiny', '--arch', 'qwen3', '--seed', '3',
+    // Made beside it and renamed into place: suites started at once (ctest -j) never read a
+    // half-written folder, and the first to finish wins.
+    mkdirSync(WORK_DIR, { recursive: true });
+    const tmp = mkdtempSync(path.join(WORK_DIR, 'making-'));
+    execFileSync(STRATA, ['make-model', '--out', tmp, '--preset', 'tiny', '--arch', 'qwen3', '--seed', '3',
       ...(onGpu ? ['--head-dim', '64', '--lm-head-scale', '8'] : []), '--tokenizer-dir', QWEN3_TOKENIZER]);
+    try {
+      renameSync(tmp, dir);
+    } catch {
+      rmSync(tmp, { recursive: true, force: true });  // another suite's folder is in place
+    }
   }
   return dir;
 }
