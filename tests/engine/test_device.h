@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../cuda/gpu_test_util.h"
 #include "cuda/cuda_device.h"
 #include "cuda/gpu_model.h"
 #include "engine/engine.h"
@@ -47,11 +48,6 @@ inline Result<TestDevice> test_device() {
   if (name == "cuda") return TestDevice::kCuda;
   if (name == "own-kv") return TestDevice::kOwnKv;
   return bad_argument("STRATA_TEST_DEVICE=" + std::string(name) + ": cpu, cuda or own-kv");
-}
-
-inline bool test_gpu_required() {
-  const char* v = std::getenv("STRATA_REQUIRE_GPU");
-  return v != nullptr && std::string_view(v) == "1";
 }
 
 // The preset's model on the test device, and the forward model of each engine made on it.
@@ -73,7 +69,7 @@ class TestModel {
     }
     if (m.device_ != TestDevice::kCpu) m.config_.head_dim = 64;
     if (auto s = validate_model_config(m.config_); !s) return std::unexpected(s.error());
-    m.tensors_ = std::make_shared<TensorStore>(make_random_tensors(
+    m.tensors_ = std::make_unique<TensorStore>(make_random_tensors(
         m.config_, seed, TensorDtype::kF32, m.device_ == TestDevice::kCpu ? 1.0 : 8.0));
     auto cpu = Model::from_tensors(m.config_, *m.tensors_, options);
     if (!cpu) return std::unexpected(cpu.error());
@@ -111,7 +107,7 @@ class TestModel {
   TestDevice device_ = TestDevice::kCpu;
   ModelOptions options_;
   ModelConfig config_;
-  std::shared_ptr<TensorStore> tensors_;
+  std::unique_ptr<TensorStore> tensors_;  // the weights, for own-kv models
   std::unique_ptr<Model> cpu_;
   std::vector<std::unique_ptr<ForwardModel>> models_;
 };
@@ -136,7 +132,7 @@ inline Result<std::unique_ptr<Engine>> create_test_engine(
       if (made_.error().code == ::strata::ErrorCode::kUnsupported &&          \
           ::strata::test_device().value_or(::strata::TestDevice::kCpu) ==     \
               ::strata::TestDevice::kCuda &&                                  \
-          !::strata::test_gpu_required()) {                                   \
+          !::strata::cuda::gpu_required()) {                                  \
         GTEST_SKIP() << "STRATA_TEST_DEVICE=cuda: " << made_.error().message; \
       }                                                                       \
       FAIL() << made_.error().message;                                        \

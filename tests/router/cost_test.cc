@@ -202,8 +202,8 @@ TEST(CostTest, TheFloorIsNotAddedOnTopOfTheSharedPrefixHeld) {
   const RequestFeatures request = new_session(16'000);  // 12,000 tokens of it shared
   std::vector<WorkerCandidate> ws = {worker(0), worker(1), worker(2)};
   for (WorkerCandidate& w : ws) w.load_fraction = 0.0;  // cached blocks certain to stay
-  ws[0].cached_device_blocks = 750;  // 12,000 tokens: the system prompt
-  ws[0].sessions_assigned = 3;       // a session below the mean of 4
+  ws[0].cached_device_blocks = 750;                     // 12,000 tokens: the system prompt
+  ws[0].sessions_assigned = 3;                          // a session below the mean of 4
   ws[0].decode_requests = 3;
   ws[1].cached_device_blocks = 750;
   ws[1].sessions_assigned = 7;
