@@ -150,15 +150,19 @@ struct Scored {
   CostTerms terms;
 };
 
-// The index of the lowest value of `cost_of` over `pool` (sorted by id: the first minimum
-// is the lowest id).
+// The index of the lowest value of `cost_of` over `pool` (sorted by id). Equal values go to
+// fewer live sessions, then to the first at or after position `start` in id order (cost.h,
+// Choice).
 template <typename F>
-size_t argmin(const std::vector<Scored>& pool, F cost_of) {
-  size_t best = 0;
-  double best_cost = cost_of(pool[0]);
-  for (size_t i = 1; i < pool.size(); ++i) {
+size_t argmin(const std::vector<Scored>& pool, F cost_of, size_t start) {
+  const size_t n = pool.size();
+  size_t best = start % n;
+  double best_cost = cost_of(pool[best]);
+  for (size_t k = 1; k < n; ++k) {
+    const size_t i = (start + k) % n;
     const double c = cost_of(pool[i]);
-    if (c < best_cost) {
+    if (c < best_cost ||
+        (c == best_cost && pool[i].worker->sessions_assigned < pool[best].worker->sessions_assigned)) {
       best = i;
       best_cost = c;
     }
@@ -228,7 +232,9 @@ std::optional<Decision> choose(const RequestFeatures& request,
     pool.push_back({c, cost_terms(request, *c, weights, request_is_sticky, mean_assigned, shared)});
   }
 
-  const size_t best = argmin(pool, [](const Scored& s) { return s.terms.cost; });
+  const size_t best = argmin(
+      pool, [](const Scored& s) { return s.terms.cost; },
+      static_cast<size_t>(request.tie_break % pool.size()));
   size_t chosen = best;
   if (weights.temperature > 0.0 && pool.size() > 1) {
     chosen = sample(pool, best, weights.temperature, rng);
@@ -236,7 +242,7 @@ std::optional<Decision> choose(const RequestFeatures& request,
 
   // A term decided the choice when, without it, a worker that costs more than the chosen
   // one now would cost as little or less (workers tied with the chosen one, the tie broken
-  // by id, do not count: the term did not separate them).
+  // by sessions and position, do not count: the term did not separate them).
   const double chosen_cost = pool[chosen].terms.cost;
   auto decided_by = [&](auto term_of) {
     const double without = chosen_cost + term_of(pool[chosen]);

@@ -71,15 +71,22 @@
 // set and the router queues the request (AdmissionQueue) instead of sending it; the
 // decision still names the best worker.
 //
-// Choice. temperature == 0: the minimum cost; equal costs go to the lowest worker id
-// (deterministic, whatever the order of the candidates; the router's own in-flight
-// accounting makes the next request of a burst see the chosen worker as busier). temperature > 0:
+// Choice. temperature == 0: the minimum cost. Equal costs go to the worker with fewer live
+// session bindings, and among those to the first at or after position
+// RequestFeatures::tie_break (mod the pool's size) in id order: deterministic, whatever the
+// order of the candidates. The router passes its count of decisions, so that ties rotate
+// over the workers. Ties are common: idle workers at the same floor cost exactly the same,
+// whatever shared prefix they hold (above). Always breaking them toward the lowest id gave
+// the lower half of 64 workers 3.5-3.7 sessions each over an agentic trace and the upper
+// half 2.6-2.8, and left one or two workers with a single session (session 24,
+// docs/benchmarks.md). The router's own in-flight accounting makes the next request of a
+// burst see the chosen worker as busier. temperature > 0:
 // worker w is drawn with probability proportional to exp(-(cost(w) - min cost) / temperature)
 // (temperature in tokens: 1024 makes a worker 1024 tokens worse e times less likely).
 //
 // Reason (the x-strata-route header), the first that holds. A term "decided" when,
 // without it, a worker that costs more than the chosen one would cost as little or less
-// (workers tied with the chosen one do not count: the id broke that tie):
+// (workers tied with the chosen one do not count: the tie-break separated them):
 //   only       one worker in the pool
 //   random     temperature drew another worker than the minimum
 //   sticky     the sticky bonus decided (the chosen worker is the session's)
@@ -154,6 +161,8 @@ struct RequestFeatures {
   int64_t prompt_tokens = 0;  // >= 0
   bool has_session = false;   // the request names a session
   bool new_session = false;   // ... that has no binding yet
+  // Where ties start in the pool's id order (the choice above); the router's decision count.
+  uint64_t tie_break = 0;
 };
 
 enum class RouteReason : uint8_t { kOnly, kRandom, kSticky, kLoadFloor, kCache, kLoad };

@@ -1085,6 +1085,7 @@ std::optional<RouteChoice> Router::Impl::choose(const RouteRequest& req) {
     f.prompt_tokens = static_cast<int64_t>(req.tokens.size());
     f.has_session = !req.session.empty();
     f.new_session = f.has_session && !binding;
+    f.tie_break = cost_decisions++;
     d = strata::router::choose(f, cands, weights, rng);
   }
   if (!d) return std::nullopt;

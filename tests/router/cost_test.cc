@@ -447,6 +447,68 @@ TEST(CostTest, TemperatureSamplesByExpOfMinusCostOverT) {
   }
 }
 
+// Equal costs go to fewer live sessions, then to the first worker at or after tie_break in
+// id order, whatever the order of the candidates: ties rotate over the workers instead of
+// always going to the lowest id.
+TEST(CostTest, TiesGoToFewerSessionsThenRotateOverTheWorkers) {
+  CostWeights weights = default_weights();
+  weights.load_floor_bonus = 0;  // sessions change no cost: every worker costs the same
+  std::vector<WorkerCandidate> ws = {worker(12), worker(10), worker(13), worker(11)};
+  RequestFeatures request{100, true, true};
+  std::array<int, 4> chosen{};
+  for (uint64_t t = 0; t < 8; ++t) {
+    request.tie_break = t;
+    const Decision d = choose_or_die(request, ws, weights);
+    EXPECT_EQ(d.worker, 10 + t % 4) << "tie_break " << t;
+    EXPECT_EQ(d.reason, RouteReason::kLoad);
+    ++chosen[d.worker - 10];
+  }
+  EXPECT_EQ(chosen, (std::array<int, 4>{2, 2, 2, 2}));
+
+  ws[0].sessions_assigned = 1;  // worker 12
+  ws[1].sessions_assigned = 1;  // worker 10
+  request.tie_break = 0;        // from worker 10 on: 10 has one, 11 none
+  EXPECT_EQ(choose_or_die(request, ws, weights).worker, 11u);
+  request.tie_break = 2;  // from worker 12 on: 12 has one, 13 none
+  EXPECT_EQ(choose_or_die(request, ws, weights).worker, 13u);
+  ws[3].sessions_assigned = 1;  // worker 11: only 13 has none
+  request.tie_break = 1;
+  EXPECT_EQ(choose_or_die(request, ws, weights).worker, 13u);
+
+  // A cost lower by a token wins whatever the sessions and the position.
+  ws[1].inflight_prefill_tokens = 0;
+  ws[2].inflight_prefill_tokens = 2;  // worker 13: +1 token
+  EXPECT_EQ(choose_or_die(request, ws, weights).worker, 11u);
+}
+
+// With the load floor on, a stream of new sessions over idle workers that hold the same
+// boilerplate spreads evenly: every worker within one session of every other, whichever
+// tie_break the stream starts at.
+TEST(CostTest, NewSessionsOverIdleWarmWorkersSpreadWithinOneSession) {
+  constexpr int kWorkers = 16;
+  for (uint64_t start : {0u, 5u, 1000u}) {
+    std::vector<WorkerCandidate> ws;
+    for (uint32_t id = 0; id < kWorkers; ++id) {
+      WorkerCandidate w = worker(id);
+      w.cached_device_blocks = id % 3 == 0 ? 0 : 128;  // a third lack the boilerplate
+      ws.push_back(w);
+    }
+    RequestFeatures request = new_session(2'048 + 512);
+    for (int i = 0; i < 3 * kWorkers + 5; ++i) {
+      request.tie_break = start + static_cast<uint64_t>(i);
+      const Decision d = choose_or_die(request, ws);
+      ++ws[d.worker].sessions_assigned;
+      int64_t lo = ws[0].sessions_assigned;
+      int64_t hi = lo;
+      for (const WorkerCandidate& w : ws) {
+        lo = std::min(lo, w.sessions_assigned);
+        hi = std::max(hi, w.sessions_assigned);
+      }
+      EXPECT_LE(hi - lo, 1) << "start " << start << ", session " << i;
+    }
+  }
+}
+
 TEST(CostTest, ZeroTemperatureNeverTouchesTheGenerator) {
   std::vector<WorkerCandidate> ws = {worker(0), worker(1)};
   std::mt19937_64 rng(3);
