@@ -118,8 +118,8 @@ CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
     // Full at half the mean or below, nothing at the mean, less the shared prefix the worker
     // is credited with already (cost.h).
     const double held = std::min(t.credited_tokens, static_cast<double>(shared_tokens));
-    t.floor = std::max(0.0, bonus * std::min(1.0, 2.0 * deficit / std::max(1.0, mean_assigned)) -
-                                held * weights.prefill_token);
+    const double scale = mean_assigned > 0.0 ? std::min(1.0, 2.0 * deficit / mean_assigned) : 0.0;
+    t.floor = std::max(0.0, bonus * scale - held * weights.prefill_token);
   }
   t.cost = t.prefill + t.load - t.sticky - t.floor;
   return t;
@@ -140,7 +140,7 @@ int64_t shared_cached_tokens(const RequestFeatures& request,
       second = tokens;
     }
   }
-  return second;
+  return request.new_session ? longest : second;
 }
 
 namespace {
@@ -161,8 +161,8 @@ size_t argmin(const std::vector<Scored>& pool, F cost_of, size_t start) {
   for (size_t k = 1; k < n; ++k) {
     const size_t i = (start + k) % n;
     const double c = cost_of(pool[i]);
-    if (c < best_cost ||
-        (c == best_cost && pool[i].worker->sessions_assigned < pool[best].worker->sessions_assigned)) {
+    if (c < best_cost || (c == best_cost && pool[i].worker->sessions_assigned <
+                                                pool[best].worker->sessions_assigned)) {
       best = i;
       best_cost = c;
     }

@@ -16,7 +16,7 @@
 //              + decode_requests(w) * decode_request
 //   sticky(w)  = sticky_bonus                      if the request's session is bound to w
 //   floor(w)   = max(0, max(load_floor_bonus, shared * prefill_token)
-//                       * min(1, 2 * max(0, mean - assigned(w)) / max(1, mean))
+//                       * min(1, 2 * max(0, mean - assigned(w)) / mean)   (0 when mean is 0)
 //                       - min(credited_tokens(w), shared) * prefill_token)
 //                                                  if the request is not sticky (below)
 //
@@ -42,20 +42,32 @@
 // session whose worker is saturated, ineligible or being migrated away from). A worker at
 // or below half the mean gets the full bonus (a cold one, and one left with a session or
 // two while the others have many); above that it falls linearly to nothing at the mean:
-// one a session below a mean of 16 gets 1/8 of it. Below a mean of one session the mean
-// counts as one. With the bonus scaled by (mean - assigned) / mean instead (session 17), a
-// worker with one session of a mean of three kept only two thirds of it, less than the
-// boilerplate a warm worker had cached, and 3-7 of 64 workers ended an agentic trace with
-// one session; with the full bonus up to half the mean, 0-2 (docs/benchmarks.md). The
-// default (8192 tokens) dominates a shared boilerplate prefix (a system prompt
-// and tool schemas of a few thousand tokens that every warm worker holds) but not a
-// genuine long prefix (a conversation of tens of thousands of tokens cached on one
-// worker), so new sessions spread to a cold worker until it catches up while cache hits
-// that matter are kept. Boilerplate longer than the bonus (an agent's 12K-token system
-// prompt and tool schemas) would outweigh it and keep a cold worker cold for good, so the
-// bonus is at least `shared`: the prompt tokens cached on two or more eligible workers
-// (the second-longest cached run), which a cold worker pays once to join them. A prefix
-// cached on one worker only (a conversation) is not shared and keeps its full weight.
+// one a session below a mean of 16 gets 1/8 of it. The same below a mean of one session:
+// while fewer sessions than workers have started, every worker without one gets the full
+// bonus. Until session 24 the mean counted as one there, so a cold worker got only twice
+// the mean of the bonus (an eighth at the 4th of 64 sessions): the first 14 of 200
+// sessions of an agentic trace went by cache onto the 3 workers holding their system
+// prompts while 60 stood idle, and those stayed the busiest all run. With the bonus scaled by (mean
+// - assigned) / mean instead (session 17), a worker with one session of a mean of three kept only
+// two thirds of it, less than the boilerplate a warm worker had cached, and 3-7 of 64 workers ended
+// an agentic trace with one session; with the full bonus up to half the mean, 0-2
+// (docs/benchmarks.md). The default (8192 tokens) dominates a shared boilerplate prefix (a system
+// prompt and tool schemas of a few thousand tokens that every warm worker holds) but not a genuine
+// long prefix (a conversation of tens of thousands of tokens cached on one worker), so new sessions
+// spread to a cold worker until it catches up while cache hits that matter are kept. Boilerplate
+// longer than the bonus (an agent's 12K-token system prompt and tool schemas) would outweigh it and
+// keep a cold worker cold for good, so the bonus is at least `shared`: the prompt tokens cached on
+// two or more eligible workers (the second-longest cached run), which a cold worker pays once to
+// join them. A prefix cached on one worker only (a conversation) is not shared and keeps its full
+// weight, except for a new session (RequestFeatures::new_session): it has no conversation yet, so
+// whatever of its prompt is cached is other sessions' boilerplate, and `shared` is the
+// longest cached run. Before (session 24), a system prompt longer than the bonus held by
+// one worker only (a rare agent's 12K tokens) drew every new session using it to that
+// worker: 7-13 sessions on one of 64 workers against a mean of 3.1, the sessions the rest
+// lacked. The cost of it: a conversation coming back after its binding expired
+// (--session-binding-ttl-s, 10 minutes idle) is scored as a new session, so its worker and
+// an under-assigned cold one cost the same before load, and it may move and be computed
+// again there.
 // The floor makes up for the shared prefix a worker lacks; it is not added on top of the
 // credit for the shared prefix it holds (session 23). Added on top, a warm worker a session
 // below the mean (2/3 of the bonus at a mean of three) beat a worker at half the mean that
@@ -192,7 +204,8 @@ CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& work
 
 // The prompt tokens cached on at least two of the eligible, non-prefill candidates: the
 // second-longest leading cached run (each run is a prefix of the prompt), 0 with fewer
-// than two.
+// than two. For a new session, the longest run (on one candidate or more): none of it can
+// be the session's own.
 int64_t shared_cached_tokens(const RequestFeatures& request,
                              std::span<const WorkerCandidate> candidates);
 

@@ -149,10 +149,11 @@ TEST(CostTest, ALongSharedBoilerplateStillSendsANewSessionToTheColdWorker) {
   EXPECT_GT(cold.cost, warm.cost);
 }
 
-// ...and only what two workers share counts: one worker's long run is a conversation.
+// ...and, for a request that may continue a conversation, only what two workers share
+// counts: one worker's long run may be its conversation.
 TEST(CostTest, OnlyARunCachedOnTwoWorkersIsShared) {
   std::vector<WorkerCandidate> ws = {worker(0), worker(1), worker(2), worker(3)};
-  const RequestFeatures request = new_session(20'000);
+  const RequestFeatures request{20'000, false, false};  // no session
   EXPECT_EQ(shared_cached_tokens(request, ws), 0);
   ws[0].cached_device_blocks = 1000;  // 16,000 tokens
   EXPECT_EQ(shared_cached_tokens(request, ws), 0);
@@ -164,6 +165,32 @@ TEST(CostTest, OnlyARunCachedOnTwoWorkersIsShared) {
   ws[0].eligible = false;  // an ineligible or prefill-only worker does not count
   ws[1].prefill_only = true;
   EXPECT_EQ(shared_cached_tokens(request, ws), 0);
+}
+
+// A new session has no conversation yet: all of its cached prompt is other sessions'
+// boilerplate, even on one worker only. A rare agent's 12K-token system prompt, held by the
+// one worker that served its first session, does not draw every later session using it
+// there once that worker is past the mean: an under-assigned worker costs the same before
+// load, and wins on it.
+TEST(CostTest, ANewSessionCountsWhatOneWorkerHoldsAsShared) {
+  std::vector<WorkerCandidate> ws = {worker(0), worker(1), worker(2), worker(3)};
+  ws[0].cached_device_blocks = 750;  // 12,000 tokens of a rare system prompt
+  ws[0].sessions_assigned = 6;
+  ws[1].sessions_assigned = 1;  // at or below half the mean (2.25): the full floor
+  ws[2].sessions_assigned = 1;
+  ws[3].sessions_assigned = 1;
+  ws[0].decode_requests = 1;
+  RequestFeatures request = new_session(12'500);
+  EXPECT_EQ(shared_cached_tokens(request, ws), 12'000);
+  Decision d = choose_or_die(request, ws);
+  EXPECT_NE(d.worker, 0u);
+  EXPECT_EQ(d.reason, RouteReason::kLoadFloor);
+  // The same prompt without a session (it may continue a conversation on worker 0) stays.
+  request = RequestFeatures{12'500, false, false};
+  EXPECT_EQ(shared_cached_tokens(request, ws), 0);
+  d = choose_or_die(request, ws);
+  EXPECT_EQ(d.worker, 0u);
+  EXPECT_EQ(d.reason, RouteReason::kCache);
 }
 
 TEST(CostTest, TheFloorBonusIsGraduated) {
@@ -185,11 +212,16 @@ TEST(CostTest, TheFloorBonusIsGraduated) {
   EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 16.0).floor, 0.0);
   w.sessions_assigned = 20;
   EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 16.0).floor, 0.0);
-  // A mean below one session counts as one: a quarter of a session below it is half.
+  // Below a mean of one session the same rule: a worker without a session while a few of
+  // many workers have one is at or below half the mean, and gets the full bonus.
   w.sessions_assigned = 0;
-  EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 0.25).floor,
-                   weights.load_floor_bonus * 0.5);
+  EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 0.06).floor, weights.load_floor_bonus);
   EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 0.5).floor, weights.load_floor_bonus);
+  w.sessions_assigned = 1;
+  EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 0.75).floor, 0.0);
+  // No session anywhere: no floor.
+  w.sessions_assigned = 0;
+  EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, false, 0.0).floor, 0.0);
   // Never for a sticky request.
   EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, true, 16.0).floor, 0.0);
 }
@@ -445,6 +477,26 @@ TEST(CostTest, TemperatureSamplesByExpOfMinusCostOverT) {
   for (int i = 0; i < 100; ++i) {
     EXPECT_EQ(choose(request, ws, weights, a)->worker, choose(request, ws, weights, b)->worker);
   }
+}
+
+// The first sessions of a cluster spread instead of following a cached system prompt:
+// while fewer sessions than workers have started, a worker without one has the full floor,
+// which outweighs a prompt of 6,144 tokens cached on one worker only (not shared yet).
+TEST(CostTest, TheFirstSessionsSpreadInsteadOfFollowingACachedSystemPrompt) {
+  constexpr int kWorkers = 16;
+  constexpr int64_t kTemplateBlocks = 384;  // 6,144 tokens
+  std::vector<WorkerCandidate> ws;
+  for (uint32_t id = 0; id < kWorkers; ++id) ws.push_back(worker(id));
+  std::vector<int> sessions_on(kWorkers, 0);
+  for (int i = 0; i < kWorkers; ++i) {
+    RequestFeatures request = new_session(kTemplateBlocks * kBlock + 512);
+    request.tie_break = static_cast<uint64_t>(i);
+    const Decision d = choose_or_die(request, ws);
+    ++sessions_on[d.worker];
+    ++ws[d.worker].sessions_assigned;
+    ws[d.worker].cached_device_blocks = kTemplateBlocks;  // it computed the system prompt
+  }
+  EXPECT_EQ(sessions_on, std::vector<int>(kWorkers, 1));
 }
 
 // Equal costs go to fewer live sessions, then to the first worker at or after tie_break in
