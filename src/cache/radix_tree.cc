@@ -8,6 +8,7 @@
 #include "cache/radix_tree.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -69,7 +70,9 @@ RadixTree::RadixTree(RadixTreeOptions options, PageAllocator* device_pages, KvEv
       events_(events),
       clock_(clock != nullptr ? clock : &SteadyClock::instance()),
       root_(std::make_unique<RadixNode>()),
-      eviction_(eviction != nullptr ? std::move(eviction) : make_lru_eviction_policy()) {
+      eviction_(eviction != nullptr ? std::move(eviction) : make_lru_eviction_policy()),
+      evicted_((device_pages != nullptr ? device_pages->num_pages() : 0) +
+               (host_pages != nullptr ? host_pages->num_pages() : 0)) {
   STRATA_CHECK_MSG(options_.page_size >= 1 && options_.page_size <= 4096,
                    "page_size must be in [1, 4096]");
   STRATA_CHECK(device_pages_ != nullptr);
@@ -520,7 +523,10 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
   update_sets(node);  // no longer a leaf
   ++stats_.num_nodes;
   apply(Acct{}, acct(leaf));
-  if (device) stats_.inserted_pages_total += static_cast<uint64_t>(count);
+  if (device) {
+    stats_.inserted_pages_total += static_cast<uint64_t>(count);
+    count_recomputed(leaf, now_ms);
+  }
   update_sets(leaf);
   emit_stored(leaf, in.medium);
   if (device && hierarchical() && options_.write_policy == WritePolicy::kWriteThrough) {
@@ -608,6 +614,23 @@ int64_t RadixTree::unevictable_pages() const {
   // Pinned pages leave the device by a backup and a demotion: as many as the host can take.
   const int64_t host_room = host_pages_->num_free() + stats_.host_evictable_pages;
   return stats_.protected_pages + std::max<int64_t>(0, backup_bound_pages_ - host_room);
+}
+
+void RadixTree::count_recomputed(const RadixNode* leaf, int64_t now_ms) {
+  if (evicted_.size() == 0) return;
+  int64_t n = 0;
+  for (BlockHash h : leaf->hashes) n += evicted_.take(h) ? 1 : 0;
+  if (n == 0) return;
+  stats_.recomputed_pages_total += static_cast<uint64_t>(n);
+  recomputed_recent_ = recomputed_pages_recent() + static_cast<double>(n);
+  recomputed_recent_ms_ = now_ms;
+}
+
+double RadixTree::recomputed_pages_recent() const {
+  if (recomputed_recent_ == 0.0) return 0.0;
+  const int64_t elapsed = std::max<int64_t>(0, clock_->now_ms() - recomputed_recent_ms_);
+  return recomputed_recent_ *
+         std::exp(-static_cast<double>(elapsed) / static_cast<double>(kRecomputedWindowMs));
 }
 
 TreeStats RadixTree::stats() const {

@@ -60,6 +60,7 @@
 
 #include "cache/block_hash.h"
 #include "cache/block_index.h"
+#include "cache/eviction_history.h"
 #include "cache/eviction_policy.h"
 #include "cache/kv_event.h"
 #include "cache/pin_priority.h"
@@ -116,6 +117,8 @@ struct LockReceipt {
   uint32_t generation = 0;
   bool valid() const { return slot != UINT32_MAX; }
 };
+
+enum class EvictReason : uint8_t { kRoom, kOperator };
 
 struct EvictResult {
   int32_t evicted_pages = 0;  // device pages freed now
@@ -226,7 +229,10 @@ class RadixTree {
   // pages were freed or nothing evictable remains. num_pages <= 0 evicts nothing. With a
   // host tier, a node with a host copy is demoted (kept on the host); a pinned node or,
   // under write_back, any node without one is backed up first (its pages free later).
-  EvictResult evict(int32_t num_pages);
+  // `reason`: kRoom when the pool needs the pages (what it evicts is remembered, and counted
+  // as recomputed should it come back: recomputed_pages_recent), kOperator when an operator
+  // asked (POST /cache/evict, flush).
+  EvictResult evict(int32_t num_pages, EvictReason reason = EvictReason::kRoom);
   // Evicts the given blocks; with `descendants`, also everything below them. What a
   // lock or a pin protects is skipped and counted. Without `descendants`, a block that
   // still has cached descendants is skipped.
@@ -245,6 +251,12 @@ class RadixTree {
   int64_t soft_pinned_blocks_at_most(PinPriority priority) const;
 
   TreeStats stats() const;
+  // Device pages computed again after eviction had removed them for want of room
+  // (TreeStats::recomputed_pages_total), as a count decayed with a time constant of
+  // kRecomputedWindowMs: about those of the last ten seconds. What the pool lacked lately
+  // for the working set it serves (the worker's load, server/worker_info_routes.cc).
+  static constexpr int64_t kRecomputedWindowMs = 10'000;
+  double recomputed_pages_recent() const;
   std::vector<NodeSnapshot> snapshot() const;
   // One node as snapshot() reports it.
   NodeSnapshot snapshot_of(const RadixNode& node) const;
@@ -380,6 +392,30 @@ class RadixTree {
   std::vector<std::unique_ptr<RadixNode>> spare_nodes_;  // removed nodes, emptied, for reuse
   bool unindex_batch_open_ = false;               // remove_leaf leaves its erasures to the batch
   std::vector<BlockIndex::Owned> unindex_batch_;  // removed nodes' entries, to erase
+
+  // Blocks evicted for want of room (evict(), evict_host(); not evict_blocks, flush or
+  // reset, which an operator asked for), as many as both pools hold: a block inserted
+  // again on the device from among them was computed twice (recomputed_pages_total).
+  EvictionHistory evicted_;
+  bool recording_evictions_ = false;  // remove_leaf records what it removes
+  bool operator_eviction_ = false;    // within an operator's evict() or flush()
+  // For the length of an evict(), evict_host() or flush(): records, unless an operator's
+  // eviction is under way (this one or one it is nested in); restores both flags after.
+  class EvictionRecording {
+   public:
+    EvictionRecording(RadixTree& tree, bool by_operator);
+    ~EvictionRecording();
+    EvictionRecording(const EvictionRecording&) = delete;
+    EvictionRecording& operator=(const EvictionRecording&) = delete;
+
+   private:
+    RadixTree& tree_;
+    bool was_operator_;
+    bool was_recording_;
+  };
+  double recomputed_recent_ = 0.0;  // recomputed_pages_recent() at recomputed_recent_ms_
+  int64_t recomputed_recent_ms_ = 0;
+  void count_recomputed(const RadixNode* leaf, int64_t now_ms);
 };
 
 }  // namespace strata

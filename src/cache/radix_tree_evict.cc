@@ -18,6 +18,19 @@
 
 namespace strata {
 
+RadixTree::EvictionRecording::EvictionRecording(RadixTree& tree, bool by_operator)
+    : tree_(tree),
+      was_operator_(tree.operator_eviction_),
+      was_recording_(tree.recording_evictions_) {
+  tree.operator_eviction_ = was_operator_ || by_operator;
+  tree.recording_evictions_ = !tree.operator_eviction_;
+}
+
+RadixTree::EvictionRecording::~EvictionRecording() {
+  tree_.operator_eviction_ = was_operator_;
+  tree_.recording_evictions_ = was_recording_;
+}
+
 void RadixTree::update_sets(RadixNode* node) {
   update_evictable(node);
   update_host_evictable(node);
@@ -76,6 +89,7 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
     index_.erase(unindex_batch_);
     unindex_batch_.clear();
   }
+  if (recording_evictions_) evicted_.record(leaf->hashes);
   if (n > 0 && had_host) emit(BlockRemoved{leaf->hashes, Medium::kDevice});
   // The leaf is destroyed below: its hash vector moves into the last event.
   if (events_ != nullptr) {
@@ -101,9 +115,10 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
   return n;
 }
 
-EvictResult RadixTree::evict(int32_t num_pages) {
+EvictResult RadixTree::evict(int32_t num_pages, EvictReason reason) {
   EvictResult result;
   const bool batch = begin_unindex_batch();
+  const EvictionRecording recording(*this, reason == EvictReason::kOperator);
   std::unordered_set<const RadixNode*> skipped;  // pinned nodes with no host room
   while (result.evicted_pages < num_pages) {
     RadixNode* leaf = skipped.empty()
@@ -224,8 +239,12 @@ EvictBlocksResult RadixTree::evict_blocks(std::span<const BlockHash> hashes, boo
 
 FlushResult RadixTree::flush() {
   FlushResult result;
+  // An operator's flush: what it evicts (through evict() and evict_host() too) is not
+  // recorded as evicted for want of room.
+  const EvictionRecording recording(*this, true);
   if (!hierarchical()) {
-    result.evicted_pages = evict(std::numeric_limits<int32_t>::max()).evicted_pages;
+    result.evicted_pages =
+        evict(std::numeric_limits<int32_t>::max(), EvictReason::kOperator).evicted_pages;
   } else {
     // Children first: drop every unprotected leaf from all tiers; what pins or sessions
     // protect leaves the device for the host (backed up first where needed).
@@ -311,6 +330,8 @@ Status RadixTree::reset() {
   stats_.stored_pages = 0;
   stats_.io_pending_nodes = 0;
   pins_.clear();
+  evicted_.clear();
+  recomputed_recent_ = 0.0;
   stats_.num_nodes = 0;
   stats_.cached_pages = 0;
   stats_.protected_pages = 0;

@@ -40,6 +40,10 @@ struct TreeStats {
   uint64_t matched_pages_total = 0;
   uint64_t evicted_pages_total = 0;
   uint64_t inserted_pages_total = 0;
+  // Of the inserted pages, those whose block the tree had evicted for want of room (within
+  // its last evictions, as many as its pools hold): KV computed twice because the pool was
+  // too small for the working set. Operator evictions (evict, flush, reset) do not count.
+  uint64_t recomputed_pages_total = 0;
   uint64_t expired_pins_total = 0;
   // Hierarchical cache.
   int64_t host_capacity_pages = 0;

@@ -63,7 +63,7 @@ std::future<Result<EvictLruOutcome>> CacheControl::evict_lru(int64_t pages) {
   return scheduler_.call([pages](EngineState& s) -> Result<EvictLruOutcome> {
     if (pages < 0) return make_error(ErrorCode::kInvalidArgument, "pages must be >= 0");
     const auto n = static_cast<int32_t>(std::min<int64_t>(pages, INT32_MAX));
-    const EvictResult r = s.tree.evict(n);
+    const EvictResult r = s.tree.evict(n, EvictReason::kOperator);
     return EvictLruOutcome{.evicted_pages = r.evicted_pages, .pending_pages = r.pending_pages};
   });
 }

@@ -206,7 +206,10 @@ struct EngineCounters {
   int64_t waiting = 0;                   // gauge
   int64_t free_pages = 0;                // gauge: device pages on the free list
   int64_t evictable_pages = 0;           // gauge: device pages the tree could evict now
-  int64_t queued_prefill_tokens = 0;     // gauge: prompt tokens waiting or still to prefill
+  // gauge: device pages computed again after eviction for room removed them, about those
+  // of the last ten seconds (RadixTree::recomputed_pages_recent, rounded)
+  int64_t recomputed_pages_recent = 0;
+  int64_t queued_prefill_tokens = 0;  // gauge: prompt tokens waiting or still to prefill
   // gauge: tool sessions by state (RUNNABLE, OFFLOADING, OFFLOADED, RESTORING)
   std::array<int64_t, 4> tool_sessions_by_state{};
   // Prefill/decode disaggregation. Decode side: rooms ordered, completed, failed (the

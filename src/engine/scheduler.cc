@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
@@ -265,6 +266,7 @@ void Scheduler::publish_load_gauges() {
   // cache filled with long prompts as saturated with a few requests running (issue 33: a
   // router answered 429 to a third of a trace of 10,000-token prompts).
   counters_.evictable_pages = reclaimable_pages() - counters_.free_pages;
+  counters_.recomputed_pages_recent = std::llround(tree_->recomputed_pages_recent());
   int64_t prefill = 0;
   for (const auto& seq : waiting_) {
     prefill += static_cast<int64_t>(seq->tokens.size()) - seq->computed;

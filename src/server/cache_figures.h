@@ -46,6 +46,7 @@ enum class CacheMetric : uint8_t {
   kExpiredPins,
   kHostKvPages,
   kTierEvents,
+  kRecomputedPages,
   kNone,  // no metric
 };
 
@@ -58,7 +59,7 @@ struct CacheMetricFamily {
 
 // Indexed by CacheMetric (kNone excluded). Every one is a gauge: the engine's counts are
 // read whole at each scrape.
-inline constexpr std::array<CacheMetricFamily, 8> kCacheMetricFamilies = {{
+inline constexpr std::array<CacheMetricFamily, 9> kCacheMetricFamilies = {{
     {"strata_kv_pages",
      "Device KV pages by state (total, free, used, cached, pinned, protected, evictable)", "state",
      MetricKind::kGauge},
@@ -78,6 +79,10 @@ inline constexpr std::array<CacheMetricFamily, 8> kCacheMetricFamilies = {{
      "Hierarchical cache and tool-session events since start (pages moved, storage faults, "
      "sessions expired, ...)",
      "event", MetricKind::kGauge},
+    {"strata_kv_recomputed_pages_total",
+     "Device pages computed again after eviction for want of room had removed them (the pool "
+     "too small for its working set)",
+     "", MetricKind::kGauge},
 }};
 
 // The member a figure reads. A Pool member reads the pool of the figure's section (the
@@ -207,6 +212,13 @@ inline constexpr auto kCacheFigures = std::to_array<CacheFigure>({
      .section = CacheSection::kEvictions,
      .key = "evicted_pages_total",
      .metric = CacheMetric::kEvictedPages},
+    {.source = &TreeStats::recomputed_pages_total,
+     .section = CacheSection::kEvictions,
+     .key = "recomputed_pages_total",
+     .metric = CacheMetric::kRecomputedPages},
+    {.source = &EngineCounters::recomputed_pages_recent,
+     .section = CacheSection::kEvictions,
+     .key = "recomputed_pages_recent"},
     {.source = &TreeStats::demoted_pages_total,
      .section = CacheSection::kEvictions,
      .key = "demoted_pages_total",

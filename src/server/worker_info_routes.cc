@@ -96,8 +96,14 @@ json server_info(RouteContext& ctx, const http::Request& req, const CacheState& 
 // The load a router combines with its own accounting (docs/router.md, "Load"), from the
 // gauges the scheduler publishes after every iteration (no wait on the engine):
 //   batch    = running / max_running_requests
-//   memory   = (used device pages that cannot be reclaimed) / capacity
+//   memory   = (used device pages that cannot be reclaimed
+//               + pages computed again lately after eviction for room removed them) / capacity
 //   load_fraction = max(batch, memory) + waiting / max_running_requests
+// The recomputed pages (about those of the last ten seconds, RadixTree::
+// recomputed_pages_recent) are what the pool lacked for its working set: a worker whose
+// cache holds the KV of sessions waiting on tools has it all evictable, yet evicting it
+// means computing it again when they come back (the seed's Q1, eviction storms). Counted as
+// memory in use, they make a router send new work elsewhere before the storm grows.
 // The worker is saturated when requests wait and the batch or the pool is full
 // (load_fraction >= 1); recommended_pause_ms is then how long a router should hold new
 // work back: 200 ms per waiting batch, bounded to [50, 2000] ms.
@@ -109,7 +115,8 @@ json load_json(RouteContext& ctx) {
   const int64_t reclaimable = c.free_pages + c.evictable_pages;
   const double batch = static_cast<double>(c.running) / max_running;
   const double memory =
-      static_cast<double>(std::max<int64_t>(0, cap - reclaimable)) / static_cast<double>(cap);
+      static_cast<double>(std::max<int64_t>(0, cap - reclaimable) + c.recomputed_pages_recent) /
+      static_cast<double>(cap);
   const double fraction = std::max(batch, memory) + static_cast<double>(c.waiting) / max_running;
   const bool saturated = c.waiting > 0 && fraction >= 1.0;
   int64_t pause_ms = 0;
@@ -126,7 +133,8 @@ json load_json(RouteContext& ctx) {
               {"device",
                {{"total_pages", cap},
                 {"free_pages", c.free_pages},
-                {"evictable_pages", c.evictable_pages}}},
+                {"evictable_pages", c.evictable_pages},
+                {"recomputed_pages_recent", c.recomputed_pages_recent}}},
               {"prefill_budget_tokens", c.prefill_budget_tokens},
               {"load_fraction", fraction},
               {"saturated", saturated},

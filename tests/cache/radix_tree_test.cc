@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace strata {
@@ -313,6 +314,45 @@ TEST_F(RadixTreeTest, EvictsLeastRecentlyUsedFirst) {
   EXPECT_FALSE(tree_.contains(hashes(b)[0]));
   EXPECT_TRUE(tree_.contains(hashes(a)[0]));
   EXPECT_TRUE(tree_.contains(hashes(c)[0]));
+  check();
+}
+
+// A block evicted for want of room and computed again counts as recomputed, once; an
+// operator's evict or flush does not count, nor does a block never evicted. The recent
+// count decays with its time constant.
+TEST_F(RadixTreeTest, BlocksComputedAgainAfterEvictionForRoomAreCounted) {
+  const auto a = seq({1, 2, 3});
+  const auto b = seq({7, 8});
+  put(a);
+  put(b);
+  EXPECT_EQ(tree_.evict(1'000).evicted_pages, 5);
+  put(a);  // all three computed again
+  EXPECT_EQ(tree_.stats().recomputed_pages_total, 3u);
+  EXPECT_DOUBLE_EQ(tree_.recomputed_pages_recent(), 3.0);
+  EXPECT_EQ(tree_.evict(1'000).evicted_pages, 3);
+  put(seq({1, 2}));  // two of them again: the eviction before was a new one
+  EXPECT_EQ(tree_.stats().recomputed_pages_total, 5u);
+  put(seq({9}));  // never evicted
+  EXPECT_EQ(tree_.stats().recomputed_pages_total, 5u);
+
+  clock_.advance_ms(RadixTree::kRecomputedWindowMs);
+  EXPECT_NEAR(tree_.recomputed_pages_recent(), 5.0 * std::exp(-1.0), 1e-9);
+  put(b);  // evicted once, computed again once
+  EXPECT_EQ(tree_.stats().recomputed_pages_total, 7u);
+  EXPECT_NEAR(tree_.recomputed_pages_recent(), 5.0 * std::exp(-1.0) + 2.0, 1e-9);
+
+  // What an operator evicted is not the pool's want of room.
+  const auto c = seq({20, 21});
+  put(c);
+  EXPECT_EQ(tree_.evict_blocks(hashes(c), true).evicted_blocks, 2);
+  put(c);
+  tree_.flush();
+  put(c);
+  EXPECT_EQ(tree_.evict(100, EvictReason::kOperator).evicted_pages, 2);
+  put(c);
+  EXPECT_EQ(tree_.stats().recomputed_pages_total, 7u);
+  ASSERT_TRUE(tree_.reset().has_value());
+  EXPECT_EQ(tree_.recomputed_pages_recent(), 0.0);
   check();
 }
 

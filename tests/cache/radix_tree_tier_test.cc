@@ -267,6 +267,26 @@ TEST_F(TierTest, EvictDemotesNodesWithHostCopyLeafFirst) {
   check();
 }
 
+// A demoted block (its host copy kept) is not lost; one that the host pool then evicted for
+// room is, and computing it again counts as recomputed.
+TEST_F(TierTest, ABlockEvictedFromEveryTierForRoomCountsAsRecomputedWhenComputedAgain) {
+  make(WritePolicy::kWriteThrough, 32, 4);
+  const auto a = seq({1, 2, 3, 4});
+  const auto ha = hashes(a);
+  put(a);
+  complete_all();
+  EXPECT_EQ(tree_->evict(100).evicted_pages, 4);
+  for (BlockHash b : ha) EXPECT_TRUE(view(b).host_only());
+  put(seq({5, 6, 7, 8}));  // its backup takes the host pool: a's host copies go
+  complete_all();
+  EXPECT_FALSE(tree_->contains(ha[0]));
+  EXPECT_EQ(tree_->stats().recomputed_pages_total, 0u);
+  put(a);
+  EXPECT_EQ(tree_->stats().recomputed_pages_total, 4u);
+  EXPECT_DOUBLE_EQ(tree_->recomputed_pages_recent(), 4.0);
+  complete_all();
+}
+
 TEST_F(TierTest, PinnedBlockWithoutHostCopyIsBackedUpThenDemoted) {
   make(WritePolicy::kWriteThroughSelective, 32, 32, /*threshold=*/100);
   const auto a = hashes(seq({5}));

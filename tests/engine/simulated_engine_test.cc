@@ -227,6 +227,41 @@ TEST_F(SimulatedEngineTest, FinishedPromptsAreReclaimableInTheLoadGaugesNotOnlyT
   EXPECT_EQ(c.evictable_pages, cached_pages);
 }
 
+// A pool too small for what comes back: prompt A is evicted to make room for B, then
+// computed again. The pages computed twice show in the tree's counter and in the load gauge
+// a router reads (GET /load adds them to the pages in use, docs/router.md "Load"); a prompt
+// never evicted adds nothing.
+TEST_F(SimulatedEngineTest, PagesComputedAgainAfterEvictionShowInTheLoadGauges) {
+  auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 256});  // 64 pages
+  const std::vector<int32_t> a = test_prompt(160, 1);                          // 40 pages
+  const std::vector<int32_t> b = test_prompt(160, 2);
+  EXPECT_EQ(run_greedy(*engine, a, 4).reason, FinishReason::kLength);
+  EXPECT_EQ(run_greedy(*engine, b, 4).reason, FinishReason::kLength);  // evicts most of a
+  const auto recomputed = [&] {
+    return engine_call(*engine,
+                       [](EngineState& s) { return s.tree.stats().recomputed_pages_total; })
+        .get();
+  };
+  EXPECT_EQ(recomputed(), 0u);
+  EXPECT_EQ(run_greedy(*engine, a, 4).reason, FinishReason::kLength);
+  const uint64_t again = recomputed();
+  // b (41 pages with its output) left a at most 23 of its 41; what a computes again is at
+  // most its own 41 pages.
+  EXPECT_GE(again, 16u);
+  EXPECT_LE(again, 41u);
+  expect_engine_consistent(*engine);
+  // Published after the scheduler's next step; decayed over ten seconds, so still about
+  // the whole count a moment later.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  EngineCounters c = engine->counters();
+  while (c.recomputed_pages_recent == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    c = engine->counters();
+  }
+  EXPECT_GE(c.recomputed_pages_recent, static_cast<int64_t>(again) - 2);
+  EXPECT_LE(c.recomputed_pages_recent, static_cast<int64_t>(again));
+}
+
 // The profile's times, under load: 24 requests of mixed lengths arriving together, so steps
 // mix prefill chunks and decodes of varying batch sizes. Each pass is never shorter than its
 // prediction (the simulator sleeps until a deadline). How much longer a pass takes depends

@@ -80,6 +80,7 @@ test('a worker describes itself: GET /server_info and GET /load', async () => {
     assert.ok(k in load.json, k);
   }
   assert.equal(load.json.device.total_pages, 256);
+  assert.equal(load.json.device.recomputed_pages_recent, 0);
   assert.equal(load.json.saturated, false);
 });
 

@@ -8,7 +8,7 @@ import path from 'node:path';
 import { writeFileSync, mkdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { spawnSync } from 'node:child_process';
-import { startServer, words, tinyQwen3Model, STRATA, SOURCE_DIR, WORK_DIR } from './server_harness.mjs';
+import { startServer, words, waitFor, tinyQwen3Model, STRATA, SOURCE_DIR, WORK_DIR } from './server_harness.mjs';
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
 const OpenAI = require('openai').default ?? require('openai');
@@ -105,6 +105,33 @@ test('a pinned prefix survives a flood; unpinned it does not', async () => {
   await flood(3000);
   const miss = await complete(vip);
   assert.equal(miss.usage.prompt_tokens_details.cached_tokens, 0);
+});
+
+// A prompt the pool evicted for room and then computed again: the worker counts the pages
+// computed twice (/cache/state, /metrics) and adds those of the last seconds to the pages
+// in use of the load a router reads (GET /load, docs/router.md "Load").
+test('pages computed again after eviction for room read as load in GET /load', async () => {
+  const before = (await server.get('/cache/state', ADMIN)).json.evictions.recomputed_pages_total;
+  const a = words(600, 41);
+  await complete(a);
+  await Promise.all(Array.from({ length: 16 }, (_, i) => complete(words(400, 4000 + i))));
+  const again = await complete(a);
+  assert.ok(again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens - 16,
+    'the flood evicted the prompt');
+  const s = (await server.get('/cache/state', ADMIN)).json;
+  const recomputed = s.evictions.recomputed_pages_total - before;
+  assert.ok(recomputed > 0, JSON.stringify(s.evictions));
+  const metrics = await server.get('/metrics');
+  assert.match(metrics.text, /strata_kv_recomputed_pages_total \d+/);
+  let load;
+  await waitFor(async () => {
+    load = (await server.get('/load')).json;
+    return load.device.recomputed_pages_recent > 0;
+  }, 'the recomputed pages in the load gauge');
+  assert.ok(load.device.recomputed_pages_recent <= s.evictions.recomputed_pages_total, JSON.stringify(load));
+  const inUse = load.device.total_pages - load.device.free_pages - load.device.evictable_pages;
+  assert.ok(load.load_fraction >= (inUse + load.device.recomputed_pages_recent) / load.device.total_pages - 1e-9,
+    JSON.stringify(load));
 });
 
 test('/metrics and /cache/state read as on a real worker', async () => {
