@@ -113,13 +113,12 @@ CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
   if (w.sticky && request_is_sticky) t.sticky = weights.sticky_bonus;
   if (!request_is_sticky && weights.load_floor_bonus > 0.0) {
     const double deficit = std::max(0.0, mean_assigned - static_cast<double>(w.sessions_assigned));
-    const double bonus = std::max(weights.load_floor_bonus,
-                                  static_cast<double>(shared_tokens) * weights.prefill_token);
-    // Full at half the mean or below, nothing at the mean, less the shared prefix the worker
-    // is credited with already (cost.h).
+    // Full at half the mean or below, nothing at the mean: the bonus, and the shared prefix
+    // the worker lacks (cost.h).
     const double held = std::min(t.credited_tokens, static_cast<double>(shared_tokens));
+    const double lacked = (static_cast<double>(shared_tokens) - held) * weights.prefill_token;
     const double scale = mean_assigned > 0.0 ? std::min(1.0, 2.0 * deficit / mean_assigned) : 0.0;
-    t.floor = std::max(0.0, bonus * scale - held * weights.prefill_token);
+    t.floor = scale * (weights.load_floor_bonus + lacked);
   }
   t.cost = t.prefill + t.load - t.sticky - t.floor;
   return t;

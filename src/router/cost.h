@@ -15,9 +15,9 @@
 //   load(w)    = inflight_prefill_tokens(w) * inflight_prefill_token
 //              + decode_requests(w) * decode_request
 //   sticky(w)  = sticky_bonus                      if the request's session is bound to w
-//   floor(w)   = max(0, max(load_floor_bonus, shared * prefill_token)
-//                       * min(1, 2 * max(0, mean - assigned(w)) / mean)   (0 when mean is 0)
-//                       - min(credited_tokens(w), shared) * prefill_token)
+//   floor(w)   = scale(w) * (load_floor_bonus
+//                            + (shared - min(credited_tokens(w), shared)) * prefill_token)
+//   scale(w)   = min(1, 2 * max(0, mean - assigned(w)) / mean)   (0 when mean is 0)
 //                                                  if the request is not sticky (below)
 //
 // Cached credit. The worker's leading cached run of the prompt has n = D + H + S blocks,
@@ -51,29 +51,33 @@
 // - assigned) / mean instead (session 17), a worker with one session of a mean of three kept only
 // two thirds of it, less than the boilerplate a warm worker had cached, and 3-7 of 64 workers ended
 // an agentic trace with one session; with the full bonus up to half the mean, 0-2
-// (docs/benchmarks.md). The default (8192 tokens) dominates a shared boilerplate prefix (a system
-// prompt and tool schemas of a few thousand tokens that every warm worker holds) but not a genuine
-// long prefix (a conversation of tens of thousands of tokens cached on one worker), so new sessions
-// spread to a cold worker until it catches up while cache hits that matter are kept. Boilerplate
-// longer than the bonus (an agent's 12K-token system prompt and tool schemas) would outweigh it and
-// keep a cold worker cold for good, so the bonus is at least `shared`: the prompt tokens cached on
-// two or more eligible workers (the second-longest cached run), which a cold worker pays once to
-// join them. A prefix cached on one worker only (a conversation) is not shared and keeps its full
-// weight, except for a new session (RequestFeatures::new_session): it has no conversation yet, so
-// whatever of its prompt is cached is other sessions' boilerplate, and `shared` is the
-// longest cached run. Before (session 24), a system prompt longer than the bonus held by
-// one worker only (a rare agent's 12K tokens) drew every new session using it to that
-// worker: 7-13 sessions on one of 64 workers against a mean of 3.1, the sessions the rest
-// lacked. The cost of it: a conversation coming back after its binding expired
-// (--session-binding-ttl-s, 10 minutes idle) is scored as a new session, so its worker and
-// an under-assigned cold one cost the same before load, and it may move and be computed
-// again there.
-// The floor makes up for the shared prefix a worker lacks; it is not added on top of the
-// credit for the shared prefix it holds (session 23). Added on top, a warm worker a session
-// below the mean (2/3 of the bonus at a mean of three) beat a worker at half the mean that
-// lacked the boilerplate (whose full floor only made up for the missing prefix), so the
-// workers that had fallen behind stayed behind: 1-3 of 64 ended an agentic trace with one
-// session of a mean of 3.1. Now both cost the same there and the load decides.
+// (docs/benchmarks.md).
+//
+// What the floor makes up for. `shared` is the prompt's tokens cached on two or more
+// eligible workers (the second-longest cached run: boilerplate, a system prompt and tool
+// schemas); a worker that lacks some of it pays that prefill once to join the others, and
+// the floor makes up for it, then adds the bonus: an under-assigned worker is preferred by
+// scale * load_floor_bonus over an assigned-at-the-mean one, whatever boilerplate each
+// holds. A prefix cached on one worker only (a conversation) is not shared and keeps its
+// full weight: the default bonus (8192 tokens) does not outweigh a genuine long prefix (tens
+// of thousands of tokens), so cache hits that matter are kept. Except for a new session
+// (RequestFeatures::new_session): it has no conversation yet, so whatever of its prompt is
+// cached is other sessions' boilerplate, and `shared` is the longest cached run. History:
+// - session 17: the bonus became at least `shared`; a 12K-token system prompt on every warm
+//   worker outweighed the 8192-token bonus and kept cold workers cold;
+// - session 23: the floor no longer stacked on the credit of a warm worker for the
+//   boilerplate it held (max(bonus, shared) * scale - held): a warm worker a session below
+//   the mean beat a worker at half the mean that lacked it;
+// - session 24: with that form, when the boilerplate is as long as the bonus or longer, a
+//   worker at half the mean holding it got no floor at all, and one lacking it only made
+//   up for it: either way nothing beyond parity with a warm worker at the mean, so the
+//   load decided, and a worker busy with its one session's prefill lost every new session
+//   (1-2 of 64 ended an agentic trace with one session of a mean of 3.1). Now the bonus
+//   comes on top of what is lacked. Also in session 24: `shared` for new sessions, after a
+//   rare agent's 12K-token system prompt held by one worker drew 7-13 sessions there. The
+//   cost of it: a conversation coming back after its binding expired
+//   (--session-binding-ttl-s, 10 minutes idle) is scored as a new session, and may move to
+//   an under-assigned worker and be computed again there.
 //
 // The pool. Workers that are not eligible (unhealthy, breaker open, draining) and
 // prefill-role workers (prefill_only: they serve only a decode worker's prefill orders,

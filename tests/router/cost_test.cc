@@ -83,7 +83,9 @@ TEST(CostTest, NewSessionsSharingOnlyBoilerplateFillTheColdWorkerUntilItCatchesU
     if (i == 0) {
       // Later ones may be decided by load alone: the worker holds the boilerplate by then.
       EXPECT_EQ(d.reason, RouteReason::kLoadFloor);
-      EXPECT_DOUBLE_EQ(d.terms.floor, default_weights().load_floor_bonus);
+      // The bonus, and the boilerplate it lacks.
+      EXPECT_DOUBLE_EQ(d.terms.floor,
+                       default_weights().load_floor_bonus + kBoilerplateBlocks * kBlock);
     }
     ++sent[d.worker];
     WorkerCandidate& w = ws[d.worker];
@@ -142,7 +144,7 @@ TEST(CostTest, ALongSharedBoilerplateStillSendsANewSessionToTheColdWorker) {
   const Decision d = choose_or_die(request, ws);
   EXPECT_EQ(d.worker, 3u);
   EXPECT_EQ(d.reason, RouteReason::kLoadFloor);
-  EXPECT_DOUBLE_EQ(d.terms.floor, 12'000.0);
+  EXPECT_DOUBLE_EQ(d.terms.floor, 12'000.0 + default_weights().load_floor_bonus);
   // With the bonus alone (8192 tokens), the boilerplate would have won.
   const CostTerms cold = cost_terms(request, ws[3], default_weights(), false, 3.0);
   const CostTerms warm = cost_terms(request, ws[0], default_weights(), false, 3.0);
@@ -226,10 +228,12 @@ TEST(CostTest, TheFloorBonusIsGraduated) {
   EXPECT_DOUBLE_EQ(cost_terms(request, w, weights, true, 16.0).floor, 0.0);
 }
 
-// The floor makes up for the shared prefix a worker lacks, not on top of the one it holds:
-// a warm worker a session below the mean, holding the shared system prompt, and one at half
-// the mean without it cost the same before load, and the less loaded (the one behind) wins.
-TEST(CostTest, TheFloorIsNotAddedOnTopOfTheSharedPrefixHeld) {
+// The floor makes up for the shared prefix a worker lacks, then adds the bonus: a worker at
+// half the mean is preferred by the whole bonus over a warm one at the mean, whatever each
+// holds, and by its scaled share over a warm one a session below the mean. So a worker
+// left behind wins a new session even while busier than a warm one (its one session
+// prefilling): parity alone let the load decide, and it lost them all (session 24).
+TEST(CostTest, TheFloorMakesUpForTheSharedPrefixLackedAndAddsTheBonus) {
   const CostWeights weights = default_weights();
   const RequestFeatures request = new_session(16'000);  // 12,000 tokens of it shared
   std::vector<WorkerCandidate> ws = {worker(0), worker(1), worker(2)};
@@ -240,26 +244,27 @@ TEST(CostTest, TheFloorIsNotAddedOnTopOfTheSharedPrefixHeld) {
   ws[1].cached_device_blocks = 750;
   ws[1].sessions_assigned = 7;
   ws[1].decode_requests = 7;
-  ws[2].sessions_assigned = 2;  // half the mean: the full floor, and no system prompt
-  ws[2].decode_requests = 1;
+  ws[2].sessions_assigned = 2;            // half the mean: the full floor, no system prompt
+  ws[2].inflight_prefill_tokens = 6'000;  // busy: its one session prefilling (3,000 of load)
   const double mean = 4.0;
   const int64_t shared = shared_cached_tokens(request, ws);
   ASSERT_EQ(shared, 12'000);
   const CostTerms warm = cost_terms(request, ws[0], weights, false, mean, shared);
+  const CostTerms at_mean = cost_terms(request, ws[1], weights, false, mean, shared);
   const CostTerms behind = cost_terms(request, ws[2], weights, false, mean, shared);
-  // The warm worker's floor (half the bonus) is less than the prefix it holds: none left.
-  EXPECT_DOUBLE_EQ(warm.floor, 0.0);
-  // The one behind gets the whole bonus (the shared prefix: 12,000 tokens).
-  EXPECT_DOUBLE_EQ(behind.floor, 12'000.0 * weights.prefill_token);
-  EXPECT_DOUBLE_EQ(warm.prefill - warm.floor, behind.prefill - behind.floor);
+  EXPECT_DOUBLE_EQ(warm.floor, weights.load_floor_bonus / 2.0);  // it lacks nothing
+  EXPECT_DOUBLE_EQ(at_mean.floor, 0.0);
+  EXPECT_DOUBLE_EQ(behind.floor, 12'000.0 + weights.load_floor_bonus);
+  // Before load: the one behind is ahead of the warm one by half the bonus.
+  EXPECT_DOUBLE_EQ((warm.prefill - warm.floor) - (behind.prefill - behind.floor),
+                   weights.load_floor_bonus / 2.0);
   const Decision d = choose_or_die(request, ws);
   EXPECT_EQ(d.worker, 2u);
-  // Without its floor the warm worker would have won: the floor decided.
   EXPECT_EQ(d.reason, RouteReason::kLoadFloor);
-  // A worker holding part of the shared prefix gets the rest of the floor.
+  // A worker holding part of the shared prefix gets the bonus and the rest of it.
   ws[2].cached_device_blocks = 250;  // 4,000 of the 12,000
   EXPECT_DOUBLE_EQ(cost_terms(request, ws[2], weights, false, mean, shared).floor,
-                   8'000.0 * weights.prefill_token);
+                   8'000.0 + weights.load_floor_bonus);
 }
 
 TEST(CostTest, StickyWinsOverASmallCacheAdvantageElsewhere) {
