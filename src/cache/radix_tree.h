@@ -52,6 +52,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -397,21 +398,20 @@ class RadixTree {
   // reset, which an operator asked for), as many as both pools hold: a block inserted
   // again on the device from among them was computed twice (recomputed_pages_total).
   EvictionHistory evicted_;
-  bool recording_evictions_ = false;  // remove_leaf records what it removes
-  bool operator_eviction_ = false;    // within an operator's evict() or flush()
-  // For the length of an evict(), evict_host() or flush(): records, unless an operator's
-  // eviction is under way (this one or one it is nested in); restores both flags after.
-  class EvictionRecording {
+  // Why remove_leaf is removing nodes now: set for the length of an evict(), evict_host() or
+  // flush() (EvictionScope), nullopt outside them (evict_blocks, reset: an operator's). It
+  // records what it removes only for kRoom; a scope nested in an operator's stays kOperator.
+  std::optional<EvictReason> eviction_scope_;
+  class EvictionScope {
    public:
-    EvictionRecording(RadixTree& tree, bool by_operator);
-    ~EvictionRecording();
-    EvictionRecording(const EvictionRecording&) = delete;
-    EvictionRecording& operator=(const EvictionRecording&) = delete;
+    EvictionScope(RadixTree& tree, EvictReason reason);
+    ~EvictionScope() { tree_.eviction_scope_ = outer_; }
+    EvictionScope(const EvictionScope&) = delete;
+    EvictionScope& operator=(const EvictionScope&) = delete;
 
    private:
     RadixTree& tree_;
-    bool was_operator_;
-    bool was_recording_;
+    std::optional<EvictReason> outer_;
   };
   double recomputed_recent_ = 0.0;  // recomputed_pages_recent() at recomputed_recent_ms_
   int64_t recomputed_recent_ms_ = 0;

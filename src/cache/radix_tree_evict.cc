@@ -18,17 +18,9 @@
 
 namespace strata {
 
-RadixTree::EvictionRecording::EvictionRecording(RadixTree& tree, bool by_operator)
-    : tree_(tree),
-      was_operator_(tree.operator_eviction_),
-      was_recording_(tree.recording_evictions_) {
-  tree.operator_eviction_ = was_operator_ || by_operator;
-  tree.recording_evictions_ = !tree.operator_eviction_;
-}
-
-RadixTree::EvictionRecording::~EvictionRecording() {
-  tree_.operator_eviction_ = was_operator_;
-  tree_.recording_evictions_ = was_recording_;
+RadixTree::EvictionScope::EvictionScope(RadixTree& tree, EvictReason reason)
+    : tree_(tree), outer_(tree.eviction_scope_) {
+  tree.eviction_scope_ = outer_ == EvictReason::kOperator ? EvictReason::kOperator : reason;
 }
 
 void RadixTree::update_sets(RadixNode* node) {
@@ -89,7 +81,7 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
     index_.erase(unindex_batch_);
     unindex_batch_.clear();
   }
-  if (recording_evictions_) evicted_.record(leaf->hashes);
+  if (eviction_scope_ == EvictReason::kRoom) evicted_.record(leaf->hashes);
   if (n > 0 && had_host) emit(BlockRemoved{leaf->hashes, Medium::kDevice});
   // The leaf is destroyed below: its hash vector moves into the last event.
   if (events_ != nullptr) {
@@ -118,7 +110,7 @@ int32_t RadixTree::remove_leaf(RadixNode* leaf) {
 EvictResult RadixTree::evict(int32_t num_pages, EvictReason reason) {
   EvictResult result;
   const bool batch = begin_unindex_batch();
-  const EvictionRecording recording(*this, reason == EvictReason::kOperator);
+  const EvictionScope scope(*this, reason);
   std::unordered_set<const RadixNode*> skipped;  // pinned nodes with no host room
   while (result.evicted_pages < num_pages) {
     RadixNode* leaf = skipped.empty()
@@ -241,7 +233,7 @@ FlushResult RadixTree::flush() {
   FlushResult result;
   // An operator's flush: what it evicts (through evict() and evict_host() too) is not
   // recorded as evicted for want of room.
-  const EvictionRecording recording(*this, true);
+  const EvictionScope scope(*this, EvictReason::kOperator);
   if (!hierarchical()) {
     result.evicted_pages =
         evict(std::numeric_limits<int32_t>::max(), EvictReason::kOperator).evicted_pages;

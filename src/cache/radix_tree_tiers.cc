@@ -109,7 +109,7 @@ void RadixTree::try_demote(RadixNode* node) {
 
 int32_t RadixTree::evict_host(int32_t num_pages) {
   const bool batch = begin_unindex_batch();
-  const EvictionRecording recording(*this, false);
+  const EvictionScope scope(*this, EvictReason::kRoom);
   int32_t freed = 0;
   while (freed < num_pages) {
     RadixNode* leaf = eviction_->victim(EvictionSet::kHostOnly);

@@ -153,12 +153,13 @@ struct Scored {
 // fewer live sessions, then to the first at or after position `start` in id order (cost.h,
 // Choice).
 template <typename F>
-size_t argmin(const std::vector<Scored>& pool, F cost_of, size_t start) {
+size_t argmin(const std::vector<Scored>& pool, F cost_of, uint64_t start) {
   const size_t n = pool.size();
-  size_t best = start % n;
+  const auto first = static_cast<size_t>(start % n);
+  size_t best = first;
   double best_cost = cost_of(pool[best]);
   for (size_t k = 1; k < n; ++k) {
-    const size_t i = (start + k) % n;
+    const size_t i = (first + k) % n;
     const double c = cost_of(pool[i]);
     if (c < best_cost || (c == best_cost && pool[i].worker->sessions_assigned <
                                                 pool[best].worker->sessions_assigned)) {
@@ -232,8 +233,7 @@ std::optional<Decision> choose(const RequestFeatures& request,
   }
 
   const size_t best = argmin(
-      pool, [](const Scored& s) { return s.terms.cost; },
-      static_cast<size_t>(request.tie_break % pool.size()));
+      pool, [](const Scored& s) { return s.terms.cost; }, request.tie_break);
   size_t chosen = best;
   if (weights.temperature > 0.0 && pool.size() > 1) {
     chosen = sample(pool, best, weights.temperature, rng);
