@@ -23,6 +23,8 @@ def load_json(path):
 
 
 def load_lines(path):
+    """The JSON objects of a .jsonl file, one a line; other lines (logs) and lines cut short
+    (a run killed mid-line) are left out."""
     rows = []
     if not os.path.exists(path):
         return rows
@@ -30,7 +32,10 @@ def load_lines(path):
         for line in f:
             line = line.strip()
             if line.startswith("{"):
-                rows.append(json.loads(line))
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    pass
     return rows
 
 
@@ -49,7 +54,16 @@ def summarize(folder):
     if not shapes:
         return "no forward-*.json in " + folder + "\n", []
     for shape in shapes:
-        fwd = load_json(os.path.join(folder, f"forward-{shape}.json"))
+        path = os.path.join(folder, f"forward-{shape}.json")
+        try:
+            fwd = load_json(path)
+            fwd["results"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            # A run cut short or a benchmark that failed: said, never silently lost.
+            out.append(f"## {shape}\n\nforward-{shape}.json could not be read: "
+                       f"{type(e).__name__}: {e}\n")
+            verdicts.append((f"the forward benchmark of {shape} ran", False, "no results"))
+            continue
         torch_rows = load_lines(os.path.join(folder, f"torch-{shape}.jsonl"))
         gemm = next((r for r in torch_rows if r.get("kind") == "gemm"), None)
         decodes = [r for r in torch_rows if r.get("kind") == "decode"]

@@ -91,6 +91,21 @@ class SummaryTest(unittest.TestCase):
             self.assertIn("baseline failed: gemm: RuntimeError: boom", text)
             self.assertNotIn("prefill at >= 60 %", [t for t, _, _ in verdicts])
 
+    def test_an_unreadable_result_is_said_and_the_other_shapes_summed(self):
+        # A status line written into the JSON (the bug of issue 50, item 5), or a run cut off
+        # mid-file: the summary says so by name and still sums up the shapes it can read.
+        with tempfile.TemporaryDirectory() as d:
+            write(d, "qwen3-0.6b", forward_report(1.0, 0.5, 0.02, 9000.0),
+                  torch_lines(15.0, 1.2, 9000.0))
+            with open(os.path.join(d, "forward-qwen3-8b.json"), "w") as f:
+                f.write("-- bench forward qwen3-8b: exit 0 in 40 s\n{\"results\": [")
+            with open(os.path.join(d, "torch-qwen3-0.6b.jsonl"), "a") as f:
+                f.write('{"kind": "decode", "batch": 1, "step_')  # cut off mid-line
+            text, verdicts = gpu_summary.summarize(d)
+            self.assertIn("forward-qwen3-8b.json could not be read", text)
+            self.assertIn(("the forward benchmark of qwen3-8b ran", False, "no results"), verdicts)
+            self.assertIn("## qwen3-0.6b", text)
+
     def test_no_files(self):
         with tempfile.TemporaryDirectory() as d:
             text, verdicts = gpu_summary.summarize(d)
