@@ -124,6 +124,9 @@ void add_route_command(CLI::App& app, int& exit_code) {
                   "Responses API: stored responses whose worker the router remembers (the "
                   "least recently used is forgotten first)")
       ->capture_default_str();
+  cmd->add_flag("--keep-billing-header", r.keep_billing_header,
+                "Read Messages requests with Claude Code's billing line kept in the system "
+                "prompt, as workers started with --keep-billing-header do");
   cmd->add_option("--max-turn-records", r.turn_records.max_records,
                   "Exact tokens kept of the workers' sessions and stored responses, to predict "
                   "their next turns (the least recently used is forgotten first)")

@@ -275,6 +275,10 @@ void add_api_flags(CLI::App& cmd, ServeOptions& o) {
   cmd.add_flag("--auto-tool-offload", so.auto_tool_offload,
                "Offload a session's KV by itself when a response ends with tool calls; its "
                "next request restores it");
+  cmd.add_flag("--keep-billing-header", so.keep_billing_header,
+               "Keep Claude Code's per-conversation billing line (x-anthropic-billing-header: "
+               "...) in a Messages system prompt; by default it is taken out, so that "
+               "conversations with the same system prompt share its cache");
   cmd.add_option("--tool-call-parser", o.tool_call_parser,
                  "How tool calls are read from replies: auto (from the chat template) | "
                  "hermes | llama3_json | mistral | none")

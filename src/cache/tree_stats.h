@@ -84,6 +84,8 @@ struct NodeSnapshot {
 struct PinResult {
   int32_t pinned = 0;   // blocks pinned
   int32_t unknown = 0;  // hashes not in the tree (skipped)
+  // Hashes at the end left unpinned to fit a pin budget (the pin policy's longest_prefix).
+  int32_t cut = 0;
 };
 
 struct UnpinResult {

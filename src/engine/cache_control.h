@@ -51,6 +51,10 @@ struct PinCommand {
   int64_t ttl_ms = 0;             // 0: a hard pin; > 0: a soft pin that expires unless hit
   PinPriority priority;           // the no-deadlock rule releases lower priorities first
   PinAuthority authority = PinAuthority::kAdmin;
+  // Over a pin budget: pin the longest leading run of `hashes` that fits (PinResult::cut
+  // counts the hashes left after it) instead of refusing the call. For prefixes (a
+  // breakpoint's blocks, in prompt order), whose first blocks every later request needs.
+  bool longest_prefix = false;
 };
 
 // The tree's answers, passed through as they are (cache/tree_stats.h).

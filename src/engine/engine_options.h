@@ -144,7 +144,9 @@ struct EngineOptions {
   // Pins a client makes without the admin key (a message's cache_control): always soft,
   // their TTL capped, inside a budget of their own (engine/pin_policy.h).
   int64_t max_client_pin_ttl_ms = 300'000;  // --max-client-pin-ttl-s, >= 1 s
-  double max_client_pinned_ratio = 0.2;     // client-pinned pages / pool pages, in [0, 1]
+  // Client-pinned pages / pool pages, in [0, 1]. 0.5: one coding agent's breakpoints (Claude
+  // Code marks ~27K tokens) fit the default 65,536-token pool with room to spare.
+  double max_client_pinned_ratio = 0.5;
   HierarchicalCacheOptions hicache;
   int64_t tool_session_ttl_ms = 3'600'000;  // --tool-session-ttl-s
   // Records of sessions that hold nothing (no request running, nothing offloaded): at
@@ -174,6 +176,12 @@ struct EngineCounters {
   // Blocks unpinned by the no-deadlock rule; of which because the host tier could not hold
   // the pinned pages (the rest: no room on the device, without a host tier).
   uint64_t auto_unpinned_blocks = 0;
+  // Pins refused for a pin budget (--max-pinned-ratio, --max-client-pinned-ratio): calls
+  // refused whole, calls cut to the longest prefix that fits (PinCommand::longest_prefix),
+  // and the blocks those left unpinned.
+  uint64_t pins_refused = 0;
+  uint64_t pins_cut = 0;
+  uint64_t pin_blocks_refused = 0;
   uint64_t auto_unpinned_host_blocks = 0;
   // Times queued requests let go of the prefix they had loaded back, for a request ahead of
   // them that had no room otherwise.

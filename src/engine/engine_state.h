@@ -23,7 +23,7 @@ struct EngineState {
   PageAllocator& device_pages;
   KvPool& kv_pool;
   const EngineOptions& options;
-  const EngineCounters& counters;
+  EngineCounters& counters;  // the pin policy counts its refusals here
   // Pages held privately by running requests (not in the tree).
   int64_t request_private_pages = 0;
   // Audits "every page is free, in the tree, or owned by exactly one request".

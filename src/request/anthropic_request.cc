@@ -93,21 +93,32 @@ void append_text(std::string& to, const std::string& text) {
   to += text;
 }
 
-// The `system` field: a string, or text blocks (each may be a breakpoint).
-Result<std::optional<ojson>> read_system(const ojson& body, size_t num_tools,
-                                         BreakpointReader& bps) {
+// The `system` field: a string, or text blocks (each may be a breakpoint). With
+// `strip_billing`, Claude Code's billing line goes into `stripped` instead of the prompt: the
+// first block when it is that line alone, or a string's first line.
+Result<std::optional<ojson>> read_system(const ojson& body, size_t num_tools, BreakpointReader& bps,
+                                         bool strip_billing, std::string& stripped) {
   const auto sys = body.find("system");
   if (sys == body.end() || sys->is_null()) return std::optional<ojson>();
   std::string text;
   if (sys->is_string()) {
     text = sys->get<std::string>();
+    const size_t eol = text.find('\n');
+    if (strip_billing && is_billing_header(std::string_view(text).substr(0, eol))) {
+      stripped = text.substr(0, eol);
+      text = eol == std::string::npos ? std::string() : text.substr(eol + 1);
+    }
   } else if (sys->is_array()) {
     for (size_t i = 0; i < sys->size(); ++i) {
       const std::string where = "system[" + std::to_string(i) + "]";
       STRATA_TRY_ASSIGN(type, block_type((*sys)[i], where));
       if (type != "text") return unsupported_block(where, type, "text");
       STRATA_TRY_ASSIGN(t, text_of((*sys)[i], where));
-      append_text(text, t);
+      if (i == 0 && strip_billing && is_billing_header(t)) {
+        stripped = t;
+      } else {
+        append_text(text, t);
+      }
       auto st = bps.read((*sys)[i], where, [&] {
         return CacheBreakpoint{
             .messages = ojson::array({ojson{{"role", "system"}, {"content", text}}}),
@@ -118,6 +129,8 @@ Result<std::optional<ojson>> read_system(const ojson& body, size_t num_tools,
   } else {
     return bad_argument("'system' must be a string or an array of text blocks");
   }
+  // A system prompt that was only the billing line is none, as if never sent.
+  if (text.empty() && !stripped.empty()) return std::optional<ojson>();
   return std::optional<ojson>(ojson{{"role", "system"}, {"content", std::move(text)}});
 }
 
@@ -183,8 +196,8 @@ class MessageMapper {
     const std::string where = "messages[" + std::to_string(index) + "]";
     if (!m.is_object()) return bad_argument(where + " must be an object");
     STRATA_TRY_ASSIGN(role, get_string(m, "role"));
-    if (!role || (*role != "user" && *role != "assistant")) {
-      return bad_argument(where + ".role must be \"user\" or \"assistant\"");
+    if (!role || (*role != "user" && *role != "assistant" && *role != "system")) {
+      return bad_argument(where + ".role must be \"user\", \"assistant\" or \"system\"");
     }
     role_ = *role;
     const auto content = m.find("content");
@@ -212,7 +225,9 @@ class MessageMapper {
         if (auto st = add_tool_result(block, bw); !st) return st;
       } else {
         return unsupported_block(bw, type,
-                                 role_ == "user" ? "text, tool_result" : "text, tool_use");
+                                 role_ == "user"     ? "text, tool_result"
+                                 : role_ == "system" ? "text"
+                                                     : "text, tool_use");
       }
       auto st = bps_.read(block, bw, [&] {
         return CacheBreakpoint{.messages = with_pending(), .num_tools = num_tools_};
@@ -303,7 +318,35 @@ class MessageMapper {
 
 }  // namespace
 
-Result<AnthropicRequest> read_anthropic_request(const ojson& body, AnthropicEndpoint endpoint) {
+bool is_billing_header(std::string_view text) {
+  constexpr std::string_view kPrefix = "x-anthropic-billing-header:";
+  if (!text.starts_with(kPrefix)) return false;
+  std::string_view rest = text.substr(kPrefix.size());
+  while (!rest.empty() && rest.back() == ' ') rest.remove_suffix(1);
+  size_t fields = 0;
+  while (!rest.empty()) {
+    if (rest.front() != ' ') return false;
+    rest.remove_prefix(1);
+    const size_t eq = rest.find('=');
+    const size_t semi = rest.find(';');
+    if (eq == std::string_view::npos || semi == std::string_view::npos || eq == 0 ||
+        semi < eq + 2 || semi - eq - 1 > 128) {
+      return false;
+    }
+    for (char c : rest.substr(0, eq)) {
+      if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return false;
+    }
+    for (char c : rest.substr(eq + 1, semi - eq - 1)) {
+      if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) return false;
+    }
+    rest.remove_prefix(semi + 1);
+    ++fields;
+  }
+  return fields > 0;
+}
+
+Result<AnthropicRequest> read_anthropic_request(const ojson& body, AnthropicEndpoint endpoint,
+                                                const AnthropicReadOptions& options) {
   if (!body.is_object()) return bad_argument("the body must be a JSON object");
   AnthropicRequest r;
   ojson& chat = r.chat_body;
@@ -316,7 +359,8 @@ Result<AnthropicRequest> read_anthropic_request(const ojson& body, AnthropicEndp
     num_tools = tools.size();
     if (!tools.empty()) chat["tools"] = std::move(tools);
   }
-  STRATA_TRY_ASSIGN(system, read_system(body, num_tools, bps));
+  STRATA_TRY_ASSIGN(system, read_system(body, num_tools, bps, options.strip_billing_header,
+                                        r.stripped_billing_header));
   const auto messages = body.find("messages");
   if (messages == body.end() || !messages->is_array()) {
     return bad_argument("'messages' is required: an array of messages");

@@ -48,6 +48,21 @@ enum class AnthropicEndpoint {
   kCountTokens,  // the prompt only: max_tokens and sampling fields are not read
 };
 
+// How a Messages body is read, the same on a worker and on a router.
+struct AnthropicReadOptions {
+  // Claude Code's per-conversation billing line (is_billing_header) is taken out of the
+  // system prompt: it is client metadata, and at token 0 it would make every conversation's
+  // prompt unique. --keep-billing-header (serve and route) turns this off.
+  bool strip_billing_header = true;
+};
+
+// Whether `text` is exactly Claude Code's billing line, one system text block (or the first
+// line of a string system prompt): "x-anthropic-billing-header:" then one or more
+// " key=value;" fields (key: lower-case letters, digits, '_' or '-'; value: 1 to 128
+// characters without ';', spaces or control characters), optional trailing spaces.
+// e.g. "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;".
+bool is_billing_header(std::string_view text);
+
 struct AnthropicRequest {
   // The chat-completions body the request means: model, messages, tools, tool_choice,
   // max_tokens, temperature, top_p, top_k, stop, stream, and Strata's own extensions when
@@ -61,22 +76,29 @@ struct AnthropicRequest {
   // metadata.user_id, Anthropic's per-user field ("" when absent or empty): the request's
   // session when no x-session-id header names one (anthropic_session).
   std::string user_id;
+  // The billing line that was taken out of the system prompt ("" when none).
+  std::string stripped_billing_header;
 };
 
-// Reads and checks a Messages body (kInvalidArgument with a message naming the field):
+// Reads and checks a Messages body (kInvalidArgument with a message naming the field).
+// A `system` message may stand anywhere in `messages` (Claude Code's mid-conversation system
+// messages): it becomes a chat `system` message where it stands (PromptReader merges it into
+// the nearest user turn for a template that takes a system message only first). Refused:
 // unknown content block types (image, document, thinking, ...), server tools, a fifth
 // breakpoint, a bad ttl, a 1h breakpoint after a 5m one, a missing max_tokens and wrong
 // types are refused. metadata.user_id is kept (a string of at most 256 characters, as
 // Anthropic checks it); fields Strata has no use for (service_tier, ...) are accepted and
 // ignored.
 Result<AnthropicRequest> read_anthropic_request(const nlohmann::ordered_json& body,
-                                                AnthropicEndpoint endpoint);
+                                                AnthropicEndpoint endpoint,
+                                                const AnthropicReadOptions& options = {});
 
 // The session of a Messages request, the key of its engine session (conversation records and
 // the --auto-tool-offload of a tool_use turn, docs/tool-sessions.md) and of the router's
-// stickiness: the x-session-id header's value when given (checked: 1 to 256 bytes of UTF-8;
-// kInvalidArgument), else metadata.user_id, else "" (none). The Messages API has no session
-// field; metadata.user_id is the per-user id Anthropic documents (Claude Code sends one per
+// stickiness: `header_session` (session_header(): x-session-id, else Claude Code's
+// x-claude-code-session-id; checked: 1 to 256 bytes of UTF-8; kInvalidArgument) when given,
+// else metadata.user_id, else "" (none). The Messages API has no session field;
+// metadata.user_id is the per-user id Anthropic documents (Claude Code sends one per
 // session), and the header is the chat route's (through the router) for any client that sets
 // headers.
 Result<std::string> anthropic_session(const AnthropicRequest& request,

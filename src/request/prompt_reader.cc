@@ -8,6 +8,77 @@ namespace strata {
 
 using ojson = nlohmann::ordered_json;
 
+namespace {
+
+bool is_role(const ojson& m, std::string_view role) {
+  if (!m.is_object()) return false;
+  const auto r = m.find("role");
+  return r != m.end() && r->is_string() && r->get_ref<const std::string&>() == role;
+}
+
+// A system message after the first non-system message.
+bool has_late_system_message(const ojson& messages) {
+  if (!messages.is_array()) return false;
+  bool leading = true;
+  for (const ojson& m : messages) {
+    const bool system = is_role(m, "system") || is_role(m, "developer");
+    if (!system) leading = false;
+    if (system && !leading) return true;
+  }
+  return false;
+}
+
+// A message's content as text (text parts joined with a newline).
+std::string content_text(const ojson& m) {
+  const auto c = m.find("content");
+  if (c == m.end() || c->is_null()) return "";
+  if (c->is_string()) return c->get<std::string>();
+  std::string out;
+  if (c->is_array()) {
+    for (const ojson& part : *c) {
+      if (!part.is_object() || !part.contains("text") || !part["text"].is_string()) continue;
+      if (!out.empty()) out += "\n";
+      out += part["text"].get<std::string>();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ojson merge_late_system_messages(const ojson& messages) {
+  if (!messages.is_array()) return messages;
+  ojson out = ojson::array();
+  std::string pending;  // late system text waiting for the next user message
+  bool leading = true;
+  auto append = [](ojson& user, const std::string& text) {
+    const std::string own = content_text(user);
+    user["content"] = own.empty() ? text : own + "\n\n" + text;
+  };
+  for (const ojson& m : messages) {
+    const bool system = is_role(m, "system") || is_role(m, "developer");
+    if (!system) leading = false;
+    if (system && leading) {
+      out.push_back(m);
+    } else if (system && pending.empty() && !out.empty() && is_role(out.back(), "user")) {
+      append(out.back(), content_text(m));  // right after a user message: it joins it
+    } else if (system) {
+      if (!pending.empty()) pending += "\n\n";
+      pending += content_text(m);
+    } else if (is_role(m, "user") && !pending.empty()) {
+      ojson merged = m;
+      const std::string user = content_text(m);
+      merged["content"] = user.empty() ? pending : pending + "\n\n" + user;
+      pending.clear();
+      out.push_back(std::move(merged));
+    } else {
+      out.push_back(m);
+    }
+  }
+  if (!pending.empty()) out.push_back(ojson{{"role", "user"}, {"content", pending}});
+  return out;
+}
+
 ChatRenderOptions PromptReader::render_options(const ojson* tools, bool add_generation_prompt,
                                                const ojson& template_kwargs) const {
   ChatRenderOptions o;
@@ -36,8 +107,14 @@ Result<std::vector<int32_t>> PromptReader::chat_tokens(
     normalized = messages;
     if (!normalize_tool_call_messages(*normalized)) normalized.reset();
   }
-  auto text = chat_->render(normalized ? *normalized : messages,
-                            render_options(tools, add_generation_prompt, template_kwargs));
+  const ojson& as_given = normalized ? *normalized : messages;
+  const ChatRenderOptions options = render_options(tools, add_generation_prompt, template_kwargs);
+  auto text = chat_->render(as_given, options);
+  if (!text && has_late_system_message(as_given)) {
+    if (auto merged = chat_->render(merge_late_system_messages(as_given), options)) {
+      text = std::move(merged);
+    }
+  }
   if (!text) {
     return make_error(ErrorCode::kInvalidArgument, "chat template: " + text.error().message);
   }

@@ -36,7 +36,10 @@ class PromptReader {
 
   // Renders and tokenizes messages into ids; the template writes the special tokens
   // itself (as transformers' apply_chat_template). Messages with tool calls are
-  // normalized first (normalize_tool_call_messages, on a copy). With `max_tokens` > 0,
+  // normalized first (normalize_tool_call_messages, on a copy). A template that refuses
+  // the messages while a system message stands after the first one (many take a system
+  // message only first) renders them again with those merged into the nearest user turn
+  // (merge_late_system_messages). With `max_tokens` > 0,
   // kResourceExhausted as soon as the ids are known to exceed it (the encoding stops
   // there). `rendered`, when given, is called between rendering and tokenizing (timing).
   Result<std::vector<int32_t>> chat_tokens(const nlohmann::ordered_json& messages,
@@ -57,6 +60,13 @@ class PromptReader {
   const Tokenizer& tokenizer_;
   const ChatTemplate* chat_;
 };
+
+// `messages` with every system message after the first non-system message merged into the
+// nearest user message without crossing another turn: appended to the user message just
+// before it (a blank line between), else prepended to the next user message; with neither it
+// becomes a user message where it stands. Leading system messages stay. For templates that take a
+// system message only first (they raise otherwise); docs/chat-templates.md.
+nlohmann::ordered_json merge_late_system_messages(const nlohmann::ordered_json& messages);
 
 // What a /cache/pin, /cache/unpin or /cache/evict body names: exactly one of
 // block_hashes, token_ids or messages (rendered with tools, chat_template_kwargs and

@@ -1,5 +1,7 @@
 #include "request/responses_request.h"
 
+#include <algorithm>
+
 #include "request/json_fields.h"
 
 namespace strata {
@@ -92,7 +94,10 @@ class InputMapper {
 
   Status add_call(const ojson& item, const std::string& where) {
     STRATA_TRY_ASSIGN(call_id, required_string(item, "call_id", where));
-    STRATA_TRY_ASSIGN(name, required_string(item, "name", where));
+    STRATA_TRY_ASSIGN(own_name, required_string(item, "name", where));
+    STRATA_TRY_ASSIGN(name_space, get_string(item, "namespace"));
+    const std::string name =
+        name_space && !name_space->empty() ? qualified_tool_name(*name_space, own_name) : own_name;
     STRATA_TRY_ASSIGN(arguments, required_string(item, "arguments", where));
     const ojson args = ojson::parse(arguments, nullptr, /*allow_exceptions=*/false);
     if (!args.is_object()) {
@@ -122,35 +127,74 @@ class InputMapper {
   ojson out_ = ojson::array();
 };
 
-// `tools`: function tools in Responses' flat shape, as chat-completions function tools.
-Result<ojson> read_function_tools(const ojson& tools) {
+// Notes a tool type left out of the prompt (once).
+void omit(ResponsesRequest& r, const std::string& type) {
+  if (std::find(r.omitted_tools.begin(), r.omitted_tools.end(), type) == r.omitted_tools.end()) {
+    r.omitted_tools.push_back(type);
+  }
+}
+
+// One function tool in Responses' flat shape as a chat-completions function tool, named
+// `name` (its own, or qualified by its namespace).
+Result<ojson> read_function_tool(const ojson& t, const std::string& where,
+                                 const std::string& name) {
+  STRATA_TRY_ASSIGN(description, get_string(t, "description"));
+  STRATA_TRY_ASSIGN(strict, get_bool(t, "strict"));
+  (void)strict;
+  ojson function{{"name", name}};
+  if (description) function["description"] = *description;
+  const auto params = t.find("parameters");
+  if (params != t.end() && !params->is_null()) {
+    if (!params->is_object()) return bad_argument(where + ".parameters must be an object");
+    function["parameters"] = *params;
+  }
+  return ojson{{"type", "function"}, {"function", std::move(function)}};
+}
+
+// `tools`: function tools and `namespace` groups of them, as chat-completions function
+// tools (a namespace's flattened in place, qualified names); every other type is left out
+// and noted in r.omitted_tools.
+Result<ojson> read_tools(const ojson& tools, ResponsesRequest& r) {
   if (!tools.is_array()) return bad_argument("'tools' must be an array");
   ojson out = ojson::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const ojson& t = tools[i];
     const std::string where = "tools[" + std::to_string(i) + "]";
     STRATA_TRY_ASSIGN(type, type_of(t, where));
-    if (type != "function") {
-      return bad_argument(where + ".type '" + type +
-                          "' is a hosted tool, which Strata does not run (function tools only)");
+    if (type == "function") {
+      STRATA_TRY_ASSIGN(name, required_string(t, "name", where));
+      STRATA_TRY_ASSIGN(fn, read_function_tool(t, where, name));
+      out.push_back(std::move(fn));
+    } else if (type == "namespace") {
+      STRATA_TRY_ASSIGN(ns, required_string(t, "name", where));
+      const auto members = t.find("tools");
+      if (members == t.end() || !members->is_array()) {
+        return bad_argument(where + ".tools must be an array");
+      }
+      for (size_t k = 0; k < members->size(); ++k) {
+        const ojson& m = (*members)[k];
+        const std::string mw = where + ".tools[" + std::to_string(k) + "]";
+        STRATA_TRY_ASSIGN(mtype, type_of(m, mw));
+        if (mtype != "function") {
+          omit(r, mtype);
+          continue;
+        }
+        STRATA_TRY_ASSIGN(own, required_string(m, "name", mw));
+        const std::string name = qualified_tool_name(ns, own);
+        STRATA_TRY_ASSIGN(fn, read_function_tool(m, mw, name));
+        out.push_back(std::move(fn));
+        r.namespaced[name] = ResponsesRequest::NamespacedName{.name_space = ns, .name = own};
+      }
+    } else {
+      omit(r, type);
     }
-    STRATA_TRY_ASSIGN(name, required_string(t, "name", where));
-    STRATA_TRY_ASSIGN(description, get_string(t, "description"));
-    STRATA_TRY_ASSIGN(strict, get_bool(t, "strict"));
-    (void)strict;
-    ojson function{{"name", name}};
-    if (description) function["description"] = *description;
-    const auto params = t.find("parameters");
-    if (params != t.end() && !params->is_null()) {
-      if (!params->is_object()) return bad_argument(where + ".parameters must be an object");
-      function["parameters"] = *params;
-    }
-    out.push_back(ojson{{"type", "function"}, {"function", std::move(function)}});
   }
   return out;
 }
 
-// `tool_choice`: "auto" | "none" | "required" | {"type": "function", "name": ...}.
+// `tool_choice`: "auto" | "none" | "required" | {"type": "function", "name": ...,
+// "namespace"?}. A choice of a tool left out of the prompt (a hosted tool: {"type":
+// "web_search"}, ...) is refused by name.
 Result<ojson> read_responses_tool_choice(const ojson& choice) {
   if (choice.is_string()) {
     const std::string s = choice.get<std::string>();
@@ -159,12 +203,21 @@ Result<ojson> read_responses_tool_choice(const ojson& choice) {
                         "'");
   }
   STRATA_TRY_ASSIGN(type, type_of(choice, "tool_choice"));
+  if (type == "allowed_tools") {
+    return bad_argument(
+        "tool_choice.type 'allowed_tools' is not supported (a string, or type "
+        "'function')");
+  }
   if (type != "function") {
-    return bad_argument("tool_choice.type '" + type +
-                        "' is not supported (a string, or type 'function')");
+    return bad_argument("tool_choice names the tool type '" + type +
+                        "', which Strata does not run: such tools are left out of the prompt "
+                        "(only function tools, and namespaces of them, are offered to the model)");
   }
   STRATA_TRY_ASSIGN(name, required_string(choice, "name", "tool_choice"));
-  return ojson{{"type", "function"}, {"function", {{"name", name}}}};
+  STRATA_TRY_ASSIGN(name_space, get_string(choice, "namespace"));
+  const std::string qualified =
+      name_space && !name_space->empty() ? qualified_tool_name(*name_space, name) : name;
+  return ojson{{"type", "function"}, {"function", {{"name", qualified}}}};
 }
 
 // `text.format` must be plain text: structured output is not offered on any route.
@@ -180,6 +233,13 @@ Status check_text(const ojson& text) {
 }
 
 }  // namespace
+
+std::string qualified_tool_name(std::string_view name_space, std::string_view name) {
+  std::string out(name_space);
+  if (!name_space.ends_with("__")) out += "__";
+  out += name;
+  return out;
+}
 
 Result<std::vector<std::string>> item_references(const ojson& body) {
   std::vector<std::string> out;
@@ -271,7 +331,7 @@ Result<ResponsesRequest> read_responses_request(const ojson& body) {
 
   r.echo["tools"] = json::array();
   if (const auto t = body.find("tools"); t != body.end() && !t->is_null()) {
-    STRATA_TRY_ASSIGN(tools, read_function_tools(*t));
+    STRATA_TRY_ASSIGN(tools, read_tools(*t, r));
     if (!tools.empty()) chat["tools"] = std::move(tools);
     r.echo["tools"] = json::parse(t->dump());
   }

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,12 +52,37 @@ struct ResponsesRequest {
   // What the response object echoes as given: tools (Responses' shape), tool_choice,
   // max_output_tokens, temperature, top_p, metadata, user, parallel_tool_calls.
   nlohmann::json echo = nlohmann::json::object();
+  // The types of the tools left out of the prompt, in order, each once: hosted tools
+  // Strata does not run (web_search, file_search, code_interpreter, ...), and any other
+  // type but function and namespace (the answer's x-strata-omitted-tools header).
+  std::vector<std::string> omitted_tools;
+  // The functions of `namespace` tool groups, by the qualified name the model sees
+  // (qualified_tool_name): their namespace and own name, which a function_call item carries.
+  struct NamespacedName {
+    std::string name_space;
+    std::string name;
+  };
+  std::map<std::string, NamespacedName> namespaced;
 };
+
+// The name the model sees for function `name` of namespace `name_space` (a `namespace` tool
+// group, as Codex sends its multi-agent and MCP tools): "<namespace>__<name>", or
+// "<namespace><name>" for a namespace that ends with "__" ("mcp__server__" + "tool"), the
+// flat form of Codex's own MCP tool names. A call of it is answered as a function_call item
+// with `namespace` and `name` apart, as the Responses API answers it; an input function_call
+// item with a `namespace` is read back as the qualified name.
+std::string qualified_tool_name(std::string_view name_space, std::string_view name);
+
+// The answer header that lists the tools left out of the prompt (comma-separated types).
+inline constexpr std::string_view kOmittedToolsHeader = "x-strata-omitted-tools";
 
 // Reads and checks a Responses body (kInvalidArgument with a message naming the field):
 // unknown or unsupported item types and content parts (input_image, input_file,
-// item_reference, ...), hosted tools (web_search, file_search, ...), a non-text output
-// format, `background`, `conversation` and wrong types are refused. `reasoning` items and
+// item_reference, ...), a non-text output format, `background`, `conversation`, a
+// tool_choice that names a tool Strata does not run, and wrong types are refused. Function
+// tools and `namespace` groups of them are read; any other tool (the hosted web_search,
+// file_search, code_interpreter, ..., a `custom` tool) is left out of the prompt and listed
+// in `omitted_tools`. `reasoning` items and
 // fields Strata has no use for (reasoning, include, service_tier, truncation "disabled",
 // ...) are accepted and ignored.
 Result<ResponsesRequest> read_responses_request(const nlohmann::ordered_json& body);

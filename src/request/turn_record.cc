@@ -1,11 +1,70 @@
 #include "request/turn_record.h"
 
+#include <cinttypes>
+#include <cstdio>
 #include <limits>
 
 namespace strata {
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
+
+namespace {
+
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
+constexpr uint64_t kFnvPrime = 0x100000001b3ULL;
+
+void fnv(uint64_t& h, std::string_view bytes) {
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= kFnvPrime;
+  }
+}
+void fnv_json(uint64_t& h, const ojson& j) {
+  fnv(h, j.dump(-1, ' ', false, ojson::error_handler_t::replace));
+  fnv(h, std::string_view("\x1e", 1));
+}
+void fnv_context(uint64_t& h, const ojson* tools, const ojson& template_kwargs) {
+  fnv_json(h, tools != nullptr ? *tools : ojson(nullptr));
+  fnv_json(h, template_kwargs);
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+  return buf;
+}
+
+}  // namespace
+
+uint64_t conversation_digest(const ojson& messages, size_t num_messages, const ojson* tools,
+                             const ojson& template_kwargs) {
+  uint64_t h = kFnvOffset;
+  fnv_context(h, tools, template_kwargs);
+  if (messages.is_array()) {
+    for (size_t i = 0; i < num_messages && i < messages.size(); ++i) fnv_json(h, messages[i]);
+  }
+  return h;
+}
+
+uint64_t conversation_root(const ojson& messages, const ojson* tools,
+                           const ojson& template_kwargs) {
+  uint64_t h = kFnvOffset;
+  fnv(h, "root");
+  fnv_context(h, tools, template_kwargs);
+  if (messages.is_array()) {
+    for (const ojson& m : messages) {
+      const std::string role = m.is_object() ? m.value("role", "") : "";
+      if (role != "system" && role != "developer") break;
+      fnv_json(h, m);
+    }
+  }
+  return h;
+}
+
+std::string record_key(std::string_view session, uint64_t root) {
+  return std::string(session) + "#" + hex64(root);
+}
 
 std::optional<std::vector<int32_t>> continue_turn(const PromptReader& reader, const ojson& messages,
                                                   const ojson* tools, const ojson& template_kwargs,
@@ -16,6 +75,9 @@ std::optional<std::vector<int32_t>> continue_turn(const PromptReader& reader, co
   if (record.cache_salt != cache_salt || !messages.is_array() ||
       messages.size() <= record.num_messages + 1 || !messages[record.num_messages].is_object() ||
       messages[record.num_messages].value("role", "") != "assistant") {
+    return std::nullopt;
+  }
+  if (conversation_digest(messages, record.num_messages, tools, template_kwargs) != record.digest) {
     return std::nullopt;
   }
   const ojson& echoed = messages[record.num_messages];
@@ -49,11 +111,9 @@ std::optional<std::vector<int32_t>> continue_turn(const PromptReader& reader, co
 }
 
 json turn_record_json(const ConversationRecord& record) {
-  return json{{"num_messages", record.num_messages},
-              {"tokens", record.tokens},
-              {"stop_text", record.stop_text},
-              {"completion_text", record.completion_text},
-              {"cache_salt", record.cache_salt}};
+  return json{{"num_messages", record.num_messages}, {"tokens", record.tokens},
+              {"stop_text", record.stop_text},       {"completion_text", record.completion_text},
+              {"cache_salt", record.cache_salt},     {"digest", hex64(record.digest)}};
 }
 
 Result<ConversationRecord> read_turn_record(const json& field) {
@@ -86,6 +146,19 @@ Result<ConversationRecord> read_turn_record(const json& field) {
     }
     *out = it->get<std::string>();
   }
+  auto digest = field.find("digest");
+  if (digest == field.end() || !digest->is_string() ||
+      digest->get_ref<const std::string&>().size() != 16) {
+    return bad("'digest' must be 16 hex digits");
+  }
+  const std::string& d = digest->get_ref<const std::string&>();
+  uint64_t v = 0;
+  for (char c : d) {
+    const int x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (x < 0) return bad("'digest' must be 16 hex digits");
+    v = v << 4 | static_cast<uint64_t>(x);
+  }
+  r.digest = v;
   return r;
 }
 

@@ -35,7 +35,10 @@
 namespace strata {
 
 struct ConversationRecord {
-  size_t num_messages = 0;      // messages that produced `tokens`' prompt
+  size_t num_messages = 0;  // messages that produced `tokens`' prompt
+  // conversation_digest of those messages (with the tools and template arguments): a next
+  // turn continues the record only when its first num_messages messages are these.
+  uint64_t digest = 0;
   std::vector<int32_t> tokens;  // prompt + generated + the stop token
   std::string stop_text;        // the stop token's text
   std::string completion_text;  // the generated text (no stop token)
@@ -47,11 +50,38 @@ struct ConversationRecord {
 inline constexpr std::string_view kTurnRecordHeader = "x-strata-turn-record";
 inline constexpr std::string_view kTurnRecordField = "strata_turn_record";
 
+// The headers that name a request's session: Strata's own, and Claude Code's (it sends one
+// per conversation, its side requests included). session_header() picks the first given.
+inline constexpr std::string_view kSessionHeader = "x-session-id";
+inline constexpr std::string_view kClaudeCodeSessionHeader = "x-claude-code-session-id";
+inline std::string_view session_header(std::string_view x_session_id,
+                                       std::string_view claude_code_session_id) {
+  return !x_session_id.empty() ? x_session_id : claude_code_session_id;
+}
+
+// A conversation's identity for its exact tokens. One session key (a session_id, a
+// Responses prompt_cache_key, Claude Code's session) may carry several conversations at
+// once: an agent's title or summary requests, a sub-agent's turns, another user sharing a
+// key. A record is kept per key and conversation *root* (its tools, template arguments and
+// leading system messages: record_key), so that a side request does not replace the main
+// conversation's record, and is continued only by a request whose first num_messages
+// messages are the recorded ones (the digest), so that no conversation continues another's
+// tokens. FNV-1a 64 over the compact JSON text: the same in every process.
+uint64_t conversation_digest(const nlohmann::ordered_json& messages, size_t num_messages,
+                             const nlohmann::ordered_json* tools,
+                             const nlohmann::ordered_json& template_kwargs);
+uint64_t conversation_root(const nlohmann::ordered_json& messages,
+                           const nlohmann::ordered_json* tools,
+                           const nlohmann::ordered_json& template_kwargs);
+// The key a session's record of one conversation root is kept under: "<session>#<root hex>".
+std::string record_key(std::string_view session, uint64_t root);
+
 // The tokens of `messages` (normalized, as ChatRequest::messages) continuing `record`:
 // the record's tokens, then the template's rendering after the recorded assistant turn
 // (ChatTemplate::render_continuation), encoded within `max_tokens` (0: no limit). Nullopt
 // where the worker renders the whole conversation instead: a different cache_salt, a
-// conversation that does not extend the record (no new message after the assistant turn,
+// conversation that does not extend the record (other first messages, tools or template
+// arguments than the record's digest; no new message after the assistant turn,
 // or an assistant turn that does not echo the tail of what was generated: an edited turn),
 // a template that cannot continue, or a continuation longer than max_tokens alone.
 std::optional<std::vector<int32_t>> continue_turn(
@@ -61,7 +91,8 @@ std::optional<std::vector<int32_t>> continue_turn(
 
 // The record as the extension field carries it, and read back. read_turn_record refuses
 // (kInvalidArgument) anything but an object with `num_messages` (>= 0), `tokens` (an array
-// of int32), `stop_text`, `completion_text` and `cache_salt` (strings).
+// of int32), `stop_text`, `completion_text`, `cache_salt` (strings) and `digest` (16 hex
+// digits).
 nlohmann::json turn_record_json(const ConversationRecord& record);
 Result<ConversationRecord> read_turn_record(const nlohmann::json& field);
 

@@ -52,13 +52,22 @@ std::string cache_salt_of(const ojson& body) {
 
 // The prompt of a chat request as tokens (none without a chat template, or when longer
 // than the limit: too_long). read_chat_request normalizes the messages in place. With a
-// `record` (the session's), also the prompt its worker computes by continuing it.
+// session (r.session) and its conversation's record (`turn_lookup`), also the prompt its
+// worker computes by continuing it.
 Status read_chat_tokens(const PromptReader& reader, ojson& chat_body, size_t max_prompt_tokens,
-                        const TurnEntry* record, RoutedRequest& r) {
+                        const TurnLookup& turn_lookup, RoutedRequest& r) {
   const std::string salt = cache_salt_of(chat_body);
   auto read = read_chat_request(chat_body, GenerationPrompt::kAlways);
   if (!read) return std::unexpected(read.error());
   if (reader.chat() == nullptr) return {};
+  std::shared_ptr<const TurnEntry> entry;
+  if (!r.session.empty()) {
+    r.record_key = record_key(
+        r.session, conversation_root(read->messages, read->tools ? &*read->tools : nullptr,
+                                     read->template_kwargs));
+    if (turn_lookup) entry = turn_lookup(TurnKey::kSession, r.record_key);
+  }
+  const TurnEntry* record = entry.get();
   auto ids = within_limit(reader.chat_tokens(*read, max_prompt_tokens));
   if (!ids) return std::unexpected(ids.error());
   r.too_long = !*ids;
@@ -78,7 +87,8 @@ Status read_chat_tokens(const PromptReader& reader, ojson& chat_body, size_t max
 
 Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std::string& body,
                                           std::string_view header_session, RoutedApi api,
-                                          size_t max_prompt_tokens, const TurnLookup& turn_lookup) {
+                                          size_t max_prompt_tokens, const TurnLookup& turn_lookup,
+                                          const AnthropicReadOptions& anthropic) {
   auto parsed = parse_json_object_as<ojson>(body);
   if (!parsed) return std::unexpected(parsed.error());
   ojson& j = *parsed;
@@ -128,13 +138,13 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
     // The worker's reading without a previous response (responses_routes.cc:
     // prepare_response): instructions, then the input, as a chat request.
     ojson chat = responses_chat_body(*read, ojson::array());
-    if (auto st = read_chat_tokens(reader, chat, max_prompt_tokens, nullptr, r); !st) {
+    if (auto st = read_chat_tokens(reader, chat, max_prompt_tokens, turn_lookup, r); !st) {
       return std::unexpected(st.error());
     }
     return r;
   }
   if (api == RoutedApi::kAnthropicMessages) {
-    auto read = read_anthropic_request(j, AnthropicEndpoint::kMessages);
+    auto read = read_anthropic_request(j, AnthropicEndpoint::kMessages, anthropic);
     if (!read) return std::unexpected(read.error());
     r.stream = read->stream;
     // The worker's key for the request's engine session (the header goes upstream with it).
@@ -145,7 +155,7 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
     auto salt = c.find("cache_salt");
     r.pd_local_only =
         salt != c.end() && salt->is_string() && !salt->get_ref<const std::string&>().empty();
-    if (auto st = read_chat_tokens(reader, c, max_prompt_tokens, nullptr, r); !st) {
+    if (auto st = read_chat_tokens(reader, c, max_prompt_tokens, turn_lookup, r); !st) {
       return std::unexpected(st.error());
     }
     return r;
@@ -173,9 +183,7 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
   };
   r.pd_local_only = set("cache_salt") || set("logprobs") || set("top_logprobs");
   if (api == RoutedApi::kChatCompletions) {
-    std::shared_ptr<const TurnEntry> record;
-    if (!r.session.empty() && turn_lookup) record = turn_lookup(TurnKey::kSession, r.session);
-    if (auto st = read_chat_tokens(reader, j, max_prompt_tokens, record.get(), r); !st) {
+    if (auto st = read_chat_tokens(reader, j, max_prompt_tokens, turn_lookup, r); !st) {
       return std::unexpected(st.error());
     }
     return r;

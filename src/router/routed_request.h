@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "request/anthropic_request.h"
 #include "request/prompt_reader.h"
 #include "router/turn_records.h"
 
@@ -33,6 +34,10 @@ struct RoutedRequest {
   std::vector<int32_t> tokens;  // empty: not scored by cache (no template, or too long)
   bool too_long = false;        // the prompt is longer than max_prompt_tokens
   std::string session;          // "" when none
+  // Where the worker keeps the session's record of this conversation (request/turn_record.h:
+  // record_key, the session and the conversation's root): the key the router keeps it
+  // under too. "" without a session, or where the router renders nothing.
+  std::string record_key;
   bool stream = false;
   // A worker keeps these prompts' prefill local (docs/pd-disaggregation.md): a cache_salt
   // (tenant isolation) or log-probabilities travel in no prefill order.
@@ -58,19 +63,22 @@ struct RoutedRequest {
 // The router's record of a session or a stored response (TurnRecordTable::find); null: none.
 using TurnLookup = std::function<std::shared_ptr<const TurnEntry>(TurnKey, const std::string&)>;
 
-// Reads `body` (and the x-session-id header's value) as a worker would; kInvalidArgument
+// Reads `body` (and the session header's value: session_header() of x-session-id and
+// x-claude-code-session-id) as a worker would; kInvalidArgument
 // with the worker's message for what a worker refuses while reading the prompt. With
 // `max_prompt_tokens` > 0 the encoding stops once the prompt is known to be longer: such
 // a request is routed unscored (too_long, no tokens) and the worker refuses it.
-// A Messages request's session is the x-session-id header's, else its metadata.user_id
+// A Messages request's session is the session header's, else its metadata.user_id
 // (request/anthropic_request.h: anthropic_session), and its body goes upstream as it is, with
-// the header (the Messages API has no session_id field). A Responses request's
-// session is its prompt_cache_key (else the x-session-id header), and its body goes
-// upstream as it is. `turn_lookup` (may be empty: no records) gives the records that a chat
-// request's session and a Responses request's previous response continue.
+// the headers (the Messages API has no session_id field). A Responses request's session is
+// its prompt_cache_key (else the header), and its body goes upstream as it is.
+// `turn_lookup` (may be empty: no records) gives the records that a session's conversation
+// (chat, Messages, Responses) and a Responses request's previous response continue.
+// `anthropic` reads a Messages body as the workers do (--keep-billing-header).
 Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std::string& body,
                                           std::string_view header_session, RoutedApi api,
                                           size_t max_prompt_tokens,
-                                          const TurnLookup& turn_lookup = {});
+                                          const TurnLookup& turn_lookup = {},
+                                          const AnthropicReadOptions& anthropic = {});
 
 }  // namespace strata::router

@@ -69,6 +69,9 @@ struct RouterOptions {
   // The exact tokens each worker keeps for the sessions and stored responses routed there
   // (turn_records.h): --max-turn-records, --max-turn-record-mb.
   TurnRecordOptions turn_records;
+  // --keep-billing-header: read Messages requests as workers started with it do (Claude
+  // Code's billing line kept in the system prompt; request/anthropic_request.h).
+  bool keep_billing_header = false;
   CircuitBreakerOptions breaker;
   AdmissionQueueOptions queue;
   PdOptions pd;                // --pd: long prompts prefilled by a prefill worker (pd_choice.h)

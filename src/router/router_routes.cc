@@ -136,6 +136,14 @@ http::Headers route_headers(const RouteChoice& c, int attempt) {
   return h;
 }
 
+// A worker's x-strata-omitted-tools header (the Responses tools it left out of the prompt),
+// passed on to the client.
+void pass_worker_headers(std::string_view omitted_tools, http::Headers& headers) {
+  if (!omitted_tools.empty()) {
+    headers.emplace_back(std::string(kOmittedToolsHeader), std::string(omitted_tools));
+  }
+}
+
 bool retryable_status(int status) {
   return status == 429 || status == 503;
 }
@@ -504,13 +512,15 @@ std::optional<AnsweredRecord> answered_record_event(std::string_view data) {
 }
 
 // What an answered turn teaches the router about the records its worker keeps: a session's
-// record is what the worker answered with (none: it keeps none now); a stored response's
-// is kept under the response's id.
+// conversation record (chat, Messages and Responses alike, under its record_key) is what the
+// worker answered with (none: it keeps none now); a stored response's is kept under the
+// response's id.
 void learn_turn(Router::Impl& r, const RouteChoice& c, RoutedApi api, const RoutedRequest& p,
                 const std::string& response_id, AnsweredRecord answered) {
-  if (api == RoutedApi::kChatCompletions && !p.session.empty()) {
-    r.learned_turn(*c.worker, TurnKey::kSession, p.session, std::move(answered.record), {});
-  } else if (api == RoutedApi::kResponses && p.store && !response_id.empty() && answered.record) {
+  if (!p.record_key.empty() && answered.present) {
+    r.learned_turn(*c.worker, TurnKey::kSession, p.record_key, answered.record, {});
+  }
+  if (api == RoutedApi::kResponses && p.store && !response_id.empty() && answered.record) {
     r.learned_turn(*c.worker, TurnKey::kResponse, response_id, std::move(answered.record),
                    p.instructions);
   }
@@ -574,8 +584,11 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     return r.turn_records.find(kind, key);
   };
   auto p = co_await ex.offload([&] {
-    auto read =
-        read_routed_request(r.reader, req.body, req.header("x-session-id"), api, limit, records);
+    auto read = read_routed_request(
+        r.reader, req.body,
+        session_header(req.header(kSessionHeader), req.header(kClaudeCodeSessionHeader)), api,
+        limit, records,
+        AnthropicReadOptions{.strip_billing_header = !r.options.keep_billing_header});
     release_memory_after(req.body.size());
     return read;
   });
@@ -585,10 +598,10 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     co_return;
   }
   const std::string& upstream_body = p->rewritten_body ? *p->rewritten_body : req.body;
-  // The worker's record of the turn is asked for where a next turn continues it (a chat
-  // session, a stored response), and taken out of the answer unless the client asked too.
-  const bool wants_record = (api == RoutedApi::kChatCompletions && !p->session.empty()) ||
-                            (api == RoutedApi::kResponses && p->store);
+  // The worker's record of the turn is asked for where a next turn continues it (a session's
+  // conversation on any chat-like API, a stored response), and taken out of the answer
+  // unless the client asked too.
+  const bool wants_record = !p->record_key.empty() || (api == RoutedApi::kResponses && p->store);
   const bool client_wants_record = req.header(kTurnRecordHeader) == "1";
   bool counted = false;  // the prompt's tokens, counted once, as the chosen worker reads them
   RouteRequest rr;
@@ -656,8 +669,10 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     if (auto a = req.header("authorization"); !a.empty()) {
       up.headers.emplace_back("Authorization", std::string(a));
     }
-    // x-session-id: a Messages request's session, read by the worker from the header.
-    for (const char* h : {"x-api-key", "anthropic-version", "x-session-id"}) {
+    // The session headers: a Messages or Responses request's session, read by the worker
+    // from them.
+    for (const char* h :
+         {"x-api-key", "anthropic-version", "x-session-id", "x-claude-code-session-id"}) {
       if (auto v = req.header(h); !v.empty()) up.headers.emplace_back(h, std::string(v));
     }
     if (!c->prefill_peer.empty()) up.headers.emplace_back("x-strata-prefill-peer", c->prefill_peer);
@@ -699,6 +714,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
                          .content_type = std::string(resp->header("content-type")),
                          .body = std::move(resp->body),
                          .headers = route_headers(*c, attempt - 1)};
+      pass_worker_headers(resp->header(kOmittedToolsHeader), out.headers);
       if (out.content_type.empty()) out.content_type = "application/json";
       co_await ex.respond(std::move(out));
       co_return;
@@ -743,7 +759,15 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     AnsweredRecord answered;  // the worker's record event, once it came
     bool ended = false;       // the worker ended the stream (not broken, client still there)
     bool started = false;
-    bool open = co_await ex.begin_stream(200, "text/event-stream", route_headers(*c, attempt - 1));
+    http::Headers stream_headers = route_headers(*c, attempt - 1);
+    for (const auto& [name, value] : es->headers()) {
+      if (std::equal(
+              name.begin(), name.end(), kOmittedToolsHeader.begin(), kOmittedToolsHeader.end(),
+              [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; })) {
+        pass_worker_headers(value, stream_headers);
+      }
+    }
+    bool open = co_await ex.begin_stream(200, "text/event-stream", std::move(stream_headers));
     while (open) {
       auto ev = co_await es->next();
       if (!ev) {

@@ -13,6 +13,7 @@
 // session, as a chat request's session_id: with --auto-tool-offload a tool_use reply parks
 // the conversation's KV on the host and the turn with the tool_result restores it.
 #include <algorithm>
+#include <atomic>
 #include <optional>
 
 #include "common/log.h"
@@ -35,6 +36,22 @@ http::Response anthropic_error(const Error& e) {
   return anthropic_error(http_status(e.code), e.message);
 }
 
+AnthropicReadOptions reading_options(const RouteContext& ctx) {
+  return AnthropicReadOptions{.strip_billing_header = !ctx.options.keep_billing_header};
+}
+
+// The first billing line taken out of a system prompt is logged (once per process: every
+// Claude Code request carries one).
+void log_billing_header_once(const AnthropicRequest& read) {
+  static std::atomic<bool> logged{false};
+  if (read.stripped_billing_header.empty() || logged.exchange(true)) return;
+  STRATA_LOG_INFO(
+      "messages: took Claude Code's billing line out of the system prompt (\"{}\"; it differs "
+      "per conversation and would defeat the prefix cache; --keep-billing-header keeps it); "
+      "logged once",
+      read.stripped_billing_header);
+}
+
 // A Messages request, prepared for the engine, its breakpoints placed as prefix pins.
 struct PreparedMessages {
   Prepared prepared;
@@ -47,12 +64,15 @@ Result<PreparedMessages> prepare_messages(RouteContext& ctx, const http::Request
                                           RequestTiming& timing) {
   auto body = parse_json_object_as<ojson>(req.body);
   if (!body) return std::unexpected(body.error());
-  auto read = read_anthropic_request(*body, AnthropicEndpoint::kMessages);
+  auto read = read_anthropic_request(*body, AnthropicEndpoint::kMessages, reading_options(ctx));
   if (!read) return std::unexpected(read.error());
-  // The conversation's engine session (x-session-id, else metadata.user_id): its turns
-  // continue its record's exact tokens, and a tool_use turn parks its KV under
-  // --auto-tool-offload until the tool_result comes (after_finish), as on chat completions.
-  auto session = anthropic_session(*read, req.header("x-session-id"));
+  log_billing_header_once(*read);
+  // The conversation's engine session (x-session-id, else Claude Code's session header, else
+  // metadata.user_id): its turns continue its record's exact tokens, and a tool_use turn
+  // parks its KV under --auto-tool-offload until the tool_result comes (after_finish), as on
+  // chat completions.
+  auto session = anthropic_session(
+      *read, session_header(req.header(kSessionHeader), req.header(kClaudeCodeSessionHeader)));
   if (!session) return std::unexpected(session.error());
   if (!session->empty()) read->chat_body["session_id"] = *session;
   const std::string chat_body =
@@ -110,10 +130,22 @@ struct StopReason {
   std::string reason;
   json sequence = nullptr;
 };
-StopReason stop_reason(const TextStream& text, FinishReason finish, bool called_tools) {
+// A reply cut by the context window (not by max_tokens) is "model_context_window_exceeded",
+// as Anthropic reports it (docs/anthropic-messages.md).
+StopReason stop_reason(const TextStream& text, const Prepared& p, const StreamItem& fin,
+                       bool called_tools) {
   if (text.stopped()) return {"stop_sequence", text.stop_found()};
-  if (finish == FinishReason::kLength) return {"max_tokens"};
+  if (stopped_by_context(p, fin)) return {"model_context_window_exceeded"};
+  if (fin.finish == FinishReason::kLength) return {"max_tokens"};
   return {called_tools ? "tool_use" : "end_turn"};
+}
+bool cut_short(const StopReason& stop) {
+  return stop.reason == "max_tokens" || stop.reason == "model_context_window_exceeded";
+}
+// The router's extension (request/turn_record.h): whether the answer carries the turn's
+// record (a session's turn, asked for).
+bool sends_turn_record(const http::Request& req, const Prepared& p) {
+  return !p.params.session_id.empty() && turn_record_wanted(req);
 }
 
 json message_json(const Ids& ids, json content, const json& stop_reason, const json& stop_sequence,
@@ -153,16 +185,17 @@ awaitable<void> whole_message(RouteContext& ctx, http::Exchange& ex, const Prepa
   }
   const bool called_tools = !parsed.calls.empty();
   std::vector<PlacedBreakpoint> pinned;
+  std::optional<ConversationRecord> recorded;
   if (has_after_finish(p) || !p.prefix_pins.empty()) {
     pinned = co_await ex.offload([&] {
       if (has_after_finish(p)) {
-        after_finish(ctx, p, *fin, generated, out, text.stopped(), called_tools);
+        recorded = after_finish(ctx, p, *fin, generated, out, text.stopped(), called_tools);
       }
       return made_breakpoints(ctx, p);
     });
   }
-  const StopReason stop = stop_reason(text, *fin->finish, called_tools);
-  if (stop.reason != "max_tokens") {
+  const StopReason stop = stop_reason(text, p, *fin, called_tools);
+  if (!cut_short(stop)) {
     if (auto st = check_tool_choice(p.tool_choice, parsed.calls); !st) {
       co_await ex.respond(anthropic_error(422, st.error().message));
       co_return;
@@ -176,9 +209,12 @@ awaitable<void> whole_message(RouteContext& ctx, http::Exchange& ex, const Prepa
     content.push_back(json{
         {"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", tool_input(c.arguments)}});
   }
-  http::Response answer =
-      json_response(200, message_json(ids, std::move(content), stop.reason, stop.sequence,
-                                      messages_usage(fin->usage, pinned)));
+  json message = message_json(ids, std::move(content), stop.reason, stop.sequence,
+                              messages_usage(fin->usage, pinned));
+  if (sends_turn_record(ex.request(), p)) {
+    message[std::string(kTurnRecordField)] = recorded ? turn_record_json(*recorded) : json(nullptr);
+  }
+  http::Response answer = json_response(200, message);
   timing.answered();
   answer.headers.emplace_back("Server-Timing", timing.server_timing());
   co_await ex.respond(std::move(answer));
@@ -313,19 +349,28 @@ awaitable<void> streamed_message(RouteContext& ctx, http::Exchange& ex, const Pr
           if (called_tools) ctx.metrics.tool_call_replies().Increment();
         }
         blocks.finish(out);
-        const StopReason stop = stop_reason(text, *fin->finish, called_tools);
-        if (tools && stop.reason != "max_tokens") {
+        const StopReason stop = stop_reason(text, p, *fin, called_tools);
+        if (tools && !cut_short(stop)) {
           complies = check_tool_choice(p.tool_choice, tools->calls());
         }
         timer.finish(fin->usage);
         std::vector<PlacedBreakpoint> pinned;
+        std::optional<ConversationRecord> recorded;
         if (has_after_finish(p) || !p.prefix_pins.empty()) {
           pinned = co_await ex.offload([&] {
             if (has_after_finish(p)) {
-              after_finish(ctx, p, *fin, generated, all_text, text.stopped(), called_tools);
+              recorded =
+                  after_finish(ctx, p, *fin, generated, all_text, text.stopped(), called_tools);
             }
             return made_breakpoints(ctx, p);
           });
+        }
+        // The router's extension: an unnamed event of its own, before the stream's end.
+        if (sends_turn_record(ex.request(), p)) {
+          out += "data: " +
+                 dump_json(json{{std::string(kTurnRecordField),
+                                 recorded ? turn_record_json(*recorded) : json(nullptr)}}) +
+                 "\n\n";
         }
         if (!complies) {
           // What was streamed stands; the stream ends with the error instead of a stop.
@@ -390,7 +435,7 @@ awaitable<void> messages(RouteContext& ctx, http::Exchange& ex) {
 http::Response count_tokens(RouteContext& ctx, const http::Request& req) {
   auto body = parse_json_object_as<ojson>(req.body);
   if (!body) return anthropic_error(body.error());
-  auto read = read_anthropic_request(*body, AnthropicEndpoint::kCountTokens);
+  auto read = read_anthropic_request(*body, AnthropicEndpoint::kCountTokens, reading_options(ctx));
   if (!read) return anthropic_error(read.error());
   auto chat = read_chat_request(read->chat_body, GenerationPrompt::kAlways);
   if (!chat) return anthropic_error(chat.error());

@@ -156,6 +156,17 @@ inline constexpr auto kCacheFigures = std::to_array<CacheFigure>({
     {.source = &TreeStats::soft_pinned_blocks,
      .section = CacheSection::kDevice,
      .key = "soft_pinned_blocks"},
+    // What the pin budgets refused (engine/pin_policy.h): pin calls refused whole, calls cut
+    // to the longest prefix that fits, and the blocks both left unpinned.
+    {.source = &EngineCounters::pins_refused,
+     .section = CacheSection::kDevice,
+     .key = "pins_refused_total"},
+    {.source = &EngineCounters::pins_cut,
+     .section = CacheSection::kDevice,
+     .key = "pins_cut_total"},
+    {.source = &EngineCounters::pin_blocks_refused,
+     .section = CacheSection::kDevice,
+     .key = "pin_blocks_refused_total"},
     {.source = &TreeStats::protected_pages,
      .section = CacheSection::kDevice,
      .key = "protected_pages",

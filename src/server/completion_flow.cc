@@ -40,8 +40,8 @@ std::optional<std::vector<int32_t>> continue_record(RouteContext& ctx, const Pre
 
 // A session_id's continuation: its record's, when it has one.
 std::optional<std::vector<int32_t>> continue_session(RouteContext& ctx, const Prepared& p) {
-  if (p.params.session_id.empty()) return std::nullopt;
-  const std::optional<ConversationRecord> rec = ctx.conversations.find(p.params.session_id);
+  if (p.record_key.empty()) return std::nullopt;
+  const std::optional<ConversationRecord> rec = ctx.conversations.find(p.record_key);
   return continue_record(ctx, p, rec ? &*rec : nullptr);
 }
 
@@ -91,6 +91,11 @@ json usage_json(const RequestUsage& u) {
         {"tokens", u.kv_transfer_tokens}, {"bytes", u.kv_transfer_bytes}, {"ms", u.kv_transfer_ms}};
   }
   return j;
+}
+
+bool stopped_by_context(const Prepared& p, const StreamItem& fin) {
+  return fin.finish == FinishReason::kLength && !p.forced &&
+         fin.usage.completion_tokens < p.spec.max_tokens;
 }
 
 // Whether the reply of `p` is read for tool calls (chat, tools, tool_choice not none, and
@@ -151,6 +156,11 @@ Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, const std:
                         "chat template)");
     }
     timing.parsed();
+    if (!p.params.session_id.empty()) {
+      p.record_key = record_key(
+          p.params.session_id,
+          conversation_root(p.messages, p.tools ? &*p.tools : nullptr, p.template_kwargs));
+    }
     auto continued = continue_from != nullptr ? continue_record(ctx, p, continue_from)
                                               : continue_session(ctx, p);
     if (continued) {
@@ -232,6 +242,8 @@ std::optional<ConversationRecord> turn_record(const RouteContext& ctx, const Pre
   }
   ConversationRecord rec;
   rec.num_messages = p.session_prev;
+  rec.digest = conversation_digest(p.messages, p.session_prev, p.tools ? &*p.tools : nullptr,
+                                   p.template_kwargs);
   rec.tokens = p.prompt_tokens;
   rec.tokens.insert(rec.tokens.end(), generated.begin(), generated.end());
   rec.tokens.push_back(*stop);
@@ -268,9 +280,9 @@ std::optional<ConversationRecord> after_finish(RouteContext& ctx, const Prepared
   if (!session_id.empty()) {
     recorded = turn_record(ctx, p, fin, generated, text, stop_string);
     if (recorded) {
-      ctx.conversations.put(session_id, *recorded);
+      ctx.conversations.put(p.record_key, *recorded);
     } else {
-      ctx.conversations.erase(session_id);
+      ctx.conversations.erase(p.record_key);
     }
   }
   auto_tool_offload(ctx, p, session_id, text, called_tools);
@@ -318,13 +330,23 @@ std::vector<PrefixPin> apply_prefix_pins(RouteContext& ctx, const Prepared& p) {
                                       p.prompt_tokens.begin() + static_cast<ptrdiff_t>(n));
     auto hashes = hash_blocks(prefix, ctx.engine.options().page_size, p.params.cache_salt);
     if (hashes.empty()) continue;  // shorter than a page: nothing to hold
+    const size_t num_hashes = hashes.size();
     auto pinned = ctx.engine.cache()
                       .pin(PinCommand{.hashes = std::move(hashes),
                                       .ttl_ms = pin.ttl_s * 1000,
-                                      .authority = p.pin_authority})
+                                      .authority = p.pin_authority,
+                                      .longest_prefix = true})
                       .get();
     if (pinned) {
-      made.push_back(pin);
+      PrefixPin held = pin;
+      if (pinned->cut > 0) {
+        // Over the budget: the longest prefix that fits is held, the rest is not.
+        ctx.metrics.refused_pins().Increment();
+        held.num_tokens = (num_hashes - static_cast<size_t>(pinned->cut)) *
+                          static_cast<size_t>(ctx.engine.options().page_size);
+        STRATA_LOG_DEBUG("cache breakpoint pin cut to {} tokens (the pin budget)", held.num_tokens);
+      }
+      made.push_back(held);
     } else {
       ctx.metrics.refused_pins().Increment();
       STRATA_LOG_DEBUG("cache breakpoint pin refused: {}", pinned.error().message);

@@ -60,6 +60,9 @@ struct Prepared {
   std::optional<nlohmann::ordered_json> tools;
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   size_t session_prev = 0;
+  // Where the session's record of this conversation is kept (request/turn_record.h:
+  // record_key of the session and the conversation's root); "" without a session.
+  std::string record_key;
   PinAuthority pin_authority = PinAuthority::kClient;  // for a message's cache_control
   // Pins of prompt prefixes to make after the turn (set by the route after prepare()).
   std::vector<PrefixPin> prefix_pins;
@@ -82,6 +85,11 @@ struct Prepared {
 Result<Prepared> prepare(RouteContext& ctx, const http::Request& req, const std::string& body,
                          bool chat, RequestTiming& timing,
                          const ConversationRecord* continue_from = nullptr);
+
+// Whether a finished reply was cut by the model's context window (or the device pool,
+// whichever is smaller), not by the client's max_tokens: it ended by length with fewer tokens
+// than the request allowed (the engine lowers max_tokens to what fits).
+bool stopped_by_context(const Prepared& p, const StreamItem& fin);
 
 // Whether the reply of `p` is read for tool calls (chat, tools, tool_choice not none, and
 // a parser configured).
@@ -120,8 +128,9 @@ void auto_tool_offload(RouteContext& ctx, const Prepared& p, const std::string& 
 // a pin): most requests have none and skip the round trip to the worker pool.
 bool has_after_finish(const Prepared& p);
 // After a turn, when `p.prefix_pins` is not empty: makes each prefix pin (the prompt's full
-// pages through it, with the request's salt, TTL and authority); returns those the pin
-// policy accepted (a refusal is counted in strata_cache_control_pins_refused_total).
+// pages through it, with the request's salt, TTL and authority; over a pin budget the longest
+// prefix that fits); returns those the pin policy accepted, as held (a refusal or a cut is
+// counted in strata_cache_control_pins_refused_total, and in /cache/state's device section).
 // Blocking: runs on the worker pool.
 std::vector<PrefixPin> apply_prefix_pins(RouteContext& ctx, const Prepared& p);
 

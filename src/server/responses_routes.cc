@@ -22,8 +22,11 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <utility>
 
 #include "common/log.h"
@@ -31,6 +34,7 @@
 #include "server/completion_flow.h"
 #include "server/routes.h"
 #include "server/text_stream.h"
+#include "text/tokenizer/utf8.h"
 
 namespace strata {
 namespace {
@@ -78,7 +82,23 @@ Result<PreparedResponse> prepare_response(RouteContext& ctx, const http::Request
                                                   *read->previous_response_id + "' not found.");
     }
   }
-  const ojson chat = responses_chat_body(*read, previous ? previous->history : ojson::array());
+  ojson chat = responses_chat_body(*read, previous ? previous->history : ojson::array());
+  // The conversation's session: its prompt_cache_key, else the session headers. Its turns
+  // continue its record's exact tokens as a chat session's do (a client that sends the whole
+  // history with store off, as Codex does, keys them so), and a tool-call turn parks its KV
+  // under --auto-tool-offload (after_response).
+  const std::string session =
+      !read->prompt_cache_key.empty()
+          ? read->prompt_cache_key
+          : std::string(
+                session_header(req.header(kSessionHeader), req.header(kClaudeCodeSessionHeader)));
+  if (!session.empty()) {
+    if (session.size() > 256 || !utf8::is_valid(session)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "'x-session-id' must be 1 to 256 characters of valid UTF-8");
+    }
+    chat["session_id"] = session;
+  }
   // The previous turn's exact tokens, when this request renders the same conversation
   // before its input (the same instructions: they are not carried over).
   const ConversationRecord* record =
@@ -88,10 +108,31 @@ Result<PreparedResponse> prepare_response(RouteContext& ctx, const http::Request
   auto p = prepare(ctx, req, chat.dump(-1, ' ', false, ojson::error_handler_t::replace),
                    /*chat=*/true, timing, record);
   if (!p) return std::unexpected(p.error());
-  // The key's turns are one engine session: a tool-call offload of it (after_response) is
-  // restored by its next turn.
-  p->spec.session_id = read->prompt_cache_key;
   return PreparedResponse{.request = std::move(*read), .prepared = std::move(*p)};
+}
+
+// The tools left out of the prompt, named in the answer's x-strata-omitted-tools header
+// (and logged once per type at info level): a client that offers hosted tools (Codex's
+// web_search) is served without them instead of refused.
+void add_omitted_tools_header(const ResponsesRequest& r, http::Headers& headers) {
+  if (r.omitted_tools.empty()) return;
+  std::string list;
+  for (const std::string& t : r.omitted_tools) {
+    if (!list.empty()) list += ", ";
+    list += t;
+  }
+  headers.emplace_back(std::string(kOmittedToolsHeader), list);
+  static std::mutex mutex;
+  static std::set<std::string> logged;
+  std::lock_guard lock(mutex);
+  for (const std::string& t : r.omitted_tools) {
+    if (logged.size() < 64 && logged.insert(t).second) {
+      STRATA_LOG_INFO(
+          "responses: tools of type '{}' are left out of the prompt (Strata does not "
+          "run them); answers name them in {}",
+          t, kOmittedToolsHeader);
+    }
+  }
 }
 
 // A response's id: "resp_", a random 64-bit prefix drawn once per process, then the engine
@@ -134,7 +175,10 @@ json responses_usage(const RequestUsage& u) {
 // item's index.
 class OutputItems {
  public:
-  explicit OutputItems(std::string response_id) : response_id_(std::move(response_id)) {}
+  // `namespaced`: the request's namespace functions by qualified name (outlives this).
+  OutputItems(std::string response_id,
+              const std::map<std::string, ResponsesRequest::NamespacedName>& namespaced)
+      : response_id_(std::move(response_id)), namespaced_(namespaced) {}
 
   // Text of the reply (joins the open message item, or opens one).
   void text(const std::string& piece) {
@@ -158,12 +202,15 @@ class OutputItems {
     if (!d.id.empty()) {
       close();
       open_ = Open::kCall;
-      items_.push_back(json{{"id", item_id("fc")},
-                            {"type", "function_call"},
-                            {"status", "in_progress"},
-                            {"call_id", d.id},
-                            {"name", d.name},
-                            {"arguments", ""}});
+      json item{{"id", item_id("fc")}, {"type", "function_call"}, {"status", "in_progress"},
+                {"call_id", d.id},     {"name", d.name},          {"arguments", ""}};
+      // A namespace's function: its own name and its namespace apart, as the Responses
+      // API answers (Codex finds the tool by both).
+      if (auto ns = namespaced_.find(d.name); ns != namespaced_.end()) {
+        item["name"] = ns->second.name;
+        item["namespace"] = ns->second.name_space;
+      }
+      items_.push_back(std::move(item));
       on_open_call();
     }
     if (open_ != Open::kCall || d.arguments.empty()) return;
@@ -183,11 +230,14 @@ class OutputItems {
     for (const json& item : items_) {
       if (item["type"] != "function_call") continue;
       if (!m.contains("tool_calls")) m["tool_calls"] = ojson::array();
-      m["tool_calls"].push_back(ojson{{"id", item["call_id"].get<std::string>()},
-                                      {"type", "function"},
-                                      {"function",
-                                       {{"name", item["name"].get<std::string>()},
-                                        {"arguments", item["arguments"].get<std::string>()}}}});
+      const std::string name = item.contains("namespace")
+                                   ? qualified_tool_name(item["namespace"].get<std::string>(),
+                                                         item["name"].get<std::string>())
+                                   : item["name"].get<std::string>();
+      m["tool_calls"].push_back(ojson{
+          {"id", item["call_id"].get<std::string>()},
+          {"type", "function"},
+          {"function", {{"name", name}, {"arguments", item["arguments"].get<std::string>()}}}});
     }
     return m;
   }
@@ -227,23 +277,34 @@ class OutputItems {
   }
 
   std::string response_id_;
+  const std::map<std::string, ResponsesRequest::NamespacedName>& namespaced_;
   json items_ = json::array();
   Open open_ = Open::kNone;
   std::string text_;          // the open message's
   std::string message_text_;  // every message's
 };
 
+// The status of a finished reply, its incomplete_details and its error. Cut by
+// max_output_tokens: "incomplete". Cut by the model's context window: "failed" with the
+// error code the Responses API gives a conversation that outgrew the context,
+// context_length_exceeded (Codex then stops and offers to compact instead of retrying);
+// the output generated so far stays in `output` (docs/openai-responses.md).
+struct ReplyStatus {
+  std::string status;
+  json incomplete_details = nullptr;
+  json error = nullptr;
+};
 // The response object.
-json response_json(const Ids& ids, const ResponsesRequest& r, const std::string& status,
-                   json output, json usage, const json& incomplete_details) {
+json response_json(const Ids& ids, const ResponsesRequest& r, const ReplyStatus& status,
+                   json output, json usage) {
   json j{
       {"id", ids.id},
       {"object", "response"},
       {"created_at", ids.created},
-      {"status", status},
+      {"status", status.status},
       {"background", false},
-      {"error", nullptr},
-      {"incomplete_details", incomplete_details},
+      {"error", status.error},
+      {"incomplete_details", status.incomplete_details},
       {"instructions", r.instructions ? json(*r.instructions) : json(nullptr)},
       {"max_output_tokens", r.echo["max_output_tokens"]},
       {"model", ids.model},
@@ -326,8 +387,15 @@ std::optional<ConversationRecord> after_response(RouteContext& ctx, const Prepar
   std::optional<ConversationRecord> record =
       turn_record(ctx, p, fin, generated, text, /*stop_string=*/false);
   pin_retention(ctx, pr, record);
-  auto_tool_offload(ctx, p, pr.request.prompt_cache_key, text, items.num_calls() > 0);
-  if (!pr.request.store) return std::nullopt;
+  if (!p.record_key.empty()) {
+    if (record) {
+      ctx.conversations.put(p.record_key, *record);
+    } else {
+      ctx.conversations.erase(p.record_key);
+    }
+  }
+  auto_tool_offload(ctx, p, p.params.session_id, text, items.num_calls() > 0);
+  if (!pr.request.store) return record;
   std::optional<ConversationRecord> kept = record;
   auto stored = std::make_shared<StoredResponse>();
   stored->response = response;
@@ -340,21 +408,28 @@ std::optional<ConversationRecord> after_response(RouteContext& ctx, const Prepar
   return kept;
 }
 
-// The router's extension (request/turn_record.h): whether this stored turn's answer carries
-// its record, and the field's value.
+// The router's extension (request/turn_record.h): whether this turn's answer carries its
+// record (a stored turn's, or a session's), and the field's value.
 bool sends_turn_record(const http::Request& req, const PreparedResponse& pr) {
-  return pr.request.store && turn_record_wanted(req);
+  return (pr.request.store || !pr.prepared.params.session_id.empty()) && turn_record_wanted(req);
 }
 json turn_record_field(const std::optional<ConversationRecord>& record) {
   return record ? turn_record_json(*record) : json(nullptr);
 }
 
-// The incomplete_details and status of a finished reply.
-std::pair<std::string, json> status_of(FinishReason finish) {
-  if (finish == FinishReason::kLength) {
-    return {"incomplete", json{{"reason", "max_output_tokens"}}};
+ReplyStatus status_of(const Prepared& p, const StreamItem& fin) {
+  if (stopped_by_context(p, fin)) {
+    return {.status = "failed",
+            .error = json{
+                {"code", "context_length_exceeded"},
+                {"message", "The reply reached the end of the model's context window (" +
+                                std::to_string(fin.usage.prompt_tokens) + " prompt tokens + " +
+                                std::to_string(fin.usage.completion_tokens) + " output tokens)."}}};
   }
-  return {"completed", nullptr};
+  if (fin.finish == FinishReason::kLength) {
+    return {.status = "incomplete", .incomplete_details = json{{"reason", "max_output_tokens"}}};
+  }
+  return {.status = "completed"};
 }
 
 awaitable<void> whole_response(RouteContext& ctx, http::Exchange& ex, const PreparedResponse& pr,
@@ -386,15 +461,15 @@ awaitable<void> whole_response(RouteContext& ctx, http::Exchange& ex, const Prep
       co_return;
     }
   }
-  OutputItems items(ids.id);
+  OutputItems items(ids.id, pr.request.namespaced);
   if (!parsed.content.empty() || parsed.calls.empty()) items.text(parsed.content);
   for (const ToolCall& c : parsed.calls) {
     items.call(ToolCallDelta{.id = c.id, .name = c.name, .arguments = c.arguments});
   }
   items.finish();
-  const auto [status, incomplete] = status_of(*fin->finish);
-  const json response = response_json(ids, pr.request, status, items.items(),
-                                      responses_usage(fin->usage), incomplete);
+  const ReplyStatus status = status_of(p, *fin);
+  const json response =
+      response_json(ids, pr.request, status, items.items(), responses_usage(fin->usage));
   std::optional<ConversationRecord> recorded;
   co_await ex.offload(
       [&] { recorded = after_response(ctx, pr, *fin, generated, out, items, response); });
@@ -406,6 +481,7 @@ awaitable<void> whole_response(RouteContext& ctx, http::Exchange& ex, const Prep
   }
   timing.answered();
   answer.headers.emplace_back("Server-Timing", timing.server_timing());
+  add_omitted_tools_header(pr.request, answer.headers);
   co_await ex.respond(std::move(answer));
   log_timing(timing, ids);
 }
@@ -413,7 +489,9 @@ awaitable<void> whole_response(RouteContext& ctx, http::Exchange& ex, const Prep
 // The Responses events of a stream: each `event: NAME` with its data, numbered.
 class EventWriter : public OutputItems {
  public:
-  explicit EventWriter(std::string response_id) : OutputItems(std::move(response_id)) {}
+  EventWriter(std::string response_id,
+              const std::map<std::string, ResponsesRequest::NamespacedName>& namespaced)
+      : OutputItems(std::move(response_id), namespaced) {}
 
   void event(const char* name, json data) {
     data["type"] = name;
@@ -479,12 +557,13 @@ awaitable<void> streamed_response(RouteContext& ctx, http::Exchange& ex, const P
                                   RequestTiming& timing) {
   const Prepared& p = pr.prepared;
   http::Headers headers{{"Cache-Control", "no-cache"}};
+  add_omitted_tools_header(pr.request, headers);
   if (!co_await ex.begin_stream(200, "text/event-stream", std::move(headers))) co_return;
   TextStream text(ctx.tokenizer, p.params.stop);
   TokenTimer timer(ctx.metrics, t_start);
   std::optional<ToolCallStreamParser> tools;
   if (parses_tool_calls(ctx, p)) tools.emplace(parser_options(ctx, p));
-  EventWriter events(ids.id);
+  EventWriter events(ids.id, pr.request.namespaced);
   auto write = [&](const std::string& piece) {
     if (!tools) {
       if (!piece.empty()) events.text(piece);
@@ -499,7 +578,7 @@ awaitable<void> streamed_response(RouteContext& ctx, http::Exchange& ex, const P
     }
   };
   const json started =
-      response_json(ids, pr.request, "in_progress", json::array(), nullptr, nullptr);
+      response_json(ids, pr.request, ReplyStatus{.status = "in_progress"}, json::array(), nullptr);
   events.event("response.created", json{{"response", started}});
   events.event("response.in_progress", json{{"response", started}});
   if (!ex.send(events.take())) co_return;
@@ -546,9 +625,9 @@ awaitable<void> streamed_response(RouteContext& ctx, http::Exchange& ex, const P
         }
         events.finish();
         timer.finish(fin->usage);
-        const auto [status, incomplete] = status_of(*fin->finish);
-        const json response = response_json(ids, pr.request, status, events.items(),
-                                            responses_usage(fin->usage), incomplete);
+        const ReplyStatus status = status_of(p, *fin);
+        const json response =
+            response_json(ids, pr.request, status, events.items(), responses_usage(fin->usage));
         if (!complies) {
           // What was streamed stands; the stream ends with the error instead.
           events.event("error", json{{"code", "tool_choice_not_followed"},
@@ -559,7 +638,9 @@ awaitable<void> streamed_response(RouteContext& ctx, http::Exchange& ex, const P
           co_await ex.offload([&] {
             recorded = after_response(ctx, pr, *fin, generated, all_text, events, response);
           });
-          events.event(status == "completed" ? "response.completed" : "response.incomplete",
+          events.event(status.status == "completed" ? "response.completed"
+                       : status.status == "failed"  ? "response.failed"
+                                                    : "response.incomplete",
                        json{{"response", response}});
           // The router's extension: an unnamed event of its own, after the last named one.
           if (sends_turn_record(ex.request(), pr)) {

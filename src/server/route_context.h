@@ -40,6 +40,9 @@ struct ServerOptions {
   http::ServerOptions http;        // bind address, threads, timeouts, size limits
   std::string admin_api_key;       // guards /cache/*, /session/*, /flush_cache when set
   bool auto_tool_offload = false;  // offload a session whose turn ends in a tool call
+  // --keep-billing-header: Claude Code's billing line stays in a Messages system prompt
+  // (request/anthropic_request.h: AnthropicReadOptions).
+  bool keep_billing_header = false;
   // How tool calls are read from replies (--tool-call-parser, `auto` resolved at start-up
   // from the chat template): docs/function-calling.md.
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;

@@ -11,6 +11,7 @@
 #include "request/chat_request.h"
 #include "request/error_shape.h"
 #include "request/prompt_reader.h"
+#include "request/turn_record.h"
 #include "text/jinja/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
 
@@ -103,7 +104,11 @@ TEST(AnthropicRequest, RefusesBadInputNamingTheField) {
   EXPECT_NE(refusal(R"({"max_tokens": 0, )" + msgs + "}"), "");
   EXPECT_NE(refusal(R"({"max_tokens": 8})").find("messages"), std::string::npos);
   EXPECT_NE(refusal(R"({"max_tokens": 8, "messages": []})"), "");
-  EXPECT_NE(refusal(R"({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]})"), "");
+  EXPECT_NE(refusal(R"({"max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]})"), "");
+  EXPECT_NE(refusal(R"({"max_tokens": 8, "messages": [{"role": "system", "content":
+      [{"type": "tool_result", "tool_use_id": "a"}]}]})")
+                .find("supported: text"),
+            std::string::npos);
   EXPECT_NE(refusal(R"({"max_tokens": 8, "messages": [{"role": "user", "content": 5}]})"), "");
   EXPECT_NE(refusal(R"({"max_tokens": 8, "messages": [{"role": "user", "content":
       [{"type": "image", "source": {}}]}]})")
@@ -132,6 +137,97 @@ TEST(AnthropicRequest, RefusesBadInputNamingTheField) {
   EXPECT_TRUE(read("{" + msgs + "}", AnthropicEndpoint::kCountTokens).has_value());
 }
 
+// Claude Code's mid-conversation system messages: a system message anywhere in `messages`
+// (a string or text blocks, which may carry breakpoints) is a chat system message where it
+// stands.
+TEST(AnthropicRequest, ReadsSystemMessagesWhereTheyStand) {
+  auto r = read(R"({"max_tokens": 8, "system": "top",
+      "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "system", "content": "Available agent types: a, b."},
+        {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": [{"type": "text", "text": "reminder",
+                                        "cache_control": {"type": "ephemeral"}}]},
+        {"role": "user", "content": "next"}]})");
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->chat_body["messages"], ojson::parse(R"([
+      {"role": "system", "content": "top"}, {"role": "user", "content": "hi"},
+      {"role": "system", "content": "Available agent types: a, b."},
+      {"role": "assistant", "content": "hello"}, {"role": "system", "content": "reminder"},
+      {"role": "user", "content": "next"}])"));
+  ASSERT_EQ(r->breakpoints.size(), 1u);
+  EXPECT_EQ(r->breakpoints[0].messages.size(), 5u);
+  EXPECT_EQ(r->breakpoints[0].messages.back()["role"], "system");
+}
+
+// Claude Code's billing line, as captured from claude-cli 2.1.197 (its first system block):
+// recognised by its exact form only.
+TEST(AnthropicRequest, RecognisesTheBillingLineByItsExactForm) {
+  for (const char* yes :
+       {"x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;",
+        "x-anthropic-billing-header: cc_version=2.1.197.363; cc_entrypoint=cli; cch=00000;",
+        "x-anthropic-billing-header: cc_version=2.0.14.f3e;  "}) {
+    EXPECT_TRUE(is_billing_header(yes)) << yes;
+  }
+  for (const char* no :
+       {"", "x-anthropic-billing-header:", "x-anthropic-billing-header: cc_version=2.1",
+        "x-anthropic-billing-header: cc_version=; x=1;",
+        "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;\nYou are",
+        "x-anthropic-billing-header: Cc_Version=1;", "X-Anthropic-Billing-Header: cc_version=1;",
+        " x-anthropic-billing-header: cc_version=1;",
+        "x-anthropic-billing-header: cc_version=1; and then instructions"}) {
+    EXPECT_FALSE(is_billing_header(no)) << no;
+  }
+}
+
+TEST(AnthropicRequest, TakesTheBillingLineOutOfTheSystemPromptUnlessKept) {
+  const std::string body = R"({"max_tokens": 8,
+      "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;"},
+                 {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}],
+      "messages": [{"role": "user", "content": "hi"}]})";
+  auto stripped = read(body);
+  ASSERT_TRUE(stripped.has_value()) << stripped.error().message;
+  EXPECT_EQ(stripped->chat_body["messages"][0],
+            ojson::parse(R"({"role": "system", "content": "You are an agent."})"));
+  EXPECT_EQ(stripped->stripped_billing_header,
+            "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;");
+  ASSERT_EQ(stripped->breakpoints.size(), 1u);
+  EXPECT_EQ(stripped->breakpoints[0].messages[0]["content"], "You are an agent.");
+  // Another conversation's line reads into the same request.
+  std::string other = body;
+  other.replace(other.find("1c0"), 3, "6e2");
+  auto second = read(other);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->chat_body, stripped->chat_body);
+  // Kept: the line is the system prompt's first line, as sent.
+  auto kept = read_anthropic_request(ojson::parse(body), AnthropicEndpoint::kMessages,
+                                     AnthropicReadOptions{.strip_billing_header = false});
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->chat_body["messages"][0]["content"],
+            "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;\nYou "
+            "are an agent.");
+  EXPECT_EQ(kept->stripped_billing_header, "");
+  // A string system prompt loses its first line only when that line is the billing line.
+  auto line = read(
+      R"({"max_tokens": 8, "system": "x-anthropic-billing-header: cc_version=1.0.0.abc;\nBe brief.",
+      "messages": [{"role": "user", "content": "hi"}]})");
+  ASSERT_TRUE(line.has_value());
+  EXPECT_EQ(line->chat_body["messages"][0]["content"], "Be brief.");
+  // Not at the start, or not alone in its block: instructions, kept.
+  auto later = read(R"({"max_tokens": 8, "system": [{"type": "text", "text": "Be brief."},
+      {"type": "text", "text": "x-anthropic-billing-header: cc_version=1.0.0.abc;"}],
+      "messages": [{"role": "user", "content": "hi"}]})");
+  ASSERT_TRUE(later.has_value());
+  EXPECT_EQ(later->chat_body["messages"][0]["content"],
+            "Be brief.\nx-anthropic-billing-header: cc_version=1.0.0.abc;");
+  // A system prompt that was only the line is none.
+  auto only = read(
+      R"({"max_tokens": 8, "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1.0.0.abc;"}],
+      "messages": [{"role": "user", "content": "hi"}]})");
+  ASSERT_TRUE(only.has_value());
+  EXPECT_EQ(only->chat_body["messages"], ojson::parse(R"([{"role": "user", "content": "hi"}])"));
+}
+
 // The session of a Messages request: the x-session-id header, else metadata.user_id, else
 // none; a bad header is refused.
 TEST(AnthropicRequest, TheSessionIsTheHeaderElseMetadataUserId) {
@@ -148,6 +244,10 @@ TEST(AnthropicRequest, TheSessionIsTheHeaderElseMetadataUserId) {
                       AnthropicEndpoint::kMessages);
   ASSERT_TRUE(without.has_value()) << without.error().message;
   EXPECT_EQ(anthropic_session(*without, "").value_or("?"), "");
+  // The header is x-session-id, else Claude Code's own session header.
+  EXPECT_EQ(session_header("conv-9", "cc-1"), "conv-9");
+  EXPECT_EQ(session_header("", "cc-1"), "cc-1");
+  EXPECT_EQ(anthropic_session(*with_user, session_header("", "cc-1")).value_or("?"), "cc-1");
 }
 
 TEST(AnthropicRequest, ReadsBreakpointsInOrderAndRefusesAFifthOrABadTtl) {

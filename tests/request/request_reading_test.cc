@@ -406,7 +406,8 @@ TEST_F(RequestReadingTest, ResponsesRequestsAreReadAsTheWorkerReadsThem) {
   EXPECT_EQ(not_ours.error().message, "Item with id 'item_42' not found.");
   auto bad_rest = router::read_routed_request(
       reader(),
-      R"({"input":[{"type":"item_reference","id":"msg_ab_0"}],"tools":[{"type":"web_search"}]})",
+      R"({"input":[{"type":"item_reference","id":"msg_ab_0"}],"tools":[{"type":"web_search"}],
+          "tool_choice":{"type":"web_search"}})",
       "", router::RoutedApi::kResponses, 0);
   EXPECT_FALSE(bad_rest.has_value());
 
@@ -432,6 +433,7 @@ ConversationRecord think_record(const PromptReader& reader, const Tokenizer& tok
       R"([{"role":"system","content":"Think first."},{"role":"user","content":"What is 2 + 2?"}])");
   ConversationRecord rec;
   rec.num_messages = 2;
+  rec.digest = conversation_digest(first, 2, nullptr, ojson::object());
   rec.tokens = reader.chat_tokens(first, nullptr, true, ojson::object()).value();
   const auto ids = tokenizer.encode(generated, EncodeOptions{.add_special_tokens = false}).value();
   rec.tokens.insert(rec.tokens.end(), ids.begin(), ids.end());
@@ -472,8 +474,12 @@ TEST_F(RequestReadingTest, ASessionsRecordIsContinuedByTheRouterAsByTheWorker) {
   // the rendered prompt for the others.
   const auto entry = std::make_shared<const router::TurnEntry>(
       router::TurnEntry{.worker = 3, .record = rec, .instructions = std::nullopt});
-  const router::TurnLookup lookup = [&](router::TurnKey kind, const std::string& key) {
-    return kind == router::TurnKey::kSession && key == "s" ? entry : nullptr;
+  // The record of session "s"'s conversation (its root: the system message "Think first.").
+  const std::string key = record_key(
+      "s", conversation_root(ojson::parse(R"([{"role":"system","content":"Think first."}])"),
+                             nullptr, ojson::object()));
+  const router::TurnLookup lookup = [&](router::TurnKey kind, const std::string& k) {
+    return kind == router::TurnKey::kSession && k == key ? entry : nullptr;
   };
   auto routed = router::read_routed_request(reader(), body, "", router::RoutedApi::kChatCompletions,
                                             0, lookup);
@@ -481,6 +487,7 @@ TEST_F(RequestReadingTest, ASessionsRecordIsContinuedByTheRouterAsByTheWorker) {
   EXPECT_EQ(routed->exact_worker, 3u);
   EXPECT_EQ(routed->exact_tokens, *worker);
   EXPECT_EQ(routed->tokens, *rendered);
+  EXPECT_EQ(routed->record_key, key);
   // The session named by the header reads the same.
   ojson without_field = ojson::parse(body);
   without_field.erase("session_id");
@@ -545,6 +552,226 @@ TEST_F(RequestReadingTest, APreviousResponsesRecordIsScoredWithItsInstructions) 
   }
 }
 
+// One session key, several conversations (an agent's side requests share its session): each
+// conversation root keeps its own record, and a record is continued only by the
+// conversation it recorded (its first messages, tools and template arguments), never by
+// another one that happens to echo a reply.
+TEST_F(RequestReadingTest, ARecordIsContinuedOnlyByItsOwnConversation) {
+  const ConversationRecord rec = think_record(reader(), *tokenizer_, "The answer is 4.");
+  auto turn2 = [](const std::string& system, const std::string& user) {
+    ojson m = ojson::array();
+    m.push_back(ojson{{"role", "system"}, {"content", system}});
+    m.push_back(ojson{{"role", "user"}, {"content", user}});
+    m.push_back(ojson{{"role", "assistant"}, {"content", "The answer is 4."}});
+    m.push_back(ojson{{"role", "user"}, {"content", "And plus 1?"}});
+    return m;
+  };
+  EXPECT_TRUE(continue_turn(reader(), turn2("Think first.", "What is 2 + 2?"), nullptr,
+                            ojson::object(), "", rec, 0)
+                  .has_value());
+  // Another first question, another system prompt, other tools or template arguments.
+  EXPECT_FALSE(continue_turn(reader(), turn2("Think first.", "What is 3 + 1?"), nullptr,
+                             ojson::object(), "", rec, 0)
+                   .has_value());
+  EXPECT_FALSE(continue_turn(reader(), turn2("Be brief.", "What is 2 + 2?"), nullptr,
+                             ojson::object(), "", rec, 0)
+                   .has_value());
+  const ojson tools = ojson::parse(kTools);
+  EXPECT_FALSE(continue_turn(reader(), turn2("Think first.", "What is 2 + 2?"), &tools,
+                             ojson::object(), "", rec, 0)
+                   .has_value());
+  EXPECT_FALSE(continue_turn(reader(), turn2("Think first.", "What is 2 + 2?"), nullptr,
+                             ojson::parse(R"({"enable_thinking":false})"), "", rec, 0)
+                   .has_value());
+  // The roots: the leading system messages, tools and template arguments, not the turns.
+  const ojson a = turn2("Think first.", "What is 2 + 2?");
+  EXPECT_EQ(conversation_root(a, nullptr, ojson::object()),
+            conversation_root(turn2("Think first.", "other"), nullptr, ojson::object()));
+  EXPECT_NE(conversation_root(a, nullptr, ojson::object()),
+            conversation_root(turn2("Title this.", "What is 2 + 2?"), nullptr, ojson::object()));
+  EXPECT_NE(conversation_root(a, nullptr, ojson::object()),
+            conversation_root(a, &tools, ojson::object()));
+  EXPECT_NE(record_key("s", 1), record_key("s", 2));
+  EXPECT_EQ(record_key("s", 0x1f), "s#000000000000001f");
+}
+
+// A template that takes a system message only first (it raises otherwise, as many do):
+// a late system message is merged into the nearest user turn, for worker and router alike.
+TEST_F(RequestReadingTest, ALateSystemMessageIsMergedWhereTheTemplateTakesOnlyALeadingOne) {
+  auto strict = ChatTemplate::parse(
+      "{%- for m in messages -%}"
+      "{%- if m.role == 'system' and not loop.first -%}"
+      "{{ raise_exception('System role only at the start') }}"
+      "{%- endif -%}"
+      "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+      "{%- endfor -%}"
+      "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}");
+  ASSERT_TRUE(strict.has_value()) << strict.error().message;
+  const PromptReader strict_reader(*tokenizer_, &*strict);
+  const ojson late = ojson::parse(R"([{"role":"system","content":"top"},
+      {"role":"user","content":"hi"},{"role":"system","content":"agents: a, b"},
+      {"role":"assistant","content":"hello"},{"role":"user","content":"next"},
+      {"role":"system","content":"at the end"}])");
+  const ojson merged = merge_late_system_messages(late);
+  EXPECT_EQ(merged, ojson::parse(R"([{"role":"system","content":"top"},
+      {"role":"user","content":"hi\n\nagents: a, b"},{"role":"assistant","content":"hello"},
+      {"role":"user","content":"next\n\nat the end"}])"));
+  EXPECT_EQ(merge_late_system_messages(ojson::parse(R"([{"role":"user","content":"u"},
+      {"role":"assistant","content":"a"},{"role":"system","content":"t"},
+      {"role":"user","content":"v"}])")),
+            ojson::parse(R"([{"role":"user","content":"u"},{"role":"assistant","content":"a"},
+      {"role":"user","content":"t\n\nv"}])"));
+  EXPECT_EQ(merge_late_system_messages(ojson::parse(R"([{"role":"system","content":"s"},
+      {"role":"assistant","content":"a"},{"role":"system","content":"t"}])")),
+            ojson::parse(R"([{"role":"system","content":"s"},{"role":"assistant","content":"a"},
+      {"role":"user","content":"t"}])"));
+  auto ids = strict_reader.chat_tokens(late, nullptr, true, ojson::object());
+  ASSERT_TRUE(ids.has_value()) << ids.error().message;
+  EXPECT_EQ(*ids, strict_reader.chat_tokens(merged, nullptr, true, ojson::object()).value());
+  // The Qwen3 template renders a late system message where it stands: nothing is merged.
+  auto qwen = reader().chat_tokens(late, nullptr, true, ojson::object());
+  ASSERT_TRUE(qwen.has_value()) << qwen.error().message;
+  EXPECT_NE(*qwen, reader().chat_tokens(merged, nullptr, true, ojson::object()).value());
+  // A template that refuses for another reason still refuses.
+  auto broken = ChatTemplate::parse("{{ raise_exception('never') }}");
+  ASSERT_TRUE(broken.has_value());
+  EXPECT_FALSE(PromptReader(*tokenizer_, &*broken)
+                   .chat_tokens(late, nullptr, true, ojson::object())
+                   .has_value());
+}
+
+// Claude Code's requests through the router: a second conversation with another billing
+// line reads into the same prompt (the line is taken out, as the worker takes it out), its
+// session is Claude Code's session header, and a session's record of the conversation gives
+// the worker's exact continuation.
+TEST_F(RequestReadingTest, ClaudeCodeConversationsShareTheirPromptAndContinueTheirRecord) {
+  auto body = [](const std::string& billing, const std::string& more) {
+    return R"({"model":"claude","max_tokens":32000,"stream":true,
+      "system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.197.)" +
+           billing + R"(; cc_entrypoint=sdk-cli;"},
+        {"type":"text","text":"You are an agent.","cache_control":{"type":"ephemeral"}}],
+      "tools":[{"name":"Bash","description":"Run a command","input_schema":{"type":"object"}}],
+      "messages":[{"role":"user","content":[{"type":"text","text":"Say hello"}]},
+        {"role":"system","content":"Available agent types: a."})" +
+           more + "]}";
+  };
+  auto one = router::read_routed_request(reader(), body("1c0", ""), "cc-1",
+                                         router::RoutedApi::kAnthropicMessages, 0);
+  auto two = router::read_routed_request(reader(), body("6e2", ""), "cc-2",
+                                         router::RoutedApi::kAnthropicMessages, 0);
+  ASSERT_TRUE(one.has_value()) << one.error().message;
+  ASSERT_TRUE(two.has_value()) << two.error().message;
+  EXPECT_EQ(one->tokens, two->tokens);
+  EXPECT_EQ(one->session, "cc-1");
+  EXPECT_FALSE(one->record_key.empty());
+  // Kept (--keep-billing-header): the two prompts differ from the first system tokens on.
+  auto kept = router::read_routed_request(reader(), body("1c0", ""), "cc-1",
+                                          router::RoutedApi::kAnthropicMessages, 0, {},
+                                          AnthropicReadOptions{.strip_billing_header = false});
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_NE(kept->tokens, one->tokens);
+
+  // The worker's record of turn 1 (its chat messages, as prepare() reads them).
+  auto read1 = read_anthropic_request(ojson::parse(body("1c0", "")), AnthropicEndpoint::kMessages);
+  ASSERT_TRUE(read1.has_value());
+  auto chat1 = read_chat_request(read1->chat_body, GenerationPrompt::kAlways);
+  ASSERT_TRUE(chat1.has_value());
+  ConversationRecord rec;
+  rec.num_messages = chat1->messages.size();
+  rec.digest = conversation_digest(chat1->messages, rec.num_messages, &*chat1->tools,
+                                   chat1->template_kwargs);
+  rec.tokens = one->tokens;
+  for (int32_t t :
+       tokenizer_->encode("Hello.", EncodeOptions{.add_special_tokens = false}).value()) {
+    rec.tokens.push_back(t);
+  }
+  rec.tokens.push_back(tokenizer_->token_to_id("<|im_end|>").value());
+  rec.stop_text = "<|im_end|>";
+  rec.completion_text = "Hello.";
+  const auto entry = std::make_shared<const router::TurnEntry>(
+      router::TurnEntry{.worker = 2, .record = rec, .instructions = std::nullopt});
+  const router::TurnLookup lookup = [&](router::TurnKey kind, const std::string& k) {
+    return kind == router::TurnKey::kSession && k == one->record_key ? entry : nullptr;
+  };
+  const std::string turn2 =
+      body("1c0",
+           R"(,{"role":"assistant","content":[{"type":"text","text":"Hello."}]},
+         {"role":"user","content":[{"type":"text","text":"Now say goodbye"}]})");
+  auto routed2 = router::read_routed_request(reader(), turn2, "cc-1",
+                                             router::RoutedApi::kAnthropicMessages, 0, lookup);
+  ASSERT_TRUE(routed2.has_value()) << routed2.error().message;
+  EXPECT_EQ(routed2->record_key, one->record_key);
+  ASSERT_EQ(routed2->exact_worker, 2u);
+  ASSERT_GT(routed2->exact_tokens.size(), rec.tokens.size());
+  EXPECT_TRUE(std::equal(rec.tokens.begin(), rec.tokens.end(), routed2->exact_tokens.begin()));
+  // The worker's continuation of the same record, token for token.
+  auto read2 = read_anthropic_request(ojson::parse(turn2), AnthropicEndpoint::kMessages);
+  ASSERT_TRUE(read2.has_value());
+  auto chat2 = read_chat_request(read2->chat_body, GenerationPrompt::kAlways);
+  ASSERT_TRUE(chat2.has_value());
+  EXPECT_EQ(
+      continue_turn(reader(), chat2->messages, &*chat2->tools, chat2->template_kwargs, "", rec, 0),
+      routed2->exact_tokens);
+  // A title request of the same session (another system prompt, no tools) has its own
+  // record key, and does not continue the conversation's record.
+  auto title = router::read_routed_request(
+      reader(),
+      R"({"max_tokens":32000,"system":[{"type":"text","text":"Generate a title."}],
+          "messages":[{"role":"user","content":"Say hello"}]})",
+      "cc-1", router::RoutedApi::kAnthropicMessages, 0, lookup);
+  ASSERT_TRUE(title.has_value());
+  EXPECT_NE(title->record_key, one->record_key);
+  EXPECT_FALSE(title->exact_worker.has_value());
+}
+
+// Codex's requests: store off, the whole history each turn, the conversation keyed by
+// prompt_cache_key: the session's record is continued as a chat session's is.
+TEST_F(RequestReadingTest, APromptCacheKeyContinuesItsConversationsRecord) {
+  const std::string turn1 = R"({"model":"m","store":false,"stream":true,
+    "prompt_cache_key":"conv-1","tools":[{"type":"web_search"}],
+    "input":[{"type":"message","role":"developer","content":[{"type":"input_text","text":"You are Codex."}]},
+             {"type":"message","role":"user","content":[{"type":"input_text","text":"Say hello"}]}]})";
+  auto one = router::read_routed_request(reader(), turn1, "", router::RoutedApi::kResponses, 0);
+  ASSERT_TRUE(one.has_value()) << one.error().message;
+  EXPECT_EQ(one->session, "conv-1");
+  ASSERT_FALSE(one->record_key.empty());
+  const ojson messages1 = ojson::parse(
+      R"([{"role":"system","content":"You are Codex."},{"role":"user","content":"Say hello"}])");
+  ConversationRecord rec;
+  rec.num_messages = 2;
+  rec.digest = conversation_digest(messages1, 2, nullptr, ojson::object());
+  rec.tokens = one->tokens;
+  for (int32_t t : tokenizer_->encode("Hi.", EncodeOptions{.add_special_tokens = false}).value()) {
+    rec.tokens.push_back(t);
+  }
+  rec.tokens.push_back(tokenizer_->token_to_id("<|im_end|>").value());
+  rec.stop_text = "<|im_end|>";
+  rec.completion_text = "Hi.";
+  const auto entry = std::make_shared<const router::TurnEntry>(
+      router::TurnEntry{.worker = 4, .record = rec, .instructions = std::nullopt});
+  const router::TurnLookup lookup = [&](router::TurnKey kind, const std::string& k) {
+    return kind == router::TurnKey::kSession && k == one->record_key ? entry : nullptr;
+  };
+  ojson turn2 = ojson::parse(turn1);
+  turn2["input"].push_back(ojson::parse(
+      R"({"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hi."}]})"));
+  turn2["input"].push_back(ojson::parse(R"({"type":"reasoning","summary":[]})"));
+  turn2["input"].push_back(ojson::parse(
+      R"({"type":"message","role":"user","content":[{"type":"input_text","text":"Again"}]})"));
+  auto two = router::read_routed_request(reader(), turn2.dump(), "", router::RoutedApi::kResponses,
+                                         0, lookup);
+  ASSERT_TRUE(two.has_value()) << two.error().message;
+  ASSERT_EQ(two->exact_worker, 4u);
+  EXPECT_TRUE(std::equal(rec.tokens.begin(), rec.tokens.end(), two->exact_tokens.begin()));
+  // Without a key, the x-session-id header names the session.
+  ojson no_key = ojson::parse(turn1);
+  no_key.erase("prompt_cache_key");
+  auto by_header =
+      router::read_routed_request(reader(), no_key.dump(), "h-1", router::RoutedApi::kResponses, 0);
+  ASSERT_TRUE(by_header.has_value());
+  EXPECT_EQ(by_header->session, "h-1");
+}
+
 TEST(TurnRecordFieldTest, ARecordTravelsThroughTheExtensionField) {
   ConversationRecord rec;
   rec.num_messages = 4;
@@ -552,6 +779,7 @@ TEST(TurnRecordFieldTest, ARecordTravelsThroughTheExtensionField) {
   rec.stop_text = "<|im_end|>";
   rec.completion_text = "<think>\nx\n</think>\n\ny";
   rec.cache_salt = "tenant-a";
+  rec.digest = 0xfedcba9876543210ULL;
   const nlohmann::json wire = nlohmann::json::parse(turn_record_json(rec).dump());
   auto back = read_turn_record(wire);
   ASSERT_TRUE(back.has_value()) << back.error().message;
@@ -560,12 +788,16 @@ TEST(TurnRecordFieldTest, ARecordTravelsThroughTheExtensionField) {
   EXPECT_EQ(back->stop_text, rec.stop_text);
   EXPECT_EQ(back->completion_text, rec.completion_text);
   EXPECT_EQ(back->cache_salt, rec.cache_salt);
+  EXPECT_EQ(back->digest, rec.digest);
   for (
       const char* bad :
       {R"(null)", R"([])", R"({"num_messages":-1})", R"({"num_messages":1,"tokens":"x"})",
        R"({"num_messages":1,"tokens":[-5],"stop_text":"","completion_text":"","cache_salt":""})",
        R"({"num_messages":1,"tokens":[4294967296],"stop_text":"","completion_text":"","cache_salt":""})",
-       R"({"num_messages":1,"tokens":[1],"completion_text":"","cache_salt":""})"}) {
+       R"({"num_messages":1,"tokens":[1],"completion_text":"","cache_salt":""})",
+       R"({"num_messages":1,"tokens":[1],"stop_text":"","completion_text":"","cache_salt":""})",
+       R"({"num_messages":1,"tokens":[1],"stop_text":"","completion_text":"","cache_salt":"","digest":"12"})",
+       R"({"num_messages":1,"tokens":[1],"stop_text":"","completion_text":"","cache_salt":"","digest":"000000000000000g"})"}) {
     EXPECT_FALSE(read_turn_record(nlohmann::json::parse(bad)).has_value()) << bad;
   }
 }

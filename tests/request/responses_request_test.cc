@@ -159,13 +159,17 @@ TEST(ResponsesRequest, RefusesWhatItCannotServe) {
   EXPECT_NE(responses_refusal(R"({"input": [{"type": "function_call_output", "output": "x"}]})")
                 .find("call_id must be a string"),
             std::string::npos);
-  EXPECT_NE(
-      responses_refusal(R"({"input": "x", "tools": [{"type": "web_search"}]})").find("hosted tool"),
-      std::string::npos);
   EXPECT_NE(responses_refusal(R"({"input": "x", "tool_choice": "any"})").find("tool_choice"),
             std::string::npos);
   EXPECT_NE(responses_refusal(R"({"input": "x", "tool_choice": {"type": "file_search"}})")
                 .find("file_search"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "tools": [{"type": "web_search"}],
+                                  "tool_choice": {"type": "web_search"}})")
+                .find("tool type 'web_search', which Strata does not run"),
+            std::string::npos);
+  EXPECT_NE(responses_refusal(R"({"input": "x", "tools": [{"type": "namespace", "name": "n"}]})")
+                .find("tools[0].tools must be an array"),
             std::string::npos);
   EXPECT_NE(
       responses_refusal(R"({"input": "x", "max_output_tokens": 0})").find("max_output_tokens"),
@@ -190,6 +194,56 @@ TEST(ResponsesRequest, RefusesWhatItCannotServe) {
   EXPECT_NE(responses_refusal(R"({"input": "x", "conversation": "conv_1"})").find("conversation"),
             std::string::npos);
   EXPECT_NE(responses_refusal(R"([1])").find("JSON object"), std::string::npos);
+}
+
+// Codex's default tools (captured from codex-cli 0.171.0): function tools, a `namespace`
+// group of function tools (its multi-agent tools), and the hosted web_search. The functions
+// are offered flat under qualified names; the hosted tools (and any other type) are left out
+// and listed; a call item with a namespace reads back as the qualified name.
+TEST(ResponsesRequest, FlattensNamespacesAndLeavesHostedToolsOut) {
+  auto r = read_responses_request(ojson::parse(R"({"input": [
+      {"type": "function_call", "call_id": "c1", "namespace": "multi_agent_v1",
+       "name": "spawn_agent", "arguments": "{\"task\":\"t\"}"},
+      {"type": "function_call_output", "call_id": "c1", "output": "ok"}],
+    "tools": [
+      {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+      {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+       "tools": [{"type": "function", "name": "spawn_agent", "strict": false,
+                  "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}},
+                 {"type": "function", "name": "close_agent"},
+                 {"type": "custom", "name": "freeform"}]},
+      {"type": "namespace", "name": "mcp__files__",
+       "tools": [{"type": "function", "name": "read"}]},
+      {"type": "web_search", "external_web_access": false},
+      {"type": "file_search", "vector_store_ids": ["v"]},
+      {"type": "web_search"}],
+    "tool_choice": {"type": "function", "namespace": "multi_agent_v1", "name": "close_agent"}})"));
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  std::vector<std::string> names;
+  for (const ojson& t : r->chat_body["tools"]) names.push_back(t["function"]["name"]);
+  EXPECT_EQ(names, (std::vector<std::string>{"exec_command", "multi_agent_v1__spawn_agent",
+                                             "multi_agent_v1__close_agent", "mcp__files__read"}));
+  EXPECT_EQ(r->omitted_tools, (std::vector<std::string>{"custom", "web_search", "file_search"}));
+  ASSERT_EQ(r->namespaced.count("multi_agent_v1__spawn_agent"), 1u);
+  EXPECT_EQ(r->namespaced.at("multi_agent_v1__spawn_agent").name_space, "multi_agent_v1");
+  EXPECT_EQ(r->namespaced.at("multi_agent_v1__spawn_agent").name, "spawn_agent");
+  EXPECT_EQ(r->namespaced.at("mcp__files__read").name, "read");
+  EXPECT_EQ(r->chat_body["tool_choice"]["function"]["name"], "multi_agent_v1__close_agent");
+  EXPECT_EQ(r->input_messages[0]["tool_calls"][0]["function"]["name"],
+            "multi_agent_v1__spawn_agent");
+  // The echo keeps the tools as given.
+  EXPECT_EQ(r->echo["tools"].size(), 6u);
+  EXPECT_EQ(qualified_tool_name("a", "b"), "a__b");
+  EXPECT_EQ(qualified_tool_name("mcp__s__", "t"), "mcp__s__t");
+  // Hosted tools alone: nothing offered, nothing refused.
+  auto hosted = read_responses_request(
+      ojson::parse(R"({"input": "x", "tools": [{"type": "web_search_preview"},
+                      {"type": "code_interpreter", "container": {"type": "auto"}},
+                      {"type": "image_generation"}, {"type": "mcp", "server_label": "s"},
+                      {"type": "computer_use_preview"}, {"type": "local_shell"}]})"));
+  ASSERT_TRUE(hosted.has_value()) << hosted.error().message;
+  EXPECT_FALSE(hosted->chat_body.contains("tools"));
+  EXPECT_EQ(hosted->omitted_tools.size(), 6u);
 }
 
 }  // namespace

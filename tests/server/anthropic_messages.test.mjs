@@ -373,11 +373,21 @@ test("a client's breakpoints live within the client pin budget; x-api-key is the
     };
     const c = new Anthropic({ baseURL: small.base, apiKey: 'wrong', maxRetries: 0 });
     const m = await c.messages.create(body(41));
-    // It answers; nothing holds the prefix, so nothing counts as cache creation.
-    assert.equal(m.usage.cache_creation_input_tokens, 0, JSON.stringify(m.usage));
+    // It answers; over the budget the longest prefix that fits (one page) is held, and only
+    // that counts as cache creation.
+    assert.equal(m.usage.cache_creation_input_tokens, 16, JSON.stringify(m.usage));
     assert.ok(m.usage.input_tokens > 300);
-    assert.equal(await state(), 0, 'over the client budget: nothing pinned');
-    assert.equal(await refused(), 1, 'the refusal is counted');
+    assert.equal(await state(), 1, 'over the client budget: the first page pinned');
+    assert.equal(await refused(), 1, 'the cut is counted');
+    const device = (await small.get('/cache/state', ADMIN)).json.device;
+    assert.equal(device.pins_cut_total, 1);
+    assert.equal(device.pins_refused_total, 0);
+    assert.ok(device.pin_blocks_refused_total > 10, JSON.stringify(device));
+    // Another prefix when the budget is full: refused whole, counted.
+    await c.messages.create(body(43));
+    const full = (await small.get('/cache/state', ADMIN)).json.device;
+    assert.equal(full.pins_refused_total, 1);
+    assert.equal(await state(), 1);
     const a = new Anthropic({ baseURL: small.base, apiKey: KEY, maxRetries: 0 });
     await a.messages.create(body(42));
     assert.ok(await state() > 8, 'the admin key as x-api-key pins beyond the client budget');
