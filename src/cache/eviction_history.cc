@@ -4,14 +4,17 @@
 
 namespace strata {
 
-EvictionHistory::EvictionHistory(int64_t capacity)
-    : ring_(static_cast<size_t>(std::max<int64_t>(0, capacity))) {
+EvictionHistory::EvictionHistory(int64_t capacity) : capacity_(std::max<int64_t>(0, capacity)) {
+  while ((capacity_ >> sample_shift_) > kExactBlocks) ++sample_shift_;
+  // The ring holds the sample's share of the window (rounded up).
+  ring_.resize(static_cast<size_t>((capacity_ + pages_per_block() - 1) >> sample_shift_));
   slot_of_.reserve(ring_.size());
 }
 
 void EvictionHistory::record(std::span<const BlockHash> hashes) {
   if (ring_.empty()) return;
   for (BlockHash h : hashes) {
+    if (!sampled(h)) continue;
     const auto slot = static_cast<uint32_t>(next_);
     // The oldest slot is reused: forget its hash unless it has moved to a later slot.
     if (auto old = slot_of_.find(ring_[next_]); old != slot_of_.end() && old->second == slot) {
@@ -23,12 +26,12 @@ void EvictionHistory::record(std::span<const BlockHash> hashes) {
   }
 }
 
-bool EvictionHistory::take(BlockHash hash) {
-  if (slot_of_.empty()) return false;
+int64_t EvictionHistory::take(BlockHash hash) {
+  if (slot_of_.empty() || !sampled(hash)) return 0;
   auto it = slot_of_.find(hash);
-  if (it == slot_of_.end()) return false;
+  if (it == slot_of_.end()) return 0;
   slot_of_.erase(it);
-  return true;
+  return pages_per_block();
 }
 
 void EvictionHistory::clear() {

@@ -619,7 +619,7 @@ int64_t RadixTree::unevictable_pages() const {
 void RadixTree::count_recomputed(const RadixNode* leaf, int64_t now_ms) {
   if (evicted_.size() == 0) return;
   int64_t n = 0;
-  for (BlockHash h : leaf->hashes) n += evicted_.take(h) ? 1 : 0;
+  for (BlockHash h : leaf->hashes) n += evicted_.take(h);
   if (n == 0) return;
   stats_.recomputed_pages_total += static_cast<uint64_t>(n);
   recomputed_recent_ = recomputed_pages_recent() + static_cast<double>(n);

@@ -1,5 +1,5 @@
 // EvictionHistory (cache/eviction_history.h) against a simple reference: a list of the last
-// `capacity` recorded hashes, a taken one removed.
+// `capacity` recorded hashes, a taken one removed (exact sizes); and its sampling beyond them.
 #include "cache/eviction_history.h"
 
 #include <gtest/gtest.h>
@@ -50,6 +50,39 @@ TEST(EvictionHistoryTest, ZeroCapacityRemembersNothing) {
   h.record(a);
   EXPECT_FALSE(h.take(1));
   EXPECT_EQ(h.capacity(), 0);
+}
+
+// Beyond kExactBlocks the history keeps a fixed 1/S of the hash space and counts each block
+// taken as S pages (issue 56): over many blocks the count comes out near the exact one, a
+// block outside the sample is never counted, and the window is still the last `capacity`
+// recorded blocks.
+TEST(EvictionHistoryTest, ALargeHistorySamplesByHashAndCountsEachBlockTakenForItsShare) {
+  const int64_t capacity = 4 * EvictionHistory::kExactBlocks;
+  EvictionHistory h(capacity);
+  EXPECT_EQ(h.pages_per_block(), 4);
+  EXPECT_EQ(EvictionHistory(EvictionHistory::kExactBlocks).pages_per_block(), 1);
+  std::mt19937_64 rng(56);
+  std::vector<BlockHash> old(static_cast<size_t>(capacity)), recent(old.size());
+  for (auto& x : old) x = rng();
+  for (auto& x : recent) x = rng();
+  h.record(old);
+  h.record(recent);  // the window moves past most of `old`
+  EXPECT_LE(h.size(), capacity / 4 + 1);
+  // The last half of `recent` is well inside the window, the first half of `old` well
+  // outside it (the ring holds the last capacity / 4 sampled blocks: the window's edge
+  // moves by the sample's chance, about 1 % of the window).
+  const size_t half = recent.size() / 2;
+  int64_t counted = 0, counted_old = 0;
+  for (size_t i = half; i < recent.size(); ++i) {
+    const int64_t pages = h.take(recent[i]);
+    ASSERT_TRUE(pages == 0 || pages == 4) << pages;
+    counted += pages;
+    EXPECT_EQ(h.take(recent[i]), 0);  // once
+  }
+  for (size_t i = 0; i < half; ++i) counted_old += h.take(old[i]);
+  EXPECT_EQ(counted_old, 0);
+  // 32,768 blocks, a quarter of them sampled (8,192, standard deviation 78), 4 pages each.
+  EXPECT_NEAR(static_cast<double>(counted), static_cast<double>(half), 4 * 4 * 78.0);
 }
 
 TEST(EvictionHistoryTest, RandomRecordsAndTakesMatchAListOfTheLastRecords) {
