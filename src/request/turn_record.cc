@@ -96,16 +96,30 @@ std::optional<std::vector<int32_t>> continue_turn(const PromptReader& reader, co
                                        generated.compare(generated.size() - echoed_text.size(),
                                                          echoed_text.size(), echoed_text) == 0;
   if (!echoes) return std::nullopt;
+  const ChatRenderOptions options = reader.render_options(tools, true, template_kwargs);
+  std::vector<int32_t> out = record.tokens;
   auto cont =
-      reader.chat()->render_continuation(messages, record.num_messages, record.stop_text,
-                                         reader.render_options(tools, true, template_kwargs));
+      reader.chat()->render_continuation(messages, record.num_messages, record.stop_text, options);
+  if (!cont && !out.empty()) {
+    // The model ended its turn with another stop token than the one the template closes
+    // turns with (a random or base model's <|endoftext|> where Qwen3's template writes
+    // <|im_end|>; a request's own stop_token_ids): the turn is closed as the template closes
+    // it, with the tokenizer's end-of-turn token in the stop token's place. Nothing cached is
+    // lost: the stop token was sampled, never fed, so it has no KV.
+    const std::optional<std::string>& eos = reader.tokenizer().special_token_strings().eos_token;
+    const std::optional<int32_t> eos_id =
+        eos ? reader.tokenizer().token_to_id(*eos) : std::optional<int32_t>();
+    if (eos_id && *eos != record.stop_text) {
+      cont = reader.chat()->render_continuation(messages, record.num_messages, *eos, options);
+      if (cont) out.back() = *eos_id;
+    }
+  }
   if (!cont) return std::nullopt;
   // Too long alone means too long in all: the caller then reads (and refuses) the whole
   // rendering.
   auto more = reader.tokenizer().encode(
       cont->continuation, EncodeOptions{.add_special_tokens = false, .max_tokens = max_tokens});
   if (!more) return std::nullopt;
-  std::vector<int32_t> out = record.tokens;
   out.insert(out.end(), more->begin(), more->end());
   return out;
 }

@@ -78,7 +78,9 @@ std::string record_key(std::string_view session, uint64_t root);
 
 // The tokens of `messages` (normalized, as ChatRequest::messages) continuing `record`:
 // the record's tokens, then the template's rendering after the recorded assistant turn
-// (ChatTemplate::render_continuation), encoded within `max_tokens` (0: no limit). Nullopt
+// (ChatTemplate::render_continuation), encoded within `max_tokens` (0: no limit). A turn
+// the model ended with another stop token than the template's end of turn (Qwen3's
+// <|endoftext|> for its <|im_end|>) is closed with the tokenizer's eos_token instead. Nullopt
 // where the worker renders the whole conversation instead: a different cache_salt, a
 // conversation that does not extend the record (other first messages, tools or template
 // arguments than the record's digest; no new message after the assistant turn,

@@ -772,6 +772,30 @@ TEST_F(RequestReadingTest, APromptCacheKeyContinuesItsConversationsRecord) {
   EXPECT_EQ(by_header->session, "h-1");
 }
 
+// Issue 51, item 8: a turn the model ended with <|endoftext|> (one of Qwen3's three end ids;
+// a random model samples it as often as <|im_end|>) was not continued: the template closes
+// the turn with <|im_end|>, so the stop text was not found, the conversation was rendered
+// afresh and the reply's re-tokenized text missed the cache. It is continued now, closed
+// with the template's end of turn; the tokens are those of an <|im_end|> record.
+TEST_F(RequestReadingTest, ATurnEndedByAnotherEndTokenIsContinued) {
+  const std::string generated = "The answer is 4.";
+  const ConversationRecord im_end = think_record(reader(), *tokenizer_, generated);
+  ConversationRecord endoftext = im_end;
+  endoftext.tokens.back() = tokenizer_->token_to_id("<|endoftext|>").value();
+  endoftext.stop_text = "<|endoftext|>";
+  ojson m = ojson::parse(
+      R"([{"role":"system","content":"Think first."},{"role":"user","content":"What is 2 + 2?"}])");
+  m.push_back(ojson{{"role", "assistant"}, {"content", generated}});
+  m.push_back(ojson{{"role", "user"}, {"content", "And plus 1?"}});
+  auto usual = continue_turn(reader(), m, nullptr, ojson::object(), "", im_end, 0);
+  ASSERT_TRUE(usual.has_value());
+  auto other = continue_turn(reader(), m, nullptr, ojson::object(), "", endoftext, 0);
+  ASSERT_TRUE(other.has_value());
+  EXPECT_EQ(*other, *usual);
+  // Every token the first turn computed (all but the stop token) is where it was.
+  EXPECT_TRUE(std::equal(endoftext.tokens.begin(), endoftext.tokens.end() - 1, other->begin()));
+}
+
 TEST(TurnRecordFieldTest, ARecordTravelsThroughTheExtensionField) {
   ConversationRecord rec;
   rec.num_messages = 4;

@@ -506,3 +506,36 @@ test("a reply stopped by the context window says so: Messages, Responses, chat",
   assert.equal(c.status, 200, c.text);
   assert.equal(c.json.choices[0].finish_reason, 'length');
 });
+
+// Issue 51, item 8: Claude Code's turn 2 on a worker cached 27,184 of 35,085 tokens (77 %).
+// Its random model had ended turn 1 with <|endoftext|>, one of Qwen3's three end ids, where
+// the template closes turns with <|im_end|>: the turn was not continued but rendered afresh,
+// and the reply's text, re-tokenized, missed the cache. Reproduced here with a stop token
+// the sampled reply reaches (stop_token_ids), far into the reply: before the fix, 1,600 of
+// 2,053 (77.9 %); now the turn is closed as the template closes it and continued.
+test('a turn ended by another stop token than the template end of turn is continued', async () => {
+  const w = await startServer(['--kv-cache-tokens', '32768']);
+  procs.push(w);
+  const m1 = [{ role: 'system', content: words(1500, 5) }, { role: 'user', content: words(40, 9) }];
+  const sampling = { temperature: 1, seed: 7 };
+  const probe = await w.post('/v1/chat/completions', { messages: m1, max_tokens: 600, logprobs: true, ...sampling });
+  assert.equal(probe.status, 200, probe.text);
+  const toks = probe.json.choices[0].logprobs.content.map((c) => c.token);
+  // A token 500 in whose text the reply has not written before (the template's rendering is
+  // searched for the stop token's text after the previous messages).
+  const k = toks.findIndex((t, i) => i >= 500 && !toks.slice(0, i).join('').includes(t));
+  assert.ok(k >= 500, 'a stop token far into the reply');
+  const stop = (await w.post('/tokenize', { prompt: toks[k], add_special_tokens: false })).json.tokens;
+  assert.equal(stop.length, 1);
+  const r1 = await w.post('/v1/chat/completions', { messages: m1, max_tokens: 600, stop_token_ids: stop,
+    session_id: 'other-end', ...sampling }, { 'x-strata-turn-record': '1' });
+  assert.equal(r1.json.choices[0].finish_reason, 'stop');
+  assert.notEqual(r1.json.strata_turn_record.stop_text, '<|im_end|>');
+  const p1 = r1.json.usage.prompt_tokens;
+  const o1 = r1.json.usage.completion_tokens;
+  assert.equal(o1, k);
+  const m2 = [...m1, { role: 'assistant', content: r1.json.choices[0].message.content }, { role: 'user', content: 'And then?' }];
+  const r2 = await w.post('/v1/chat/completions', { messages: m2, max_tokens: 1, session_id: 'other-end' });
+  const cached = r2.json.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached >= 0.99 * (p1 + o1), `turn 2 cached ${cached} of turn 1's ${p1} + ${o1}`);
+});
