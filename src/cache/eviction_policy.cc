@@ -27,7 +27,7 @@ RadixNode* LruEvictionPolicy::victim(EvictionSet set,
 }
 
 RadixNode* LruEvictionPolicy::victim(EvictionSet set) const {
-  const std::set<Key>& s = of(set);
+  const absl::btree_set<Key>& s = of(set);
   if (s.empty()) return nullptr;
   // An eviction takes the victims one after the other: start loading the next one's
   // node now, so that it is in the cache when its turn comes (a pure hint).

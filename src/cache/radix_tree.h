@@ -345,6 +345,11 @@ class RadixTree {
   void restore_pin_tail(RadixNode* node);
   // Mirrors a change of a block's pin count (from the pin table) in its node.
   void change_pin(const Loc& loc, int32_t delta);
+  // The blocks of `hashes` (node null: not in the tree). A batch of spread blocks costs a
+  // few cache misses each (the index's probe, the node, its pin counts): they are
+  // prefetched ahead, so that they overlap instead of coming one after the other.
+  std::vector<Loc> locate(std::span<const BlockHash> hashes) const;
+  static void prefetch_pin_count(const Loc& loc);
   // Mirrors a removal the pin table made: pin count and soft-pinned pages.
   void apply_unpin(const Loc& loc, const PinChange& change);
 

@@ -35,9 +35,10 @@ void RadixTree::leave_sets(RadixNode* node) {
 
 void RadixTree::update_evictable(RadixNode* node) {
   // With a host tier a pinned node may leave the device (it is demoted, never dropped).
-  const bool should = node != root_.get() && node->on_device() && is_device_leaf(node) &&
-                      node->lock_ref == 0 && node->io_ref == 0 &&
-                      (hierarchical() || !node->is_protected());
+  // The children's scan (is_device_leaf) last: a pinned or locked node needs none.
+  const bool should = node != root_.get() && node->on_device() && node->lock_ref == 0 &&
+                      node->io_ref == 0 && (hierarchical() || !node->is_protected()) &&
+                      is_device_leaf(node);
   place_in_set(node, EvictionSet::kDevice, should);
 }
 

@@ -4,6 +4,7 @@
 // pinned block, so its unpinned tail stays evictable).
 #include "cache/radix_tree.h"
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -56,17 +57,45 @@ void RadixTree::apply_unpin(const Loc& loc, const PinChange& change) {
   if (change.soft_cleared) --loc.node->soft_pinned_blocks;
 }
 
+namespace {
+constexpr size_t kLookAhead = 8;  // blocks prefetched ahead of the one being worked on
+}  // namespace
+
+std::vector<RadixTree::Loc> RadixTree::locate(std::span<const BlockHash> hashes) const {
+  std::vector<Loc> locs(hashes.size());
+  const size_t n = hashes.size();
+  for (size_t i = 0; i < std::min(n, 2 * kLookAhead); ++i) index_.prefetch(hashes[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + 2 * kLookAhead < n) index_.prefetch(hashes[i + 2 * kLookAhead]);
+    const auto it = index_.find(hashes[i]);
+    if (it == index_.end()) continue;
+    locs[i] = it->second;
+    __builtin_prefetch(locs[i].node);
+  }
+  return locs;
+}
+
+// Pin and unpin bodies read the block's pin count: its node's header is in the cache by then
+// (locate), the count's line is loaded kLookAhead blocks early.
+void RadixTree::prefetch_pin_count(const Loc& loc) {
+  if (loc.node != nullptr) {
+    __builtin_prefetch(loc.node->pin_counts.data() + loc.offset);
+  }
+}
+
 PinResult RadixTree::pin(std::span<const BlockHash> hashes, PinOptions options) {
   PinResult result;
   const int64_t now_ms = clock_->now_ms();
   std::vector<RadixNode*> touched;
-  for (BlockHash h : hashes) {
-    const auto it = index_.find(h);
-    if (it == index_.end()) {
+  const std::vector<Loc> locs = locate(hashes);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kLookAhead < locs.size()) prefetch_pin_count(locs[i + kLookAhead]);
+    const BlockHash h = hashes[i];
+    const Loc loc = locs[i];
+    if (loc.node == nullptr) {
       ++result.unknown;
       continue;
     }
-    const Loc loc = it->second;
     if (pins_.pin(h, options, now_ms)) ++loc.node->soft_pinned_blocks;
     change_pin(loc, +1);
     ++result.pinned;
@@ -80,13 +109,15 @@ PinResult RadixTree::pin(std::span<const BlockHash> hashes, PinOptions options) 
 UnpinResult RadixTree::unpin(std::span<const BlockHash> hashes) {
   UnpinResult result;
   std::vector<RadixNode*> touched;
-  for (BlockHash h : hashes) {
-    const auto it = index_.find(h);
-    if (it == index_.end()) {
+  const std::vector<Loc> locs = locate(hashes);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kLookAhead < locs.size()) prefetch_pin_count(locs[i + kLookAhead]);
+    const BlockHash h = hashes[i];
+    const Loc loc = locs[i];
+    if (loc.node == nullptr) {
       ++result.unknown;
       continue;
     }
-    const Loc loc = it->second;
     if (loc.node->pin_counts[static_cast<size_t>(loc.offset)] == 0) {
       ++result.not_pinned;  // the mirror answers without a table lookup
       continue;

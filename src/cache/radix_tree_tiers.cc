@@ -20,6 +20,11 @@
 namespace strata {
 
 bool RadixTree::is_device_leaf(const RadixNode* node) const {
+  if (node->children.empty()) return true;
+  // Without a host tier every node holds device pages (the audit checks it): a node with
+  // children is no device leaf, and a stem of a hundred conversations is not scanned at
+  // each of its pins (issue 56).
+  if (!hierarchical()) return false;
   for (const auto& c : node->children) {
     if (c->has_device_pages()) return false;
   }
