@@ -119,6 +119,57 @@ TEST_F(CacheControlTest, ClientPinsAreSoftLowestAndCapped) {
   expect_engine_consistent(*e);
 }
 
+// A pin that asks for its longest prefix (an Anthropic breakpoint's) is cut to the blocks
+// that fit the budget, the first ones, instead of refused; with no room at all it is
+// refused; both are counted (/cache/state: pins_cut_total, pins_refused_total and
+// pin_blocks_refused_total).
+TEST_F(CacheControlTest, ALongestPrefixPinIsCutToTheBudget) {
+  EngineOptions o;
+  o.max_client_pinned_ratio = 3.0 / 64.0;
+  auto e = start(false, o);
+  const auto hashes = cache_prompt(*e, 100, 5);
+  ASSERT_EQ(hashes.size(), 6u);
+  auto cut = e->cache()
+                 .pin(PinCommand{
+                     .hashes = hashes, .authority = PinAuthority::kClient, .longest_prefix = true})
+                 .get();
+  ASSERT_TRUE(cut.has_value()) << cut.error().message;
+  EXPECT_EQ(cut->pinned, 3);
+  EXPECT_EQ(cut->cut, 3);
+  auto state = e->cache().state().get();
+  EXPECT_EQ(state->tree.soft_pinned_blocks, 3);
+  EXPECT_EQ(state->engine.pins_cut, 1u);
+  EXPECT_EQ(state->engine.pin_blocks_refused, 3u);
+  // The first three hold: unpinning them finds each pinned, the rest not.
+  auto unpinned = e->cache().unpin(hashes).get();
+  ASSERT_TRUE(unpinned.has_value());
+  EXPECT_EQ(unpinned->unpinned, 3);
+  EXPECT_EQ(unpinned->not_pinned, 3);
+  // Pinned again, then a prefix of blocks that are all new finds no room: refused whole.
+  ASSERT_TRUE(e->cache()
+                  .pin(PinCommand{.hashes = {hashes.begin(), hashes.begin() + 3},
+                                  .authority = PinAuthority::kClient})
+                  .get()
+                  .has_value());
+  auto refused = e->cache()
+                     .pin(PinCommand{.hashes = {hashes.begin() + 3, hashes.end()},
+                                     .authority = PinAuthority::kClient,
+                                     .longest_prefix = true})
+                     .get();
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, ErrorCode::kOverBudget);
+  state = e->cache().state().get();
+  EXPECT_EQ(state->engine.pins_refused, 1u);
+  EXPECT_EQ(state->engine.pin_blocks_refused, 6u);
+  EXPECT_EQ(state->tree.soft_pinned_blocks, 3);
+  // Without longest_prefix the same call is refused whole, as before.
+  EXPECT_FALSE(e->cache()
+                   .pin(PinCommand{.hashes = hashes, .authority = PinAuthority::kClient})
+                   .get()
+                   .has_value());
+  expect_engine_consistent(*e);
+}
+
 TEST_F(CacheControlTest, EvictBlocksFlushAndEvictLru) {
   auto e = start(false);
   const auto hashes = cache_prompt(*e, 100, 4);
