@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <map>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #ifdef STRATA_HAVE_CUDA
 #include <cublasLt.h>
@@ -35,7 +38,91 @@ struct LtApi {
   decltype(&cublasLtMatmul) matmul = nullptr;
 };
 
+// The names dlopen tries after STRATA_CUBLASLT (a full path), in order.
 constexpr const char* kLibraries[] = {"libcublasLt.so.13", "libcublasLt.so"};
+
+// cuBLASLt as this process loaded it: the library, its entry points and one handle. Made
+// once, on the first Gemm::create, and kept until the process ends: neither dlclose'd nor
+// destroyed, since at exit the CUDA runtime may already be torn down beneath it (and a
+// library some thread may still call into must not be unloaded). The handle is shared by
+// every Gemm (cuBLASLt's handle may be used from several threads at once); it belongs to
+// device 0, the only one Strata uses.
+struct LtLibrary {
+  void* library = nullptr;
+  LtApi api;
+  cublasLtHandle_t handle = nullptr;
+};
+
+std::string status_name(const LtApi& api, cublasStatus_t st) {
+  return api.status_name != nullptr ? api.status_name(st)
+                                    : fmt::format("status {}", static_cast<int>(st));
+}
+
+Result<LtLibrary> load_lt_library() {
+  LtLibrary lt;
+  std::vector<std::string> names;
+  if (const char* path = std::getenv("STRATA_CUBLASLT"); path != nullptr && *path != '\0') {
+    names.emplace_back(path);
+  }
+  for (const char* name : kLibraries) names.emplace_back(name);
+  std::string tried, loaded;
+  for (const std::string& name : names) {
+    lt.library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lt.library != nullptr) {
+      loaded = name;
+      break;
+    }
+    const char* why = dlerror();
+    tried += fmt::format("{}{} ({})", tried.empty() ? "" : "; ", name,
+                         why != nullptr ? why : "not found");
+  }
+  if (lt.library == nullptr) {
+    const char* ld = std::getenv("LD_LIBRARY_PATH");
+    return make_error(ErrorCode::kUnsupported,
+                      fmt::format("cuBLASLt could not be loaded; tried {}; LD_LIBRARY_PATH={}: "
+                                  "install CUDA's cuBLAS, put its library directory on "
+                                  "LD_LIBRARY_PATH, or set STRATA_CUBLASLT to the library's path",
+                                  tried, ld != nullptr ? ld : "(unset)"));
+  }
+  bool all = true;
+  std::string missing;
+  const auto resolve = [&](auto& fn, const char* symbol) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lt.library, symbol));
+    if (fn == nullptr) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", symbol);
+    all = all && fn != nullptr;
+  };
+  resolve(lt.api.create, "cublasLtCreate");
+  resolve(lt.api.destroy, "cublasLtDestroy");
+  resolve(lt.api.status_name, "cublasLtGetStatusName");
+  resolve(lt.api.desc_create, "cublasLtMatmulDescCreate");
+  resolve(lt.api.desc_destroy, "cublasLtMatmulDescDestroy");
+  resolve(lt.api.desc_set, "cublasLtMatmulDescSetAttribute");
+  resolve(lt.api.layout_create, "cublasLtMatrixLayoutCreate");
+  resolve(lt.api.layout_destroy, "cublasLtMatrixLayoutDestroy");
+  resolve(lt.api.pref_create, "cublasLtMatmulPreferenceCreate");
+  resolve(lt.api.pref_destroy, "cublasLtMatmulPreferenceDestroy");
+  resolve(lt.api.pref_set, "cublasLtMatmulPreferenceSetAttribute");
+  resolve(lt.api.heuristic, "cublasLtMatmulAlgoGetHeuristic");
+  resolve(lt.api.matmul, "cublasLtMatmul");
+  if (!all) {
+    return make_error(
+        ErrorCode::kUnsupported,
+        fmt::format("{} lacks cuBLASLt entry points Strata needs: {}", loaded, missing));
+  }
+  if (auto device = probe_device(0); !device) return std::unexpected(device.error());
+  if (const cublasStatus_t st = lt.api.create(&lt.handle); st != CUBLAS_STATUS_SUCCESS) {
+    return make_error(ErrorCode::kInternal,
+                      fmt::format("cuBLASLt Create: {}", status_name(lt.api, st)));
+  }
+  return lt;
+}
+
+// The process's cuBLASLt: loaded on the first call (a function-local static, so two threads
+// making models at once load it once), the same answer (or error) after.
+const Result<LtLibrary>& lt_library() {
+  static const Result<LtLibrary> loaded = load_lt_library();
+  return loaded;
+}
 
 }  // namespace
 
@@ -48,17 +135,18 @@ struct GemmPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
+// The process's library and handle (lt_library) with what is each Gemm's own: the plans and
+// the workspace. Two models' streams may run products at once, and a workspace shared by two
+// products in flight would be written by both; the plans are planned for this workspace's
+// size and are cheap.
 struct Gemm::Impl {
-  void* library = nullptr;
-  LtApi api;
-  cublasLtHandle_t handle = nullptr;
+  LtApi api;                          // lt_library()'s
+  cublasLtHandle_t handle = nullptr;  // lt_library()'s, not destroyed here
   DeviceBuffer workspace;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool>, GemmPlan> plans;
 
   ~Impl() {
     for (auto& [shape, p] : plans) release(p);
-    if (handle != nullptr) api.destroy(handle);
-    if (library != nullptr) dlclose(library);
   }
 
   void release(GemmPlan& p) const {
@@ -70,7 +158,7 @@ struct Gemm::Impl {
 
   Status failed(cublasStatus_t st, const std::string& what) const {
     return make_error(ErrorCode::kInternal,
-                      fmt::format("cuBLASLt {}: {}", what, api.status_name(st)));
+                      fmt::format("cuBLASLt {}: {}", what, status_name(api, st)));
   }
 
   Result<const GemmPlan*> plan(int64_t m, int64_t n, int64_t k, bool y_f32) {
@@ -122,45 +210,12 @@ Gemm::Gemm() : impl_(std::make_unique<Impl>()) {}
 Gemm::~Gemm() = default;
 
 Result<std::unique_ptr<Gemm>> Gemm::create(size_t workspace_bytes) {
+  const Result<LtLibrary>& lt = lt_library();
+  if (!lt) return std::unexpected(lt.error());
   std::unique_ptr<Gemm> g(new Gemm());
   Impl& i = *g->impl_;
-  std::string tried;
-  for (const char* name : kLibraries) {
-    i.library = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (i.library != nullptr) break;
-    tried += tried.empty() ? name : fmt::format(", {}", name);
-  }
-  if (i.library == nullptr) {
-    return make_error(ErrorCode::kUnsupported,
-                      fmt::format("cuBLASLt not found ({}): install CUDA's cuBLAS, or put its "
-                                  "library directory on LD_LIBRARY_PATH",
-                                  tried));
-  }
-  bool all = true;
-  const auto resolve = [&](auto& fn, const char* symbol) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(i.library, symbol));
-    all = all && fn != nullptr;
-  };
-  resolve(i.api.create, "cublasLtCreate");
-  resolve(i.api.destroy, "cublasLtDestroy");
-  resolve(i.api.status_name, "cublasLtGetStatusName");
-  resolve(i.api.desc_create, "cublasLtMatmulDescCreate");
-  resolve(i.api.desc_destroy, "cublasLtMatmulDescDestroy");
-  resolve(i.api.desc_set, "cublasLtMatmulDescSetAttribute");
-  resolve(i.api.layout_create, "cublasLtMatrixLayoutCreate");
-  resolve(i.api.layout_destroy, "cublasLtMatrixLayoutDestroy");
-  resolve(i.api.pref_create, "cublasLtMatmulPreferenceCreate");
-  resolve(i.api.pref_destroy, "cublasLtMatmulPreferenceDestroy");
-  resolve(i.api.pref_set, "cublasLtMatmulPreferenceSetAttribute");
-  resolve(i.api.heuristic, "cublasLtMatmulAlgoGetHeuristic");
-  resolve(i.api.matmul, "cublasLtMatmul");
-  if (!all)
-    return make_error(ErrorCode::kUnsupported, "cuBLASLt lacks an entry point Strata needs");
-  if (auto device = probe_device(0); !device) return std::unexpected(device.error());
-  if (const cublasStatus_t st = i.api.create(&i.handle); st != CUBLAS_STATUS_SUCCESS) {
-    i.handle = nullptr;
-    return std::unexpected(i.failed(st, "Create").error());
-  }
+  i.api = lt->api;
+  i.handle = lt->handle;
   auto ws = DeviceBuffer::allocate(workspace_bytes);
   if (!ws) return std::unexpected(ws.error());
   i.workspace = std::move(*ws);
