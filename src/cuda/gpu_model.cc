@@ -107,14 +107,14 @@ ScratchSizes scratch_sizes(const ModelConfig& config, const GpuModelOptions& opt
   const size_t h = static_cast<size_t>(config.hidden_size);
   const size_t qkv_width = static_cast<size_t>(config.q_size() + 2 * config.kv_size());
   const size_t inter = static_cast<size_t>(config.intermediate_size);
-  size_t splits_rows = 0;  // the decode kernel's workspace rows at its widest
+  // The decode kernel's workspace rows at their widest: any batch size, and the longest
+  // table a step may have (a decode shape's table_pages is at most max_pages_per_seq).
+  const int32_t longest = max_pages_per_seq(config, options) * options.page_size;
+  size_t splits_rows = 0;
   for (int32_t n = 1; n <= options.max_batch_sequences; ++n) {
-    splits_rows =
-        std::max(splits_rows,
-                 static_cast<size_t>(n) *
-                     static_cast<size_t>(decode_attention_splits(
-                         n, config.num_kv_heads,
-                         static_cast<int32_t>(config.max_position_embeddings), multiprocessors)));
+    splits_rows = std::max(splits_rows, static_cast<size_t>(n) *
+                                            static_cast<size_t>(decode_attention_splits(
+                                                n, config.num_kv_heads, longest, multiprocessors)));
   }
   ScratchSizes z;
   z.x = t * h * 2;
@@ -133,8 +133,10 @@ ScratchSizes scratch_sizes(const ModelConfig& config, const GpuModelOptions& opt
   return z;
 }
 
+}  // namespace
+
 // What create() refuses before any device work, in every build (with CUDA or without).
-Status check_gpu_model(const ModelConfig& config, const GpuModelOptions& options) {
+Status GpuModel::check(const ModelConfig& config, const GpuModelOptions& options) {
   if (options.num_pages < 1 || options.page_size < 1 || options.max_batch_tokens < 1 ||
       options.max_batch_sequences < 1) {
     return bad_argument(fmt::format(
@@ -159,7 +161,32 @@ Status check_gpu_model(const ModelConfig& config, const GpuModelOptions& options
   return {};
 }
 
-}  // namespace
+DecodeShape gpu_decode_shape(const ModelConfig& config, const GpuModelOptions& options,
+                             int32_t multiprocessors, std::span<const int64_t> context_tokens) {
+  DecodeShape shape;
+  const auto seqs = static_cast<int64_t>(context_tokens.size());
+  const int32_t limit = std::min(options.max_batch_sequences, options.max_batch_tokens);
+  for (int32_t b : kGraphBuckets) {
+    if (b > limit) break;
+    if (b >= seqs && seqs > 0) {
+      shape.seqs = b;
+      break;
+    }
+  }
+  if (shape.seqs == 0) return shape;
+  int64_t longest = 1;
+  for (int64_t n : context_tokens) longest = std::max(longest, n);
+  const int64_t pages = (longest + options.page_size - 1) / options.page_size;
+  const int64_t cap = max_pages_per_seq(config, options);
+  // A power of two of pages (few shapes, so few graphs), never narrower than the context
+  // itself (forward() refuses one beyond max_position_embeddings before this).
+  const int64_t bucket = std::min<int64_t>(
+      static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(pages, 1)))), cap);
+  shape.table_pages = static_cast<int32_t>(std::max(bucket, pages));
+  shape.num_splits = decode_attention_splits(
+      shape.seqs, config.num_kv_heads, shape.table_pages * options.page_size, multiprocessors);
+  return shape;
+}
 
 int64_t gpu_scratch_bytes(const ModelConfig& config, const GpuModelOptions& options,
                           int32_t multiprocessors) {
@@ -236,6 +263,45 @@ T* ptr(const DeviceBuffer& b) {
   return b.size() == 0 ? nullptr : b.as<T>();
 }
 
+// Page-locked host memory of `count` T (cudaHostAlloc), freed on destruction: the forward's
+// staging, so that its cudaMemcpyAsync calls are truly asynchronous (from pageable memory
+// the runtime copies through a staging buffer of its own, synchronously for the host).
+template <typename T>
+class PinnedArray {
+ public:
+  static Result<PinnedArray> allocate(size_t count, const char* what) {
+    PinnedArray a;
+    void* p = nullptr;
+    if (const cudaError_t e =
+            cudaHostAlloc(&p, std::max<size_t>(count, 1) * sizeof(T), cudaHostAllocDefault);
+        e != cudaSuccess) {
+      return std::unexpected(detail::cuda_error(
+          e, fmt::format("page-locking {} bytes of host memory for {}", count * sizeof(T), what)));
+    }
+    a.data_ = static_cast<T*>(p);
+    a.size_ = count;
+    return a;
+  }
+  PinnedArray() = default;
+  PinnedArray(PinnedArray&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PinnedArray& operator=(PinnedArray&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  ~PinnedArray() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  T* data() const { return data_; }
+  size_t size() const { return size_; }
+  T& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 }  // namespace
 
 struct GpuModel::Impl {
@@ -249,17 +315,20 @@ struct GpuModel::Impl {
   std::vector<GpuLayer> layers;
   DeviceBuffer kv;  // [layer][K, V][page][kv_head][slot][head_dim] BF16
   int64_t weight_bytes = 0;
-  int32_t max_pages_per_seq = 0;
   // The batch scratch (gpu_model.h).
   DeviceBuffer x, residual, qkv, attn, gate_up, act, last, logits, sampled, workspace;
   DeviceBuffer meta_i32, meta_f32;
-  // Host side of the metadata, kept between calls (no allocation once grown).
-  std::vector<int32_t> host_i32;
-  std::vector<float> host_f32;
+  // Host side of the metadata, page-locked, as large as the device side (create()). A step's
+  // copies from them are asynchronous: nothing rewrites them before the stream has run
+  // those copies (`staged`).
+  PinnedArray<int32_t> host_i32;
+  PinnedArray<float> host_f32;
   // Sampling on the device: the rows' rules and what comes back (sampled's SampledLayout).
-  std::vector<SampleRowArg> host_sample;
-  std::vector<uint32_t> host_results;  // tokens .. top_logprobs, as SampledLayout lays them
+  PinnedArray<SampleRowArg> host_sample;
+  PinnedArray<uint32_t> host_results;  // tokens .. top_logprobs, as SampledLayout lays them
+  bool staged = false;                 // copies from the host staging queued and not yet waited for
   std::vector<int32_t> new_tokens;     // each sequence's new tokens (upload)
+  std::vector<int64_t> contexts;       // each sequence's keys (decode_shape)
 
   size_t layer_elems() const {
     return static_cast<size_t>(options.num_pages) * config.num_kv_heads * options.page_size *
@@ -275,13 +344,14 @@ struct GpuModel::Impl {
 
   Status validate(std::span<const ForwardSequence> batch, const KvPool& pool) const;
   struct Step;
-  Status upload(std::span<const ForwardSequence> batch, int32_t pad_to, Step& step);
+  Status upload(std::span<const ForwardSequence> batch, const DecodeShape& shape, Step& step);
   Status compute(std::span<const ForwardSequence> batch, const Step& step);
   Status download(const Step& step, ForwardOutput& out);
-  int32_t graph_bucket(std::span<const ForwardSequence> batch) const;
+  DecodeShape decode_shape(std::span<const ForwardSequence> batch);
   Status run(std::span<const ForwardSequence> batch, ForwardOutput& out);
 
-  // Decode steps as CUDA graphs, one per bucket (GpuModelOptions::cuda_graphs).
+  // Decode steps as CUDA graphs, one per decode shape, keyed by (seqs, table_pages), which
+  // decide num_splits (GpuModelOptions::cuda_graphs).
   struct GraphExec {
     cudaGraphExec_t handle = nullptr;
     GraphExec() = default;
@@ -291,8 +361,9 @@ struct GpuModel::Impl {
       if (handle != nullptr) cudaGraphExecDestroy(handle);
     }
   };
-  std::map<int32_t, GraphExec> graphs;
-  std::set<int32_t> failed_buckets;
+  using ShapeKey = std::pair<int32_t, int32_t>;
+  std::map<ShapeKey, GraphExec> graphs;
+  std::set<ShapeKey> failed_shapes;
   GpuModel::Counters counters;
 };
 
@@ -302,7 +373,7 @@ GpuModel::~GpuModel() = default;
 Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig& config,
                                                    const ModelWeights& weights,
                                                    const GpuModelOptions& options) {
-  if (auto st = check_gpu_model(config, options); !st) return std::unexpected(st.error());
+  if (auto st = check(config, options); !st) return std::unexpected(st.error());
   std::unique_ptr<GpuModel> m(new GpuModel());
   Impl& i = *m->impl_;
   i.config = config;
@@ -361,7 +432,6 @@ Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig& config,
                              static_cast<size_t>(options.num_pages));
   if (!kv) return std::unexpected(kv.error());
   i.kv = std::move(*kv);
-  i.max_pages_per_seq = max_pages_per_seq(config, options);
   const ScratchSizes sizes = scratch_sizes(config, options, i.device.multiprocessors);
   const std::pair<DeviceBuffer*, size_t> scratch[] = {
       {&i.x, sizes.x},
@@ -381,6 +451,30 @@ Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig& config,
     auto b = DeviceBuffer::allocate(bytes);
     if (!b) return std::unexpected(b.error());
     *buf = std::move(*b);
+  }
+  const auto pin = [](auto array, auto& into) -> Status {
+    if (!array) return std::unexpected(array.error());
+    into = std::move(*array);
+    return {};
+  };
+  const size_t rows = static_cast<size_t>(options.max_batch_sequences);
+  const SampledLayout at(rows);
+  for (const Status& st : {
+           pin(PinnedArray<int32_t>::allocate(i.meta_i32_capacity(), "the batch's metadata"),
+               i.host_i32),
+           pin(PinnedArray<float>::allocate(sizes.meta_f32 / 4, "the rotary angles"), i.host_f32),
+           pin(PinnedArray<SampleRowArg>::allocate(rows, "the sampling rules"), i.host_sample),
+           pin(PinnedArray<uint32_t>::allocate((at.bytes - at.tokens) / 4, "the sampled tokens"),
+               i.host_results),
+       }) {
+    if (!st) return std::unexpected(st.error());
+  }
+  // The weights went up with cudaMemcpy from pageable memory, which may return before the
+  // copy has landed, and the compute stream does not wait for the legacy default stream
+  // (it is non-blocking): the first forward could read weights still crossing the bus.
+  if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+    return std::unexpected(
+        detail::cuda_error(e, "GpuModel::create: waiting for the weights' upload to land"));
   }
   return m;
 }
@@ -488,8 +582,8 @@ Status GpuModel::forward(std::span<const ForwardSequence> batch, KvPool& pool, F
 }
 
 // One forward's shape and where its metadata lies in meta_i32 (GpuModel::Impl::upload). A
-// decode step replayed as a CUDA graph is padded to its bucket's sequences: then every field
-// depends on the bucket only, as the captured graph needs.
+// decode step is padded to its DecodeShape: then every field depends on that shape only, as
+// a captured graph needs and as an eager step must to give a replay's bits.
 struct GpuModel::Impl::Step {
   int32_t num_seqs = 0, num_tokens = 0, num_logit_rows = 0, num_tiles = 0;
   int32_t real_logit_rows = 0;  // the batch's own (the rest pad a bucket)
@@ -501,15 +595,26 @@ struct GpuModel::Impl::Step {
 };
 
 // The batch's metadata (laid out as meta_i32_capacity() describes) and the rows' sampling
-// rules, built on the host and copied to the device in one copy each. With pad_to > 0 (a
-// decode step of at most that many sequences, for a graph) the batch is padded to pad_to
-// sequences that write nothing (slot -1), read one key of page 0 and are never sampled.
-Status GpuModel::Impl::upload(std::span<const ForwardSequence> batch, int32_t pad_to, Step& st) {
+// rules, built on the host in page-locked staging and copied to the device in one copy each.
+// With shape.seqs > 0 (a decode step) the batch is padded to shape.seqs sequences that write
+// nothing (slot -1), read one key of page 0 and are never sampled, its page table is
+// shape.table_pages wide and attention cuts it into shape.num_splits key ranges.
+Status GpuModel::Impl::upload(std::span<const ForwardSequence> batch, const DecodeShape& shape,
+                              Step& st) {
   const ModelConfig& c = config;
   const int32_t ps = options.page_size;
   const int32_t d = c.head_dim;
   const int32_t half = d / 2;
   const auto real_seqs = static_cast<int32_t>(batch.size());
+  const int32_t pad_to = shape.seqs;
+  // The staging is rewritten below: the last step's copies from it must have run (download
+  // waited for them, unless that step failed on the way).
+  if (staged) {
+    if (auto s = stream.synchronize(); !s) {
+      return make_error(ErrorCode::kInternal, "forward (GPU): " + s.error().message);
+    }
+    staged = false;
+  }
   st = Step{};
   st.num_seqs = pad_to > 0 ? pad_to : real_seqs;
   int32_t max_kv_len = 1;
@@ -526,13 +631,16 @@ Status GpuModel::Impl::upload(std::span<const ForwardSequence> batch, int32_t pa
   st.num_logit_rows = pad_to > 0 ? pad_to : st.real_logit_rows;
   st.all_decode = st.num_tokens == st.num_seqs;
   if (pad_to > 0) {
-    // Fixed for the bucket: the widest page table and the splits of the longest context.
-    st.table_stride = max_pages_per_seq;
-    max_kv_len = static_cast<int32_t>(c.max_position_embeddings);
+    // Fixed for the shape: its table width and key ranges, sample_rows on every row (a row
+    // without rules gets token -1 and its logits read).
+    STRATA_CHECK(shape.table_pages >= st.table_stride);
+    st.table_stride = shape.table_pages;
+    st.num_splits = shape.num_splits;
     st.sample = true;
+  } else {
+    st.num_splits =
+        decode_attention_splits(st.num_seqs, c.num_kv_heads, max_kv_len, device.multiprocessors);
   }
-  st.num_splits =
-      decode_attention_splits(st.num_seqs, c.num_kv_heads, max_kv_len, device.multiprocessors);
   const ExtendKernel extend_kernel =
       options.tensor_core_prefill ? ExtendKernel::kTensorCores : ExtendKernel::kCudaCores;
   const ExtendTiles tiles = plan_extend_tiles(new_tokens, c.group_size(), extend_kernel);
@@ -546,8 +654,10 @@ Status GpuModel::Impl::upload(std::span<const ForwardSequence> batch, int32_t pa
   st.o_tile_first = st.o_tile_seq + st.num_tiles;
   st.o_table = st.o_tile_first + st.num_tiles;
   const size_t used = st.o_table + static_cast<size_t>(st.num_seqs) * st.table_stride;
-  host_i32.assign(used, 0);
-  host_f32.assign(static_cast<size_t>(st.num_tokens) * d, 0.0f);
+  const size_t used_f32 = static_cast<size_t>(st.num_tokens) * d;
+  STRATA_CHECK(used <= host_i32.size() && used_f32 <= host_f32.size());
+  std::fill_n(host_i32.data(), used, 0);
+  std::fill_n(host_f32.data(), used_f32, 0.0f);
   {
     int32_t row = 0, logit_row = 0;
     for (int32_t s = 0; s < st.num_seqs; ++s) {
@@ -579,19 +689,18 @@ Status GpuModel::Impl::upload(std::span<const ForwardSequence> batch, int32_t pa
       if (seq.want_logits) host_i32[st.o_rows + logit_row++] = row - 1;
     }
     host_i32[st.o_qo + st.num_seqs] = row;
-    std::copy(tiles.seq.begin(), tiles.seq.end(),
-              host_i32.begin() + static_cast<ptrdiff_t>(st.o_tile_seq));
-    std::copy(tiles.first.begin(), tiles.first.end(),
-              host_i32.begin() + static_cast<ptrdiff_t>(st.o_tile_first));
+    std::copy(tiles.seq.begin(), tiles.seq.end(), host_i32.data() + st.o_tile_seq);
+    std::copy(tiles.first.begin(), tiles.first.end(), host_i32.data() + st.o_tile_first);
   }
   const auto cs = static_cast<cudaStream_t>(stream.handle());
+  staged = true;
   if (auto s = cuda_ok(
           cudaMemcpyAsync(meta_i32.data(), host_i32.data(), used * 4, cudaMemcpyHostToDevice, cs),
           "forward: copying the batch's metadata");
       !s) {
     return s;
   }
-  if (auto s = cuda_ok(cudaMemcpyAsync(meta_f32.data(), host_f32.data(), host_f32.size() * 4,
+  if (auto s = cuda_ok(cudaMemcpyAsync(meta_f32.data(), host_f32.data(), used_f32 * 4,
                                        cudaMemcpyHostToDevice, cs),
                        "forward: copying the rotary angles");
       !s) {
@@ -599,7 +708,8 @@ Status GpuModel::Impl::upload(std::span<const ForwardSequence> batch, int32_t pa
   }
   if (!st.sample) return {};
   // The rows' sampling rules (a row without: flags 0, token -1, its logits read).
-  host_sample.assign(static_cast<size_t>(st.num_logit_rows), SampleRowArg{});
+  STRATA_CHECK(static_cast<size_t>(st.num_logit_rows) <= host_sample.size());
+  std::fill_n(host_sample.data(), st.num_logit_rows, SampleRowArg{});
   size_t r = 0;
   for (const ForwardSequence& f : batch) {
     if (!f.want_logits) continue;
@@ -613,10 +723,10 @@ Status GpuModel::Impl::upload(std::span<const ForwardSequence> batch, int32_t pa
     ++r;
   }
   const SampledLayout at(static_cast<size_t>(st.num_logit_rows));
-  return cuda_ok(
-      cudaMemcpyAsync(sampled.as<std::byte>() + at.params, host_sample.data(),
-                      host_sample.size() * sizeof(SampleRowArg), cudaMemcpyHostToDevice, cs),
-      "forward: copying the sampling rules");
+  return cuda_ok(cudaMemcpyAsync(sampled.as<std::byte>() + at.params, host_sample.data(),
+                                 static_cast<size_t>(st.num_logit_rows) * sizeof(SampleRowArg),
+                                 cudaMemcpyHostToDevice, cs),
+                 "forward: copying the sampling rules");
 }
 
 // The pass itself, queued on the stream: embeddings, the layers, the final norm, the LM head
@@ -820,6 +930,7 @@ Status GpuModel::Impl::download(const Step& step, ForwardOutput& out) {
     if (auto s = stream.synchronize(); !s) {
       return make_error(ErrorCode::kInternal, "forward (GPU): " + s.error().message);
     }
+    staged = false;
     return {};
   };
   if (n == 0) return synchronized();
@@ -829,7 +940,7 @@ Status GpuModel::Impl::download(const Step& step, ForwardOutput& out) {
   }
   // The results lie one after the other (SampledLayout): one copy brings them all back.
   const SampledLayout at(static_cast<size_t>(step.num_logit_rows));
-  host_results.resize((at.bytes - at.tokens) / 4);
+  STRATA_CHECK((at.bytes - at.tokens) / 4 <= host_results.size());
   if (auto s = cuda_ok(cudaMemcpyAsync(host_results.data(), sampled.as<std::byte>() + at.tokens,
                                        at.bytes - at.tokens, cudaMemcpyDeviceToHost, cs),
                        "forward: copying the sampled tokens back");
@@ -864,37 +975,38 @@ Status GpuModel::Impl::download(const Step& step, ForwardOutput& out) {
   return synchronized();
 }
 
-// The bucket a decode step of `seqs` sequences is replayed in: the smallest of
-// kGraphBuckets that holds it (within the options' limits), or 0: run it eagerly.
-int32_t GpuModel::Impl::graph_bucket(std::span<const ForwardSequence> batch) const {
-  if (!options.cuda_graphs || batch.empty()) return 0;
+// The shape a decode step runs in (gpu_decode_shape), graph or not; seqs 0 for any other
+// step.
+DecodeShape GpuModel::Impl::decode_shape(std::span<const ForwardSequence> batch) {
+  contexts.clear();
   for (const ForwardSequence& f : batch) {
-    if (f.token_ids.size() != 1 || !f.want_logits || f.layer_wait != nullptr) return 0;
+    if (f.token_ids.size() != 1 || !f.want_logits) return DecodeShape{};
+    contexts.push_back(f.start_position + 1);
   }
-  const auto seqs = static_cast<int32_t>(batch.size());
-  const int32_t limit = std::min(options.max_batch_sequences, options.max_batch_tokens);
-  for (int32_t b : kGraphBuckets) {
-    if (b > limit) break;
-    if (b >= seqs) return b;
-  }
-  return 0;
+  return gpu_decode_shape(config, options, device.multiprocessors, contexts);
 }
 
 Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput& out) {
-  const int32_t bucket = graph_bucket(batch);
+  const DecodeShape shape = decode_shape(batch);
   Step step;
-  if (auto s = upload(batch, bucket, step); !s) return s;
+  if (auto s = upload(batch, shape, step); !s) return s;
   const auto eager = [&]() -> Status {
     if (auto s = compute(batch, step); !s) return s;
     ++counters.eager_steps;
     return download(step, out);
   };
-  if (bucket == 0 || failed_buckets.count(bucket) > 0) return eager();
+  // A prefix still landing makes the stream wait on copy events: never captured.
+  const bool waits = std::any_of(batch.begin(), batch.end(),
+                                 [](const ForwardSequence& f) { return f.layer_wait != nullptr; });
+  const ShapeKey key{shape.seqs, shape.table_pages};
+  if (!options.cuda_graphs || shape.seqs == 0 || waits || failed_shapes.count(key) > 0) {
+    return eager();
+  }
   const auto cs = static_cast<cudaStream_t>(stream.handle());
-  auto it = graphs.find(bucket);
+  auto it = graphs.find(key);
   if (it == graphs.end()) {
-    // Captured once per bucket, on the first step that needs it; a capture that fails leaves
-    // the bucket to eager steps (logged once).
+    // Captured once per shape, on the first step that needs it; a capture that fails leaves
+    // the shape to eager steps (logged once), which run the same kernels at the same sizes.
     cudaGraph_t graph = nullptr;
     Status captured = cuda_ok(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal),
                               "forward: starting a graph capture");
@@ -909,13 +1021,14 @@ Status GpuModel::Impl::run(std::span<const ForwardSequence> batch, ForwardOutput
     if (graph != nullptr) cudaGraphDestroy(graph);
     if (!captured) {
       cudaGetLastError();  // the capture's error is the capture's, not the next call's
-      STRATA_LOG_WARN("decode steps of {} sequences run without a CUDA graph: {}", bucket,
-                      captured.error().message);
-      failed_buckets.insert(bucket);
+      STRATA_LOG_WARN(
+          "decode steps of {} sequences over {}-page tables run without a CUDA graph: {}",
+          shape.seqs, shape.table_pages, captured.error().message);
+      failed_shapes.insert(key);
       return eager();
     }
     ++counters.graphs_captured;
-    it = graphs.emplace(bucket, std::move(exec)).first;
+    it = graphs.emplace(key, std::move(exec)).first;
   }
   if (auto s = cuda_ok(cudaGraphLaunch(it->second.handle, cs), "forward: replaying a decode graph");
       !s) {
@@ -938,7 +1051,7 @@ GpuModel::~GpuModel() = default;
 
 Result<std::unique_ptr<GpuModel>> GpuModel::create(const ModelConfig& config, const ModelWeights&,
                                                    const GpuModelOptions& options) {
-  if (auto st = check_gpu_model(config, options); !st) return std::unexpected(st.error());
+  if (auto st = check(config, options); !st) return std::unexpected(st.error());
   return make_error(ErrorCode::kUnsupported,
                     "this strata was built without CUDA (STRATA_CUDA=OFF, or nvcc was not found "
                     "when it was configured)");

@@ -46,8 +46,9 @@ struct GpuModelOptions {
   // the tensor-core one's reference (tests).
   bool tensor_core_prefill = true;
   // Decode steps (every sequence one token, no prefix still landing) replayed as CUDA graphs,
-  // one captured per batch-size bucket (kGraphBuckets) on its first step, the batch padded to
-  // its bucket; false: every step launched kernel by kernel (the graphs' reference).
+  // one captured per decode shape (gpu_decode_shape: batch-size bucket x context bucket) on
+  // its first step; false: every step launched kernel by kernel (the graphs' reference, in
+  // the same padded shape, so the two give the same bits).
   bool cuda_graphs = true;
 };
 
@@ -60,9 +61,32 @@ struct GpuModelOptions {
 GpuModelOptions gpu_options_for_engine(int32_t page_size, int32_t kv_cache_tokens,
                                        int32_t max_running_requests, int32_t chunked_prefill_size);
 
-// The batch sizes decode graphs are captured for; a step takes the smallest that holds it
-// (above the largest, or above the options' limits, it runs eagerly).
+// The batch sizes decode steps are padded to; a step takes the smallest that holds it
+// (above the largest, or above the options' limits, it runs at its own size, eagerly).
 inline constexpr int32_t kGraphBuckets[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+
+// The shape a decode step (every sequence one token, each wanting logits) runs in, whether
+// replayed from a CUDA graph or launched kernel by kernel: it depends on the step's bucket
+// only, so a graph captured for it fits every step of the bucket and an eager step gives the
+// same bits as a replay (the same products at the same M, the same key ranges).
+//   seqs         the batch padded to the smallest of kGraphBuckets that holds it
+//   table_pages  the page table's width: the longest context's pages rounded up to a power
+//                of two, at most max_position_embeddings' pages (a short context copies and
+//                reads a short table)
+//   num_splits   decode attention's key ranges for `seqs` sequences of table_pages pages
+//                (decode_attention_splits): a short context is not cut as a long one is
+// seqs == 0: not a bucketed step (more sequences than the largest bucket or the options'
+// limits, or a sequence bringing more than one token or no logits row): it runs eagerly at
+// its own size.
+struct DecodeShape {
+  int32_t seqs = 0;
+  int32_t table_pages = 0;
+  int32_t num_splits = 1;
+  bool operator==(const DecodeShape&) const = default;
+};
+// `context_tokens[s]`: sequence s's keys once its token is written (start_position + 1).
+DecodeShape gpu_decode_shape(const ModelConfig& config, const GpuModelOptions& options,
+                             int32_t multiprocessors, std::span<const int64_t> context_tokens);
 
 // Device bytes a model of `config` needs besides its weights for `options`: the KV pages
 // and the batch scratch (what --mem-fraction-static sizes the pages from).
@@ -82,9 +106,15 @@ class GpuModel final : public ForwardModel {
   // cuBLASLt, a head size other than 64 or 128, more than 8 query heads per KV head, a
   // sliding window; kResourceExhausted when the device has not the room (with the sizes);
   // kInvalidArgument for options out of range.
+  // Synchronizes the device before it returns: the uploads from pageable memory have landed
+  // before the (non-blocking) compute stream reads them.
   static Result<std::unique_ptr<GpuModel>> create(const ModelConfig& config,
                                                   const ModelWeights& weights,
                                                   const GpuModelOptions& options);
+  // The refusals create() makes before any device work (the errors it would return for
+  // them), in every build and on every machine: what the tests check their models against
+  // where there is no GPU.
+  static Status check(const ModelConfig& config, const GpuModelOptions& options);
   ~GpuModel() override;
 
   const ModelConfig& config() const override;
@@ -107,8 +137,9 @@ class GpuModel final : public ForwardModel {
 
   const GpuModelOptions& options() const;
   int64_t weight_bytes() const;  // on the device
-  // How the forward passes ran: graphs captured, decode steps replayed from one, and steps
-  // launched kernel by kernel (prefill, mixed, or no graph). Forward thread only.
+  // How the forward passes ran: graphs captured (one per DecodeShape met), decode steps
+  // replayed from one, and steps launched kernel by kernel (prefill, mixed, or no graph).
+  // Forward thread only.
   struct Counters {
     int64_t graphs_captured = 0;
     int64_t graph_replays = 0;

@@ -34,7 +34,7 @@ class GpuEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
     STRATA_NEED_GPU();
-    auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 5);
+    auto cpu = make_gpu_test_model(ModelPreset::kDemo, Architecture::kQwen3, 5);
     ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
     cpu_ = std::move(*cpu);
     GpuModelOptions o{.num_pages = kGpuPages,
@@ -120,7 +120,7 @@ TEST_F(GpuEngineTest, AToolSessionLeavesTheGpuAndComesBackTheSame) {
 // page_first_direct. gpu-check collects the "[tier ttft]" lines.
 TEST(GpuTierTtftTest, AHostHitNextTurnAgainstADeviceHitPerOverlap) {
   STRATA_NEED_GPU();
-  auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 5);
+  auto cpu = make_gpu_test_model(ModelPreset::kDemo, Architecture::kQwen3, 5);
   ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
   constexpr int32_t kPages = 1024;  // 16K tokens
   GpuModelOptions mo{.num_pages = kPages,
@@ -209,7 +209,7 @@ TEST(GpuTierTtftTest, AHostHitNextTurnAgainstADeviceHitPerOverlap) {
 // stage's pages copied, every page audited after.
 TEST(GpuPdTest, PrefillAndDecodeWorkersOnTheGpuThroughTheStages) {
   STRATA_NEED_GPU();
-  auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 5);
+  auto cpu = make_gpu_test_model(ModelPreset::kDemo, Architecture::kQwen3, 5);
   ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
   const GpuModelOptions g{.num_pages = kGpuPages,
                           .page_size = kGpuPageSize,

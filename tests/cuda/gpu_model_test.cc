@@ -1,20 +1,26 @@
 // The model's forward pass on the GPU (cuda/gpu_model.h) against the CPU engine's: the same
-// random-weight model (the demo preset, head_dim 64) in three architectures (Qwen3's q/k
-// norms, Llama, Qwen2's QKV biases), the same batches — whole prompts, a continuation over a
-// cached prefix, a sequence sharing another's first page, then decode steps — and the
-// logits compared row by row within BF16's rounding of weights and activations.
+// random-weight model (the demo preset with head_dim 64: gpu_test_config) in three
+// architectures (Qwen3's q/k norms, Llama, Qwen2's QKV biases), the same batches — whole
+// prompts, a continuation over a cached prefix, a sequence sharing another's first page,
+// then decode steps — and the logits compared row by row within BF16's rounding of weights
+// and activations; decode steps replayed from CUDA graphs against the same steps launched
+// kernel by kernel, bit for bit.
 //
-// Without a GPU (or CUDA) the comparison skips (fails under STRATA_REQUIRE_GPU=1); the
-// refusals that come before any device work run everywhere.
+// Without a GPU (or CUDA) the comparisons skip (fail under STRATA_REQUIRE_GPU=1); the
+// refusals that come before any device work, the shape checks of every model the GPU tests
+// make and the decode steps' shapes run everywhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cuda/gpu_model.h"
+#include "cuda/kernels.h"
 #include "gpu_test_util.h"
 #include "model/make_model.h"
 #include "model/model.h"
@@ -71,8 +77,9 @@ std::vector<ForwardSequence> as_batch(const std::vector<Seq>& seqs) {
   return batch;
 }
 
-// Each row of `got` against `want`: within 4 % of the row's largest logit (BF16 weights and
-// activations against the CPU's F32), and the same largest logit where it stands clear.
+// Each row of `got` against `want`: within kBf16LogitError (4 %) of the row's largest |logit|
+// (BF16 weights and activations against the CPU's F32); a failing row names its first few
+// tokens out of bounds and its largest difference.
 void expect_logits_close(const std::vector<float>& got, const std::vector<float>& want,
                          int32_t vocab, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -82,13 +89,90 @@ void expect_logits_close(const std::vector<float>& got, const std::vector<float>
     float scale = 1e-3f;
     for (int32_t v = 0; v < vocab; ++v) scale = std::max(scale, std::fabs(w[v]));
     int bad = 0;
-    for (int32_t v = 0; v < vocab && bad < 5; ++v) {
-      if (std::fabs(g[v] - w[v]) > 0.04f * scale) {
-        ADD_FAILURE() << what << " row " << r << " token " << v << ": " << g[v] << " vs " << w[v];
-        ++bad;
+    float worst = 0.0f;
+    int32_t worst_at = 0;
+    for (int32_t v = 0; v < vocab; ++v) {
+      const float diff = std::fabs(g[v] - w[v]);
+      if (!(diff <= worst)) {  // NaN counts as the worst
+        worst = diff;
+        worst_at = v;
+      }
+      if (!(diff <= kBf16LogitError * scale) && bad++ < 5) {
+        ADD_FAILURE() << what << " row " << r << " token " << v << ": " << g[v] << " vs " << w[v]
+                      << " (bound " << kBf16LogitError * scale << ")";
       }
     }
+    if (bad > 0) {
+      ADD_FAILURE() << what << " row " << r << ": " << bad << " of " << vocab
+                    << " logits out of bounds; the largest difference " << worst << " at token "
+                    << worst_at << " (" << g[worst_at] << " vs " << w[worst_at]
+                    << "), the row's largest |logit| " << scale;
+    }
   }
+}
+
+// Every model the GPU tests make (kGpuTestShapes, through gpu_test_config) passes the checks
+// GpuModel::create makes before any device work, with the options the tests give it: on
+// every machine, so that a model the kernels cannot run fails here rather than on the
+// first GPU run. The presets as make_model gives them would not (their head size).
+TEST(GpuModelTest, EveryGpuTestModelPassesTheShapeChecks) {
+  const GpuModelOptions options[] = {
+      {.num_pages = 32, .page_size = 16, .max_batch_tokens = 256, .max_batch_sequences = 8},
+      {.num_pages = 64, .page_size = 16, .max_batch_tokens = 256 + 8, .max_batch_sequences = 8},
+      gpu_options_for_engine(16, 1024, 4, 256),  // test_device_test's small engine
+  };
+  for (const GpuTestShape& shape : kGpuTestShapes) {
+    const std::string name = gpu_test_shape_name(shape.preset, shape.arch);
+    auto config = gpu_test_config(shape.preset, shape.arch);
+    ASSERT_TRUE(config.has_value()) << name << ": " << config.error().message;
+    EXPECT_EQ(config->head_dim, 64) << name;
+    for (const GpuModelOptions& o : options) {
+      const Status st = GpuModel::check(*config, o);
+      EXPECT_TRUE(st.has_value()) << name << ": " << st.error().message;
+    }
+  }
+  for (Architecture arch : {Architecture::kLlama, Architecture::kQwen2}) {
+    const Status st = GpuModel::check(preset_config(ModelPreset::kDemo, arch), options[0]);
+    ASSERT_FALSE(st.has_value()) << architecture_model_type(arch);
+    EXPECT_NE(st.error().message.find("head_dim 32"), std::string::npos) << st.error().message;
+  }
+  // A model made outside the list is refused by the helper, naming the list.
+  auto unlisted = gpu_test_config(ModelPreset::kBench, Architecture::kLlama);
+  ASSERT_FALSE(unlisted.has_value());
+  EXPECT_NE(unlisted.error().message.find("kGpuTestShapes"), std::string::npos);
+}
+
+// A decode step's shape follows its batch-size bucket and its longest context only (on every
+// machine: no device work): a short context gets a short table and no more key ranges than
+// its length calls for; every step of one bucket gets the same shape.
+TEST(GpuModelTest, DecodeStepsTakeTheShapeOfTheirBucketAndContext) {
+  const ModelConfig c = preset_config(ModelPreset::kQwen3_8B, Architecture::kQwen3);
+  GpuModelOptions o{.num_pages = 4096,
+                    .page_size = 16,
+                    .max_batch_tokens = 8192 + 512,
+                    .max_batch_sequences = 256};
+  const int32_t sms = 132;
+  using Contexts = std::vector<int64_t>;
+  const DecodeShape short_one = gpu_decode_shape(c, o, sms, Contexts{100});  // 7 pages
+  EXPECT_EQ(short_one, (DecodeShape{.seqs = 1, .table_pages = 8, .num_splits = 1}));
+  const DecodeShape three = gpu_decode_shape(c, o, sms, Contexts{5, 1000, 17});  // 63 pages
+  EXPECT_EQ(three.seqs, 4);
+  EXPECT_EQ(three.table_pages, 64);
+  EXPECT_EQ(three.num_splits, decode_attention_splits(4, c.num_kv_heads, 64 * 16, sms));
+  EXPECT_EQ(gpu_decode_shape(c, o, sms, Contexts{1, 1024, 2, 3}), three);
+  const auto longest = static_cast<int64_t>(c.max_position_embeddings);
+  const int32_t all_pages = static_cast<int32_t>((longest + 15) / 16);
+  const DecodeShape full = gpu_decode_shape(c, o, sms, Contexts{longest});
+  EXPECT_EQ(full.table_pages, all_pages);  // a power of two would be wider: capped
+  EXPECT_EQ(full.num_splits, decode_attention_splits(1, c.num_kv_heads, all_pages * 16, sms));
+  EXPECT_GT(full.num_splits, short_one.num_splits);
+  // Not bucketed: no sequence, more than the largest bucket, more than the options allow.
+  EXPECT_EQ(gpu_decode_shape(c, o, sms, Contexts{}).seqs, 0);
+  EXPECT_EQ(gpu_decode_shape(c, o, sms, Contexts(257, 10)).seqs, 0);
+  EXPECT_EQ(gpu_decode_shape(c, o, sms, Contexts(200, 10)).seqs, 256);
+  o.max_batch_sequences = 10;
+  EXPECT_EQ(gpu_decode_shape(c, o, sms, Contexts(9, 10)).seqs, 0);  // bucket 12 > 10
+  EXPECT_EQ(gpu_decode_shape(c, o, sms, Contexts(8, 10)).seqs, 8);
 }
 
 // --mem-fraction-static subtracts the forward's activation peak: the scratch create()
@@ -114,7 +198,7 @@ TEST(GpuModelTest, LogitsMatchTheCpuEngineStepByStep) {
       const std::string what =
           std::string(architecture_model_type(arch)) +
           (tensor_cores ? ", prefill on tensor cores" : ", prefill on CUDA cores");
-      auto cpu = make_preset_model(ModelPreset::kDemo, arch, 7);
+      auto cpu = make_gpu_test_model(ModelPreset::kDemo, arch, 7);
       ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
       const ModelConfig& config = (*cpu)->config();
       const int32_t pages = 32, page_size = 16;
@@ -172,7 +256,7 @@ TEST(GpuModelTest, LogitsMatchTheCpuEngineStepByStep) {
 // gets its logits.
 TEST(GpuModelTest, RowsWithSamplingBringBackTheirTokens) {
   STRATA_NEED_GPU();
-  auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 7);
+  auto cpu = make_gpu_test_model(ModelPreset::kDemo, Architecture::kQwen3, 7);
   ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
   const int32_t pages = 16, page_size = 16;
   GpuModelOptions o{
@@ -226,7 +310,7 @@ TEST(GpuModelTest, RowsWithSamplingBringBackTheirTokens) {
 
 TEST(GpuModelTest, BatchesBeyondTheScratchOrThePoolAreRefused) {
   STRATA_NEED_GPU();
-  auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 7);
+  auto cpu = make_gpu_test_model(ModelPreset::kDemo, Architecture::kQwen3, 7);
   ASSERT_TRUE(cpu.has_value());
   GpuModelOptions o{
       .num_pages = 8, .page_size = 16, .max_batch_tokens = 32, .max_batch_sequences = 2};
@@ -249,13 +333,38 @@ TEST(GpuModelTest, BatchesBeyondTheScratchOrThePoolAreRefused) {
   EXPECT_EQ(out.logits.size(), static_cast<size_t>((*cpu)->config().vocab_size));
 }
 
-// Decode steps replayed from a CUDA graph equal the same steps launched kernel by kernel: one
-// graph captured per bucket (3 sequences pad to 4, 5 to 8), replayed on every later step of
-// that size, with the padding never written into a page nor sampled; logits and drawn tokens
-// as the eager model's; prefill steps stay eager.
+// Two outputs of the same step: the same bits in every logit, or a failure naming how many
+// differ and the largest difference (where, and the two values).
+void expect_same_logits(std::span<const float> got, std::span<const float> want,
+                        const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << where;
+  size_t differ = 0, worst_at = 0;
+  float worst = -1.0f;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(want[i])) continue;
+    ++differ;
+    const float diff = std::fabs(got[i] - want[i]);
+    if (!(diff <= worst)) {
+      worst = diff;
+      worst_at = i;
+    }
+  }
+  EXPECT_EQ(differ, 0u) << where << ": " << differ << " of " << got.size()
+                        << " logits differ; the largest difference " << worst << " at token "
+                        << worst_at << " (" << got[worst_at] << " vs " << want[worst_at] << ")";
+}
+
+// Decode steps replayed from a CUDA graph give the same bits as the same steps launched
+// kernel by kernel: both run the step in its DecodeShape (the batch padded to its bucket,
+// the page table and key ranges of the context's bucket), so the same kernels and products
+// run at the same sizes. One graph is captured per shape (3 sequences pad to 4, 5 to 8; one
+// sequence whose context grows from 4 pages to 5 moves from the 4-page table to the 8-page
+// one) and replayed on every later step of it, the padding never written into a page nor
+// sampled; logits, drawn tokens, log-probabilities and alternatives bit for bit; prefill
+// steps stay eager.
 TEST(GpuModelTest, DecodeGraphReplaysEqualEagerSteps) {
   STRATA_NEED_GPU();
-  auto cpu = make_preset_model(ModelPreset::kDemo, Architecture::kQwen3, 9);
+  auto cpu = make_gpu_test_model(ModelPreset::kDemo, Architecture::kQwen3, 9);
   ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
   const int32_t pages = 64, page_size = 16;
   GpuModelOptions o{.num_pages = pages,
@@ -265,73 +374,90 @@ TEST(GpuModelTest, DecodeGraphReplaysEqualEagerSteps) {
   GpuModelOptions eager_options = o;
   eager_options.cuda_graphs = false;
   auto graphed = GpuModel::create((*cpu)->config(), (*cpu)->weights(), o);
+  ASSERT_TRUE(graphed.has_value()) << graphed.error().message;
   auto eager = GpuModel::create((*cpu)->config(), (*cpu)->weights(), eager_options);
-  ASSERT_TRUE(graphed.has_value() && eager.has_value());
+  ASSERT_TRUE(eager.has_value()) << eager.error().message;
   auto pool_g = (*graphed)->make_kv_pool(pages, page_size, KvDtype::kF32);
   auto pool_e = (*eager)->make_kv_pool(pages, page_size, KvDtype::kF32);
   ASSERT_TRUE(pool_g.has_value() && pool_e.has_value());
   const auto vocab = static_cast<size_t>((*cpu)->config().vocab_size);
-  for (const int32_t seqs : {3, 5}) {
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(seqs));
-    std::vector<std::vector<PageId>> tables(static_cast<size_t>(seqs));
-    for (int32_t s = 0; s < seqs; ++s) {
-      for (int32_t i = 0; i < 17 + 9 * s; ++i) {
-        prompts[static_cast<size_t>(s)].push_back((i * 13 + s * 7 + 1) %
-                                                  static_cast<int32_t>(vocab));
+  struct Case {
+    int32_t seqs, prompt, steps, graphs;  // prompt: the first sequence's tokens (+9 a next)
+  };
+  int32_t first_page = 0;
+  for (const Case& k : {Case{3, 17, 4, 1}, Case{5, 17, 4, 1}, Case{1, 60, 8, 2}}) {
+    const auto n = static_cast<size_t>(k.seqs);
+    std::vector<std::vector<int32_t>> prompts(n);
+    std::vector<std::vector<PageId>> tables(n);
+    for (size_t s = 0; s < n; ++s) {
+      const auto len = k.prompt + 9 * static_cast<int32_t>(s);
+      for (int32_t i = 0; i < len; ++i) {
+        prompts[s].push_back((i * 13 + static_cast<int32_t>(s) * 7 + 1) %
+                             static_cast<int32_t>(vocab));
       }
-      for (int32_t p = 0; p < 4; ++p)
-        tables[static_cast<size_t>(s)].push_back(make_page_id(s * 4 + p));
+      for (int32_t p = 0; p < (len + k.steps + page_size - 1) / page_size; ++p) {
+        tables[s].push_back(make_page_id(first_page++));
+      }
     }
+    ASSERT_LE(first_page, pages);
     std::vector<ForwardSequence> prefill;
-    for (int32_t s = 0; s < seqs; ++s) {
-      prefill.push_back({prompts[static_cast<size_t>(s)], 0, tables[static_cast<size_t>(s)], true});
-    }
+    for (size_t s = 0; s < n; ++s) prefill.push_back({prompts[s], 0, tables[s], true});
     ForwardOutput og, oe;
     ASSERT_TRUE((*graphed)->forward(prefill, **pool_g, og).has_value());
     ASSERT_TRUE((*eager)->forward(prefill, **pool_e, oe).has_value());
+    expect_same_logits(og.logits, oe.logits, "prefill of " + std::to_string(k.seqs));
     const auto captured = (*graphed)->counters().graphs_captured;
     const auto replays = (*graphed)->counters().graph_replays;
-    std::vector<int32_t> next(static_cast<size_t>(seqs), 1);
-    for (int step = 0; step < 4; ++step) {
+    const auto eager_steps = (*eager)->counters().eager_steps;
+    std::vector<int32_t> next(n, 1);
+    for (int32_t step = 0; step < k.steps; ++step) {
       std::vector<ForwardSequence> decode;
-      for (int32_t s = 0; s < seqs; ++s) {
-        ForwardSequence f{std::span(&next[static_cast<size_t>(s)], 1),
-                          static_cast<int64_t>(prompts[static_cast<size_t>(s)].size()) + step,
-                          tables[static_cast<size_t>(s)], true};
+      for (size_t s = 0; s < n; ++s) {
+        ForwardSequence f{std::span(&next[s], 1), static_cast<int64_t>(prompts[s].size()) + step,
+                          tables[s], true};
         // Even rows drawn on the device (greedy with alternatives), odd rows' logits read.
         if (s % 2 == 0) f.sampling = RowSampling{.logprobs = true, .top_logprobs = 3};
         decode.push_back(f);
       }
       ASSERT_TRUE((*graphed)->forward(decode, **pool_g, og).has_value());
       ASSERT_TRUE((*eager)->forward(decode, **pool_e, oe).has_value());
-      ASSERT_EQ(og.sampled.size(), static_cast<size_t>(seqs));
-      ASSERT_EQ(oe.sampled.size(), static_cast<size_t>(seqs));
-      for (int32_t s = 0; s < seqs; ++s) {
-        const auto r = static_cast<size_t>(s);
-        const std::string where = std::to_string(seqs) + " seqs, step " + std::to_string(step) +
+      ASSERT_EQ(og.sampled.size(), n);
+      ASSERT_EQ(oe.sampled.size(), n);
+      for (size_t s = 0; s < n; ++s) {
+        const std::string where = std::to_string(k.seqs) + " seqs, step " + std::to_string(step) +
                                   ", row " + std::to_string(s);
+        const SampledToken& g = og.sampled[s];
+        const SampledToken& e = oe.sampled[s];
         if (s % 2 == 0) {
-          EXPECT_EQ(og.sampled[r].token, oe.sampled[r].token) << where;
-          EXPECT_NEAR(og.sampled[r].logprob, oe.sampled[r].logprob, 1e-3) << where;
-          next[r] = std::max(og.sampled[r].token, 0);
-        } else {
-          ASSERT_EQ(og.sampled[r].token, -1);
-          float worst = 0.0f;
-          for (size_t i = 0; i < vocab; ++i) {
-            worst = std::max(worst, std::abs(og.logits[r * vocab + i] - oe.logits[r * vocab + i]));
+          EXPECT_EQ(g.token, e.token) << where;
+          EXPECT_EQ(std::bit_cast<uint32_t>(g.logprob), std::bit_cast<uint32_t>(e.logprob))
+              << where << ": logprob " << g.logprob << " vs " << e.logprob;
+          ASSERT_EQ(g.top_logprobs.size(), e.top_logprobs.size()) << where;
+          for (size_t j = 0; j < g.top_logprobs.size(); ++j) {
+            EXPECT_EQ(g.top_logprobs[j].token, e.top_logprobs[j].token) << where << " alt " << j;
+            EXPECT_EQ(std::bit_cast<uint32_t>(g.top_logprobs[j].logprob),
+                      std::bit_cast<uint32_t>(e.top_logprobs[j].logprob))
+                << where << " alt " << j << ": " << g.top_logprobs[j].logprob << " vs "
+                << e.top_logprobs[j].logprob;
           }
-          EXPECT_LT(worst, 1e-3f) << where;
-          next[r] = static_cast<int32_t>(
-              std::max_element(oe.logits.begin() + static_cast<std::ptrdiff_t>(r * vocab),
-                               oe.logits.begin() + static_cast<std::ptrdiff_t>((r + 1) * vocab)) -
-              (oe.logits.begin() + static_cast<std::ptrdiff_t>(r * vocab)));
+          next[s] = std::max(g.token, 0);
+        } else {
+          ASSERT_EQ(g.token, -1) << where;
+          ASSERT_EQ(e.token, -1) << where;
+          const std::span<const float> row_g(og.logits.data() + s * vocab, vocab);
+          const std::span<const float> row_e(oe.logits.data() + s * vocab, vocab);
+          expect_same_logits(row_g, row_e, where);
+          next[s] =
+              static_cast<int32_t>(std::max_element(row_e.begin(), row_e.end()) - row_e.begin());
         }
       }
     }
-    EXPECT_EQ((*graphed)->counters().graphs_captured, captured + 1) << seqs;
-    EXPECT_EQ((*graphed)->counters().graph_replays, replays + 4) << seqs;
-    EXPECT_EQ((*eager)->counters().graph_replays, 0);
+    EXPECT_EQ((*graphed)->counters().graphs_captured, captured + k.graphs) << k.seqs << " seqs";
+    EXPECT_EQ((*graphed)->counters().graph_replays, replays + k.steps) << k.seqs << " seqs";
+    EXPECT_EQ((*eager)->counters().eager_steps, eager_steps + k.steps) << k.seqs << " seqs";
   }
+  EXPECT_EQ((*eager)->counters().graph_replays, 0);
+  EXPECT_EQ((*eager)->counters().graphs_captured, 0);
 }
 
 }  // namespace

@@ -1,13 +1,19 @@
 // The engine tests' device switch (test_device.h): STRATA_TEST_DEVICE names the model an
-// engine runs on, and on a device other than the CPU the greedy outputs agree with the CPU
-// model's on the same weights (issue 30: "greedy outputs agree on a test model whose LM
-// head is made peaky").
+// engine runs on; its model passes the GPU model's shape checks; and the greedy outputs on
+// the device are the CPU model's choices on the same weights, within BF16's error on a GPU
+// (issue 30: "greedy outputs agree"; issue 50: compared where the CPU's margin exceeds the
+// error bound, the rest counted as ties).
 #include "test_device.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine_test_util.h"
@@ -45,6 +51,25 @@ TEST(TestDeviceTest, TheEnginesRunOnTheDeviceNamed) {
   EXPECT_NE(*second, *forward);
 }
 
+// The model the engine tests make for a GPU (TestModel::device_config), on every machine:
+// it passes the checks GpuModel::create makes before any device work, with the options an
+// engine of the tests' sizes makes it with, so that a shape the kernels cannot run fails
+// here and not on the first GPU run (the preset as make_model gives it would: head_dim 16).
+TEST(TestDeviceTest, TheGpuModelOfTheEngineTestsPassesTheShapeChecks) {
+  auto config =
+      TestModel::device_config(ModelPreset::kTiny, Architecture::kLlama, TestDevice::kCuda);
+  ASSERT_TRUE(config.has_value()) << config.error().message;
+  EXPECT_EQ(config->head_dim, 64);
+  const EngineOptions o = small_engine();
+  const cuda::GpuModelOptions g = cuda::gpu_options_for_engine(
+      o.page_size, o.kv_cache_tokens, o.max_running_requests, o.chunked_prefill_size);
+  const Status st = cuda::GpuModel::check(*config, g);
+  EXPECT_TRUE(st.has_value()) << st.error().message;
+  const Status as_made = cuda::GpuModel::check(
+      *TestModel::device_config(ModelPreset::kTiny, Architecture::kLlama, TestDevice::kCpu), g);
+  EXPECT_FALSE(as_made.has_value());
+}
+
 TEST(TestDeviceTest, AnUnknownDeviceIsRefusedByName) {
   const char* before = std::getenv("STRATA_TEST_DEVICE");
   const std::string saved = before == nullptr ? "" : before;
@@ -60,17 +85,73 @@ TEST(TestDeviceTest, AnUnknownDeviceIsRefusedByName) {
       << made.error().message;
 }
 
-// The same prompts, alone and then eight at a time (other batch shapes, a cached prefix
-// reused), greedy, on an engine over the test device and on one over the CPU model with the
-// same weights: the same tokens. On the CPU device the two engines share the model.
+// The greedy choices `tokens` a device answered to `prompt`, checked against the CPU model
+// teacher-forced along them: at each step the CPU model reads the prompt and the device's
+// tokens before it (one forward for the prompt, then one a token), and the device's token
+// must be the CPU's argmax, unless the CPU's margin between its argmax and the device's token
+// is within `margin_fraction` of the row's largest |logit|: a tie the device's rounding may
+// break either way. Teacher forcing keeps one such tie from sending the rest of the sequence
+// down another path, which a comparison of whole outputs would count against the device.
+// Adds to `checked` and `ties` (choices that differ from the CPU's within the margin).
+void expect_greedy_choices(Model& cpu, const std::vector<int32_t>& prompt,
+                           const std::vector<int32_t>& tokens, float margin_fraction,
+                           const std::string& what, int& checked, int& ties) {
+  const int32_t page_size = 16;
+  const auto total = static_cast<int32_t>(prompt.size() + tokens.size());
+  const int32_t pages = (total + page_size - 1) / page_size;
+  auto pool = cpu.make_kv_pool(pages, page_size, KvDtype::kF32);
+  ASSERT_TRUE(pool.has_value()) << pool.error().message;
+  std::vector<PageId> table;
+  for (int32_t p = 0; p < pages; ++p) table.push_back(make_page_id(p));
+  const auto vocab = static_cast<size_t>(cpu.config().vocab_size);
+  std::vector<int32_t> input = prompt;
+  int64_t start = 0;
+  ForwardOutput out;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const ForwardSequence seq{
+        .token_ids = input, .start_position = start, .page_table = table, .want_logits = true};
+    const Status st = cpu.forward(std::span(&seq, 1), **pool, out);
+    ASSERT_TRUE(st.has_value()) << what << ": " << st.error().message;
+    ASSERT_EQ(out.logits.size(), vocab) << what;
+    const std::span<const float> row(out.logits);
+    const auto best = static_cast<size_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    float largest = 0.0f;
+    for (float v : row) largest = std::max(largest, std::fabs(v));
+    const auto chosen = static_cast<size_t>(tokens[i]);
+    ASSERT_LT(chosen, vocab) << what << " token " << i;
+    ++checked;
+    if (chosen != best) {
+      const float margin = row[best] - row[chosen];
+      const float bound = margin_fraction * largest;
+      if (margin <= bound) {
+        ++ties;
+      } else {
+        ADD_FAILURE() << what << ", token " << i << ": the device chose " << chosen
+                      << " (CPU logit " << row[chosen] << "), the CPU " << best << " (" << row[best]
+                      << "): a margin of " << margin << " beyond the bound " << bound << " ("
+                      << margin_fraction << " of the row's largest |logit| " << largest << ")";
+      }
+    }
+    start += static_cast<int64_t>(input.size());
+    input.assign(1, tokens[i]);
+  }
+}
+
+// The same prompts, alone and then all at once (other batch shapes, a cached prefix reused,
+// a prompt in two chunks), greedy, on an engine over the test device: every choice the
+// CPU model's on the same weights (expect_greedy_choices). On the CPU and own-kv devices the
+// arithmetic is the CPU model's, so the margin is 0: the same tokens exactly. On a GPU each
+// logit may lie kBf16LogitError (4 %) of the row's largest |logit| from the CPU's (what
+// GpuModelTest.LogitsMatchTheCpuEngineStepByStep holds it to), so two tokens whose CPU logits
+// are within twice that may come out in either order: those choices are ties, counted and
+// printed, not failures. (The LM head's ×8 cannot spare this: a power of two scales every
+// logit and every rounding error alike.)
 TEST(TestDeviceTest, GreedyOutputsAgreeWithTheCpuModel) {
   TestModel model;
   STRATA_TEST_MODEL(model, ModelPreset::kTiny, Architecture::kLlama, 3,
                     ModelOptions{.num_threads = 1});
   auto on_device = create_test_engine(model, small_engine());
   ASSERT_TRUE(on_device.has_value()) << on_device.error().message;
-  auto on_cpu = Engine::create(&model.cpu(), small_engine(), {});
-  ASSERT_TRUE(on_cpu.has_value()) << on_cpu.error().message;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 8; ++i) prompts.push_back(test_prompt(1 + 7 * i, 40 + i));
   prompts.push_back(test_prompt(300, 60));  // two chunks
@@ -78,17 +159,8 @@ TEST(TestDeviceTest, GreedyOutputsAgreeWithTheCpuModel) {
   shared.resize(200);
   shared.push_back(5);
   prompts.push_back(shared);  // its first 12 pages cached
-  // The CPU model's answers first: on the CPU device both engines run on one Model, which
-  // takes one forward at a time.
-  std::vector<Outcome> want;
-  for (const auto& p : prompts) {
-    want.push_back(run_greedy(**on_cpu, p, 12));
-    ASSERT_EQ(want.back().reason, FinishReason::kLength);
-  }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const Outcome got = run_greedy(**on_device, prompts[i], 12);
-    EXPECT_EQ(got.tokens, want[i].tokens) << "prompt of " << prompts[i].size() << " tokens, alone";
-  }
+  std::vector<Outcome> alone, batched;
+  for (const auto& p : prompts) alone.push_back(run_greedy(**on_device, p, 12));
   // All at once: prefill and decode rows mixed in the device's batches.
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (const auto& p : prompts) {
@@ -100,11 +172,34 @@ TEST(TestDeviceTest, GreedyOutputsAgreeWithTheCpuModel) {
     ASSERT_TRUE(s.has_value());
     streams.push_back(std::move(*s));
   }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const Outcome got = drain(*streams[i]);
-    EXPECT_EQ(got.tokens, want[i].tokens) << "prompt " << i << ", batched";
-  }
+  for (const auto& s : streams) batched.push_back(drain(*s));
   expect_engine_consistent(**on_device);
+  // The engine goes first: on the CPU device it runs on the model checked against below,
+  // which takes one forward at a time.
+  on_device->reset();
+  const float margin = model.device() == TestDevice::kCuda ? 2 * cuda::kBf16LogitError : 0.0f;
+  int checked = 0, ties = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::pair<const Outcome*, const char*> runs[] = {{&alone[i], "alone"},
+                                                           {&batched[i], "batched"}};
+    for (const auto& [outcome, how] : runs) {
+      const std::string what = "prompt " + std::to_string(i) + " of " +
+                               std::to_string(prompts[i].size()) + " tokens, " + how;
+      ASSERT_TRUE(outcome->reason == FinishReason::kLength ||
+                  outcome->reason == FinishReason::kStop)
+          << what << ": " << outcome->error;
+      EXPECT_FALSE(outcome->tokens.empty()) << what;
+      expect_greedy_choices(model.cpu(), prompts[i], outcome->tokens, margin, what, checked, ties);
+    }
+  }
+  std::printf(
+      "[greedy vs cpu] %d choices checked, %d ties (within %.3g of the row's largest "
+      "|logit|)\n",
+      checked, ties, static_cast<double>(margin));
+  EXPECT_GT(checked, 0);
+  if (margin == 0.0f) {
+    EXPECT_EQ(ties, 0);
+  }
 }
 
 }  // namespace
