@@ -67,14 +67,18 @@ class InputMapper {
     const std::string where = "input[" + std::to_string(index) + "]";
     STRATA_TRY_ASSIGN(type, type_of(item, where));
     if (type.empty() || type == "message") return add_message(item, where);
-    if (type == "function_call") return add_call(item, where);
-    if (type == "function_call_output") return add_output(item, where);
+    if (type == "function_call") return add_call(item, where, /*custom=*/false);
+    if (type == "custom_tool_call") return add_call(item, where, /*custom=*/true);
+    if (type == "function_call_output" || type == "custom_tool_call_output") {
+      return add_output(item, where);
+    }
     // Strata returns no reasoning items; a client that echoes one from elsewhere loses
     // nothing the template would render.
     if (type == "reasoning") return {};
     return bad_argument(where + ": input item type '" + type +
                         "' is not supported (supported: message, function_call, "
-                        "function_call_output, reasoning)");
+                        "function_call_output, custom_tool_call, custom_tool_call_output, "
+                        "reasoning)");
   }
   ojson take() { return std::move(out_); }
 
@@ -92,13 +96,22 @@ class InputMapper {
     return {};
   }
 
-  Status add_call(const ojson& item, const std::string& where) {
+  // A function call, or a custom tool's call (its free-form `input` read as the arguments
+  // {"input": ...} of the function the model was offered: custom_tool_arguments).
+  Status add_call(const ojson& item, const std::string& where, bool custom) {
     STRATA_TRY_ASSIGN(call_id, required_string(item, "call_id", where));
     STRATA_TRY_ASSIGN(own_name, required_string(item, "name", where));
     STRATA_TRY_ASSIGN(name_space, get_string(item, "namespace"));
     const std::string name =
         name_space && !name_space->empty() ? qualified_tool_name(*name_space, own_name) : own_name;
-    STRATA_TRY_ASSIGN(arguments, required_string(item, "arguments", where));
+    std::string arguments;
+    if (custom) {
+      STRATA_TRY_ASSIGN(input, required_string(item, "input", where));
+      arguments = custom_tool_arguments(input);
+    } else {
+      STRATA_TRY_ASSIGN(text, required_string(item, "arguments", where));
+      arguments = std::move(text);
+    }
     const ojson args = ojson::parse(arguments, nullptr, /*allow_exceptions=*/false);
     if (!args.is_object()) {
       return bad_argument(where + ".arguments must be a JSON object's text");
@@ -151,9 +164,37 @@ Result<ojson> read_function_tool(const ojson& t, const std::string& where,
   return ojson{{"type", "function"}, {"function", std::move(function)}};
 }
 
-// `tools`: function tools and `namespace` groups of them, as chat-completions function
-// tools (a namespace's flattened in place, qualified names); every other type is left out
-// and noted in r.omitted_tools.
+// A custom tool ({"type": "custom", name, description, format}: its input is free-form text,
+// Codex's apply_patch for its own models) as the function the model is offered: one string
+// parameter, `input`. A grammar's definition is given to the model in the description (it
+// is not enforced: decoding is not constrained).
+Result<ojson> read_custom_tool(const ojson& t, const std::string& where, const std::string& name) {
+  STRATA_TRY_ASSIGN(description, get_string(t, "description"));
+  std::string text = description.value_or("");
+  const auto format = t.find("format");
+  if (format != t.end() && !format->is_null()) {
+    if (!format->is_object()) return bad_argument(where + ".format must be an object");
+    STRATA_TRY_ASSIGN(syntax, get_string(*format, "syntax"));
+    STRATA_TRY_ASSIGN(definition, get_string(*format, "definition"));
+    if (definition && !definition->empty()) {
+      if (!text.empty()) text += "\n\n";
+      text += "The input follows this " + syntax.value_or(std::string("grammar")) + " grammar:\n" +
+              *definition;
+    }
+  }
+  ojson function{{"name", name}};
+  if (!text.empty()) function["description"] = text;
+  function["parameters"] =
+      ojson{{"type", "object"},
+            {"properties",
+             {{"input", {{"type", "string"}, {"description", "The tool's input, as text"}}}}},
+            {"required", ojson::array({"input"})}};
+  return ojson{{"type", "function"}, {"function", std::move(function)}};
+}
+
+// `tools`: function tools, custom tools and `namespace` groups of them, as chat-completions
+// function tools (a namespace's flattened in place, qualified names); every other type is
+// left out and noted in r.omitted_tools.
 Result<ojson> read_tools(const ojson& tools, ResponsesRequest& r) {
   if (!tools.is_array()) return bad_argument("'tools' must be an array");
   ojson out = ojson::array();
@@ -165,6 +206,11 @@ Result<ojson> read_tools(const ojson& tools, ResponsesRequest& r) {
       STRATA_TRY_ASSIGN(name, required_string(t, "name", where));
       STRATA_TRY_ASSIGN(fn, read_function_tool(t, where, name));
       out.push_back(std::move(fn));
+    } else if (type == "custom") {
+      STRATA_TRY_ASSIGN(name, required_string(t, "name", where));
+      STRATA_TRY_ASSIGN(fn, read_custom_tool(t, where, name));
+      out.push_back(std::move(fn));
+      r.custom_tools.insert(name);
     } else if (type == "namespace") {
       STRATA_TRY_ASSIGN(ns, required_string(t, "name", where));
       const auto members = t.find("tools");
@@ -175,14 +221,20 @@ Result<ojson> read_tools(const ojson& tools, ResponsesRequest& r) {
         const ojson& m = (*members)[k];
         const std::string mw = where + ".tools[" + std::to_string(k) + "]";
         STRATA_TRY_ASSIGN(mtype, type_of(m, mw));
-        if (mtype != "function") {
+        if (mtype != "function" && mtype != "custom") {
           omit(r, mtype);
           continue;
         }
         STRATA_TRY_ASSIGN(own, required_string(m, "name", mw));
         const std::string name = qualified_tool_name(ns, own);
-        STRATA_TRY_ASSIGN(fn, read_function_tool(m, mw, name));
-        out.push_back(std::move(fn));
+        if (mtype == "custom") {
+          STRATA_TRY_ASSIGN(fn, read_custom_tool(m, mw, name));
+          out.push_back(std::move(fn));
+          r.custom_tools.insert(name);
+        } else {
+          STRATA_TRY_ASSIGN(fn, read_function_tool(m, mw, name));
+          out.push_back(std::move(fn));
+        }
         r.namespaced[name] = ResponsesRequest::NamespacedName{.name_space = ns, .name = own};
       }
     } else {
@@ -208,7 +260,7 @@ Result<ojson> read_responses_tool_choice(const ojson& choice) {
         "tool_choice.type 'allowed_tools' is not supported (a string, or type "
         "'function')");
   }
-  if (type != "function") {
+  if (type != "function" && type != "custom") {
     return bad_argument("tool_choice names the tool type '" + type +
                         "', which Strata does not run: such tools are left out of the prompt "
                         "(only function tools, and namespaces of them, are offered to the model)");
@@ -233,6 +285,18 @@ Status check_text(const ojson& text) {
 }
 
 }  // namespace
+
+std::string custom_tool_arguments(std::string_view input) {
+  return ojson{{"input", input}}.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+std::optional<std::string> custom_tool_input(std::string_view arguments) {
+  const ojson args = ojson::parse(arguments, nullptr, /*allow_exceptions=*/false);
+  if (!args.is_object() || !args.contains("input") || !args["input"].is_string()) {
+    return std::nullopt;
+  }
+  return args["input"].get<std::string>();
+}
 
 std::string qualified_tool_name(std::string_view name_space, std::string_view name) {
   std::string out(name_space);

@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,7 +64,16 @@ struct ResponsesRequest {
     std::string name;
   };
   std::map<std::string, NamespacedName> namespaced;
+  // The custom tools (free-form input, `{"type": "custom"}`), by the name the model sees:
+  // their calls are answered as custom_tool_call items with the `input` text.
+  std::set<std::string> custom_tools;
 };
+
+// A custom tool is offered to the model as a function of one string parameter, `input`:
+// the arguments of a call of it, and its input read back from them (nullopt: not such
+// arguments).
+std::string custom_tool_arguments(std::string_view input);
+std::optional<std::string> custom_tool_input(std::string_view arguments);
 
 // The name the model sees for function `name` of namespace `name_space` (a `namespace` tool
 // group, as Codex sends its multi-agent and MCP tools): "<namespace>__<name>", or
@@ -80,9 +90,9 @@ inline constexpr std::string_view kOmittedToolsHeader = "x-strata-omitted-tools"
 // unknown or unsupported item types and content parts (input_image, input_file,
 // item_reference, ...), a non-text output format, `background`, `conversation`, a
 // tool_choice that names a tool Strata does not run, and wrong types are refused. Function
-// tools and `namespace` groups of them are read; any other tool (the hosted web_search,
-// file_search, code_interpreter, ..., a `custom` tool) is left out of the prompt and listed
-// in `omitted_tools`. `reasoning` items and
+// tools, custom (free-form) tools and `namespace` groups of them are read; any other tool
+// (the hosted web_search, file_search, code_interpreter, ...) is left out of the prompt and
+// listed in `omitted_tools`. `reasoning` items and
 // fields Strata has no use for (reasoning, include, service_tier, truncation "disabled",
 // ...) are accepted and ignored.
 Result<ResponsesRequest> read_responses_request(const nlohmann::ordered_json& body);

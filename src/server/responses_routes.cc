@@ -175,10 +175,10 @@ json responses_usage(const RequestUsage& u) {
 // item's index.
 class OutputItems {
  public:
-  // `namespaced`: the request's namespace functions by qualified name (outlives this).
-  OutputItems(std::string response_id,
-              const std::map<std::string, ResponsesRequest::NamespacedName>& namespaced)
-      : response_id_(std::move(response_id)), namespaced_(namespaced) {}
+  // `request` (outlives this): its namespace functions and custom tools, by the name the
+  // model calls them.
+  OutputItems(std::string response_id, const ResponsesRequest& request)
+      : response_id_(std::move(response_id)), request_(request) {}
 
   // Text of the reply (joins the open message item, or opens one).
   void text(const std::string& piece) {
@@ -202,18 +202,30 @@ class OutputItems {
     if (!d.id.empty()) {
       close();
       open_ = Open::kCall;
-      json item{{"id", item_id("fc")}, {"type", "function_call"}, {"status", "in_progress"},
-                {"call_id", d.id},     {"name", d.name},          {"arguments", ""}};
+      // A custom tool's call is a custom_tool_call item whose `input` is the text the
+      // model gave as the offered function's one argument (known when the call closes).
+      const bool custom = request_.custom_tools.contains(d.name);
+      json item{{"id", item_id("fc")},
+                {"type", custom ? "custom_tool_call" : "function_call"},
+                {"status", "in_progress"},
+                {"call_id", d.id},
+                {"name", d.name}};
+      item[custom ? "input" : "arguments"] = "";
       // A namespace's function: its own name and its namespace apart, as the Responses
       // API answers (Codex finds the tool by both).
-      if (auto ns = namespaced_.find(d.name); ns != namespaced_.end()) {
+      if (auto ns = request_.namespaced.find(d.name); ns != request_.namespaced.end()) {
         item["name"] = ns->second.name;
         item["namespace"] = ns->second.name_space;
       }
       items_.push_back(std::move(item));
+      custom_arguments_.clear();
       on_open_call();
     }
     if (open_ != Open::kCall || d.arguments.empty()) return;
+    if (items_.back()["type"] == "custom_tool_call") {
+      custom_arguments_ += d.arguments;
+      return;
+    }
     items_.back()["arguments"] = items_.back()["arguments"].get<std::string>() + d.arguments;
     on_arguments(d.arguments);
   }
@@ -228,7 +240,7 @@ class OutputItems {
   ojson assistant_message() const {
     ojson m{{"role", "assistant"}, {"content", message_text_}};
     for (const json& item : items_) {
-      if (item["type"] != "function_call") continue;
+      if (item["type"] != "function_call" && item["type"] != "custom_tool_call") continue;
       if (!m.contains("tool_calls")) m["tool_calls"] = ojson::array();
       const std::string name = item.contains("namespace")
                                    ? qualified_tool_name(item["namespace"].get<std::string>(),
@@ -242,8 +254,9 @@ class OutputItems {
     return m;
   }
   size_t num_calls() const {
-    return static_cast<size_t>(std::count_if(
-        items_.begin(), items_.end(), [](const json& i) { return i["type"] == "function_call"; }));
+    return static_cast<size_t>(std::count_if(items_.begin(), items_.end(), [](const json& i) {
+      return i["type"] == "function_call" || i["type"] == "custom_tool_call";
+    }));
   }
   virtual ~OutputItems() = default;
 
@@ -268,6 +281,9 @@ class OutputItems {
     if (open_ == Open::kNone) return;
     json& item = items_.back();
     item["status"] = "completed";
+    if (item["type"] == "custom_tool_call") {
+      item["input"] = custom_tool_input(custom_arguments_).value_or(custom_arguments_);
+    }
     if (open_ == Open::kMessage) {
       item["content"] = json::array(
           {json{{"type", "output_text"}, {"text", text_}, {"annotations", json::array()}}});
@@ -277,8 +293,9 @@ class OutputItems {
   }
 
   std::string response_id_;
-  const std::map<std::string, ResponsesRequest::NamespacedName>& namespaced_;
+  const ResponsesRequest& request_;
   json items_ = json::array();
+  std::string custom_arguments_;  // the open custom tool call's arguments so far
   Open open_ = Open::kNone;
   std::string text_;          // the open message's
   std::string message_text_;  // every message's
@@ -461,7 +478,7 @@ awaitable<void> whole_response(RouteContext& ctx, http::Exchange& ex, const Prep
       co_return;
     }
   }
-  OutputItems items(ids.id, pr.request.namespaced);
+  OutputItems items(ids.id, pr.request);
   if (!parsed.content.empty() || parsed.calls.empty()) items.text(parsed.content);
   for (const ToolCall& c : parsed.calls) {
     items.call(ToolCallDelta{.id = c.id, .name = c.name, .arguments = c.arguments});
@@ -489,9 +506,8 @@ awaitable<void> whole_response(RouteContext& ctx, http::Exchange& ex, const Prep
 // The Responses events of a stream: each `event: NAME` with its data, numbered.
 class EventWriter : public OutputItems {
  public:
-  EventWriter(std::string response_id,
-              const std::map<std::string, ResponsesRequest::NamespacedName>& namespaced)
-      : OutputItems(std::move(response_id), namespaced) {}
+  EventWriter(std::string response_id, const ResponsesRequest& request)
+      : OutputItems(std::move(response_id), request) {}
 
   void event(const char* name, json data) {
     data["type"] = name;
@@ -536,6 +552,11 @@ class EventWriter : public OutputItems {
                                                {"output_index", index()},
                                                {"content_index", 0},
                                                {"part", part(open_text())}});
+    } else if (item["type"] == "custom_tool_call") {
+      event("response.custom_tool_call_input.delta",
+            json{{"item_id", item["id"]}, {"output_index", index()}, {"delta", item["input"]}});
+      event("response.custom_tool_call_input.done",
+            json{{"item_id", item["id"]}, {"output_index", index()}, {"input", item["input"]}});
     } else {
       event("response.function_call_arguments.done", json{{"item_id", item["id"]},
                                                           {"output_index", index()},
@@ -563,7 +584,7 @@ awaitable<void> streamed_response(RouteContext& ctx, http::Exchange& ex, const P
   TokenTimer timer(ctx.metrics, t_start);
   std::optional<ToolCallStreamParser> tools;
   if (parses_tool_calls(ctx, p)) tools.emplace(parser_options(ctx, p));
-  EventWriter events(ids.id, pr.request.namespaced);
+  EventWriter events(ids.id, pr.request);
   auto write = [&](const std::string& piece) {
     if (!tools) {
       if (!piece.empty()) events.text(piece);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -222,8 +223,10 @@ TEST(ResponsesRequest, FlattensNamespacesAndLeavesHostedToolsOut) {
   std::vector<std::string> names;
   for (const ojson& t : r->chat_body["tools"]) names.push_back(t["function"]["name"]);
   EXPECT_EQ(names, (std::vector<std::string>{"exec_command", "multi_agent_v1__spawn_agent",
-                                             "multi_agent_v1__close_agent", "mcp__files__read"}));
-  EXPECT_EQ(r->omitted_tools, (std::vector<std::string>{"custom", "web_search", "file_search"}));
+                                             "multi_agent_v1__close_agent",
+                                             "multi_agent_v1__freeform", "mcp__files__read"}));
+  EXPECT_EQ(r->omitted_tools, (std::vector<std::string>{"web_search", "file_search"}));
+  EXPECT_EQ(r->custom_tools, (std::set<std::string>{"multi_agent_v1__freeform"}));
   ASSERT_EQ(r->namespaced.count("multi_agent_v1__spawn_agent"), 1u);
   EXPECT_EQ(r->namespaced.at("multi_agent_v1__spawn_agent").name_space, "multi_agent_v1");
   EXPECT_EQ(r->namespaced.at("multi_agent_v1__spawn_agent").name, "spawn_agent");
@@ -244,6 +247,38 @@ TEST(ResponsesRequest, FlattensNamespacesAndLeavesHostedToolsOut) {
   ASSERT_TRUE(hosted.has_value()) << hosted.error().message;
   EXPECT_FALSE(hosted->chat_body.contains("tools"));
   EXPECT_EQ(hosted->omitted_tools.size(), 6u);
+}
+
+// Custom tools (free-form input: Codex's apply_patch for its own models) are offered as a
+// function of one string parameter, `input`, with a grammar's definition in the
+// description; their calls come back as custom_tool_call items and read as such calls.
+TEST(ResponsesRequest, CustomToolsAreOfferedAsOneStringArgument) {
+  auto r = read_responses_request(ojson::parse(R"({"input": [
+      {"type": "message", "role": "user", "content": "patch it"},
+      {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch",
+       "input": "*** Begin Patch\n*** End Patch"},
+      {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"}],
+    "tools": [{"type": "custom", "name": "apply_patch", "description": "Edit files.",
+               "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch"}}],
+    "tool_choice": {"type": "custom", "name": "apply_patch"}})"));
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  const ojson& fn = r->chat_body["tools"][0]["function"];
+  EXPECT_EQ(fn["name"], "apply_patch");
+  EXPECT_EQ(fn["description"],
+            "Edit files.\n\nThe input follows this lark grammar:\nstart: begin_patch");
+  EXPECT_EQ(fn["parameters"]["required"], ojson::parse(R"(["input"])"));
+  EXPECT_EQ(r->custom_tools, (std::set<std::string>{"apply_patch"}));
+  EXPECT_TRUE(r->omitted_tools.empty());
+  EXPECT_EQ(r->chat_body["tool_choice"]["function"]["name"], "apply_patch");
+  const ojson& call = r->input_messages[1]["tool_calls"][0]["function"];
+  EXPECT_EQ(call["name"], "apply_patch");
+  EXPECT_EQ(custom_tool_input(call["arguments"].get<std::string>()),
+            "*** Begin Patch\n*** End Patch");
+  EXPECT_EQ(r->input_messages[2], ojson::parse(R"({"role": "tool", "tool_call_id": "c1",
+                                                   "content": "Done!"})"));
+  EXPECT_EQ(custom_tool_input(custom_tool_arguments("a \"b\"\n")), "a \"b\"\n");
+  EXPECT_FALSE(custom_tool_input("{\"other\": 1}").has_value());
+  EXPECT_FALSE(custom_tool_input("not json").has_value());
 }
 
 }  // namespace

@@ -409,6 +409,30 @@ test('Codex on a worker: its default tools accepted, hosted ones left out and na
   assert.equal(named.headers.get('x-strata-omitted-tools'), 'web_search');
 });
 
+// Codex with one of its own models sends apply_patch as a custom tool (free-form input with
+// a Lark grammar): offered as a function of one string, answered as a custom_tool_call.
+test('Codex custom tools: offered, called and continued', async () => {
+  const w = await worker();
+  const s1 = '01a250b9-cccc-7b01-96f7-64b3052be631';
+  const patch = '*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch';
+  const tools = [...CX_TOOLS, { type: 'custom', name: 'apply_patch', description: 'Use the apply_patch tool to edit files.',
+    format: { type: 'grammar', syntax: 'lark', definition: 'start: begin_patch hunk+ end_patch\n' + words(60, 40) } }];
+  const send = (input, forced) => post(w.base, '/v1/responses', { ...cxBody({ session: s1, input, forced }), tools }, CX_HEADERS(s1));
+  const in1 = [msg('user', 'Add hello.txt')];
+  const r1 = await send(in1, CALL('apply_patch', { input: patch }));
+  const t1 = cxResult(r1);
+  const call = t1.response.output.find((i) => i.type === 'custom_tool_call');
+  assert.ok(call, JSON.stringify(t1.response.output));
+  assert.equal(call.name, 'apply_patch');
+  assert.equal(call.input, patch);
+  const done = r1.events.find((e) => e.event === 'response.custom_tool_call_input.done');
+  assert.equal(done.data.input, patch);
+  const in2 = [...in1, { type: 'custom_tool_call', call_id: call.call_id, name: 'apply_patch', input: call.input },
+    { type: 'custom_tool_call_output', call_id: call.call_id, output: 'Success. Updated: A hello.txt' }];
+  const t2 = cxResult(await send(in2, 'Added hello.txt.'));
+  assertContinued(t2, t1, 'the turn after a custom tool call');
+});
+
 test('through the router: both agents every turn from the cache, the prediction equal to the worker report', async () => {
   const ws = [await worker(EVENTS), await worker(EVENTS)];
   const router = await startRouter(['--admin-api-key', KEY, '--load-poll-ms', '50', ...ws.flatMap((w) => ['--worker', w.base])]);
