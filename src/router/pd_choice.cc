@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "common/check.h"
 
@@ -41,8 +42,20 @@ PdChoice choose_prefill(const PdRequest& request, std::span<const PrefillCandida
     return out;
   }
   const PrefillCandidate* best = nullptr;
+  size_t best_rank = 0;
   bool any_usable = false;
+  // A candidate's place in the rotation: its position in id order (whatever the order of
+  // the candidates), counted from position tie_break % n, wrapping.
+  const size_t n = candidates.size();
+  std::vector<uint32_t> ids;
+  ids.reserve(n);
+  for (const PrefillCandidate& c : candidates) ids.push_back(c.id);
+  std::sort(ids.begin(), ids.end());
+  const size_t start = n == 0 ? 0 : static_cast<size_t>(request.tie_break % n);
   for (const PrefillCandidate& c : candidates) {
+    const auto at =
+        static_cast<size_t>(std::lower_bound(ids.begin(), ids.end(), c.id) - ids.begin());
+    const size_t rank = (at + n - start) % n;
     STRATA_CHECK_MSG(c.cached_tokens >= 0 && c.queued_prefill_tokens >= 0,
                      "prefill candidate " + std::to_string(c.id) + ": negative count");
     if (!c.usable) continue;
@@ -52,8 +65,11 @@ PdChoice choose_prefill(const PdRequest& request, std::span<const PrefillCandida
         best == nullptr || c.cached_tokens > best->cached_tokens ||
         (c.cached_tokens == best->cached_tokens &&
          (c.queued_prefill_tokens < best->queued_prefill_tokens ||
-          (c.queued_prefill_tokens == best->queued_prefill_tokens && c.id < best->id)));
-    if (better) best = &c;
+          (c.queued_prefill_tokens == best->queued_prefill_tokens && rank < best_rank)));
+    if (better) {
+      best = &c;
+      best_rank = rank;
+    }
   }
   if (!request.decode_has_channel || !any_usable) {
     out.decision = PdDecision::kLocalNoPrefillWorker;

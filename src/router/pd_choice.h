@@ -20,7 +20,12 @@
 //                            max_prefill_queue_tokens prompt tokens wait there;
 //   remote                   otherwise: the usable prefill worker that is not overloaded
 //                            with the longest cached run of the prompt (the router's index),
-//                            ties by the fewest queued prefill tokens, then the lowest id.
+//                            ties by the fewest queued prefill tokens, then the first at
+//                            or after position PdRequest::tie_break (mod the candidates)
+//                            in id order, as the decode choice breaks its ties (cost.h,
+//                            Choice): the router passes its count of decisions, so ties
+//                            rotate over the prefill workers instead of always going to
+//                            the lowest id.
 // So local_no_prefill_worker and local_overloaded count only prompts that would otherwise
 // have gone remote.
 // "Local" is always safe: the decode worker computes the prompt itself, as a mixed worker.
@@ -70,6 +75,7 @@ struct PdRequest {
   int64_t prompt_tokens = 0;         // >= 0
   int64_t decode_cached_tokens = 0;  // the decode worker's leading cached run, tokens, >= 0
   bool decode_has_channel = true;    // the decode worker reports a PD channel (`pd` not null)
+  uint64_t tie_break = 0;            // where ties start, rotating (the router's decisions)
 };
 
 struct PdChoice {

@@ -1175,6 +1175,7 @@ void Router::Impl::choose_prefill_worker(RouteChoice& out,
   pr.prompt_tokens = out.prompt_tokens;
   pr.decode_cached_tokens = std::min(out.prompt_tokens, out.predicted_cached_tokens);
   pr.decode_has_channel = !decode.pd_worker_id.empty();
+  pr.tie_break = cost_decisions;  // ties rotate with the decisions, as the decode choice's do
   const PdChoice pd = choose_prefill(pr, cands, options.pd);
   metrics.pd_decisions.Add({{"decision", std::string(pd_decision_name(pd.decision))}}).Increment();
   if (!pd.prefill_worker) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -180,6 +181,33 @@ TEST(PdChoiceTest, TiesGoToTheLeastQueuedThenTheLowestId) {
   EXPECT_EQ(choose_prefill(request(5'000), rev, pd_options()).prefill_worker, 5u);
 }
 
+// Ties rotate with the router's decision count (issue 56: always the lowest id was the bias
+// the decode choice had): the tied workers take turns, in id order, whatever the order of
+// the candidates; a worker that is better still wins whatever the rotation.
+TEST(PdChoiceTest, TiesRotateOverThePrefillWorkersWithTheDecisionCount) {
+  std::vector<PrefillCandidate> ps{prefill(7, 1'024, 0), prefill(3, 1'024, 0), prefill(5, 1'024, 0),
+                                   prefill(1, 512, 0)};
+  std::vector<PrefillCandidate> rev(ps.rbegin(), ps.rend());
+  std::vector<uint32_t> got;
+  for (uint64_t k = 0; k < 8; ++k) {
+    PdRequest r = request(5'000);
+    r.tie_break = k;
+    const auto chosen = choose_prefill(r, ps, pd_options()).prefill_worker;
+    ASSERT_TRUE(chosen.has_value());
+    EXPECT_EQ(choose_prefill(r, rev, pd_options()).prefill_worker, chosen) << k;
+    got.push_back(*chosen);
+  }
+  // Positions in id order: 1 (not tied), 3, 5, 7. From position k % 4: 0 and 1 -> 3, 2 -> 5,
+  // 3 -> 7.
+  EXPECT_EQ(got, (std::vector<uint32_t>{3, 3, 5, 7, 3, 3, 5, 7}));
+  ps[2].cached_tokens = 2'048;  // 5 holds more: no rotation takes it away
+  for (uint64_t k = 0; k < 4; ++k) {
+    PdRequest r = request(5'000);
+    r.tie_break = k;
+    EXPECT_EQ(choose_prefill(r, ps, pd_options()).prefill_worker, 5u) << k;
+  }
+}
+
 // Random pools against the rules written out directly.
 TEST(PdChoiceTest, RandomPoolsFollowTheRules) {
   std::mt19937_64 rng(15);
@@ -188,6 +216,7 @@ TEST(PdChoiceTest, RandomPoolsFollowTheRules) {
     const PdOptions o = pd_options(pick(600), pick(4) * 10'000);
     PdRequest r = request(pick(8'000), pick(8'000));
     r.decode_has_channel = pick(10) != 0;
+    r.tie_break = static_cast<uint64_t>(pick(1'000));
     std::vector<PrefillCandidate> ps;
     const int n = static_cast<int>(pick(5));
     for (int i = 0; i < n; ++i) {
@@ -203,6 +232,14 @@ TEST(PdChoiceTest, RandomPoolsFollowTheRules) {
     EXPECT_EQ(c.prefill_worker.has_value(), c.decision == PdDecision::kRemote);
     bool any_usable = false;
     const PrefillCandidate* best = nullptr;
+    // The rotation written out: the ids in order, counted from position tie_break % n.
+    std::vector<uint32_t> ids;
+    for (const PrefillCandidate& p : ps) ids.push_back(p.id);
+    std::sort(ids.begin(), ids.end());
+    const auto rank = [&](uint32_t id) {
+      const auto at = static_cast<uint64_t>(std::find(ids.begin(), ids.end(), id) - ids.begin());
+      return (at + ids.size() - r.tie_break % ids.size()) % ids.size();
+    };
     for (const PrefillCandidate& p : ps) {
       if (!p.usable) continue;
       any_usable = true;
@@ -210,7 +247,8 @@ TEST(PdChoiceTest, RandomPoolsFollowTheRules) {
       if (best == nullptr || p.cached_tokens > best->cached_tokens ||
           (p.cached_tokens == best->cached_tokens &&
            (p.queued_prefill_tokens < best->queued_prefill_tokens ||
-            (p.queued_prefill_tokens == best->queued_prefill_tokens && p.id < best->id)))) {
+            (p.queued_prefill_tokens == best->queued_prefill_tokens &&
+             rank(p.id) < rank(best->id))))) {
         best = &p;
       }
     }
