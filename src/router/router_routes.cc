@@ -16,10 +16,11 @@
 // unknown one (docs/openai-responses.md). With --pd, a request
 // whose prompt is prefilled remotely goes to its decode worker with x-strata-prefill-peer (the
 // prefill worker's PD id) and is answered with x-strata-prefill-worker (its URL); a client's own
-// x-strata-prefill-peer never reaches a worker. A chat turn with a session and a stored
-// Responses turn ask their worker for the turn's exact tokens (x-strata-turn-record,
-// request/turn_record.h), which the router keeps (turn_records.h) to predict the next turn as
-// the worker computes it, and takes out of the answer unless the client asked for them.
+// x-strata-prefill-peer never reaches a worker. A turn with a session (chat, Messages,
+// Responses) and a stored Responses turn ask their worker for the turn's exact tokens
+// (x-strata-turn-record, request/turn_record.h), which the router keeps (turn_records.h) to predict
+// the next turn as the worker computes it, and takes out of the answer unless the client asked for
+// them.
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>

@@ -9,9 +9,13 @@
 // chat message's cache_control pin is), with the request's authority: the admin's with the
 // admin key (Authorization or x-api-key), else a client's, capped and budgeted
 // (docs/authority.md). A refused request changes nothing: it is refused before the engine.
-// The request's session (the x-session-id header, else metadata.user_id) is its engine
-// session, as a chat request's session_id: with --auto-tool-offload a tool_use reply parks
-// the conversation's KV on the host and the turn with the tool_result restores it.
+// The request's session (the x-session-id header, else Claude Code's x-claude-code-session-id,
+// else metadata.user_id) is its engine session, as a chat request's session_id: its turns
+// continue their exact tokens (and give the router their record when asked), and with
+// --auto-tool-offload a tool_use reply parks the conversation's KV on the host and the turn
+// with the tool_result restores it. Claude Code's billing line is taken out of the system
+// prompt (request/anthropic_request.h); a reply cut by the context window stops with
+// "model_context_window_exceeded".
 #include <algorithm>
 #include <atomic>
 #include <optional>

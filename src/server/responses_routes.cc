@@ -246,10 +246,14 @@ class OutputItems {
                                    ? qualified_tool_name(item["namespace"].get<std::string>(),
                                                          item["name"].get<std::string>())
                                    : item["name"].get<std::string>();
-      m["tool_calls"].push_back(ojson{
-          {"id", item["call_id"].get<std::string>()},
-          {"type", "function"},
-          {"function", {{"name", name}, {"arguments", item["arguments"].get<std::string>()}}}});
+      m["tool_calls"].push_back(
+          ojson{{"id", item["call_id"].get<std::string>()},
+                {"type", "function"},
+                {"function",
+                 {{"name", name},
+                  {"arguments", item.contains("arguments")
+                                    ? item["arguments"].get<std::string>()
+                                    : custom_tool_arguments(item["input"].get<std::string>())}}}});
     }
     return m;
   }

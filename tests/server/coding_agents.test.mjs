@@ -431,6 +431,18 @@ test('Codex custom tools: offered, called and continued', async () => {
     { type: 'custom_tool_call_output', call_id: call.call_id, output: 'Success. Updated: A hello.txt' }];
   const t2 = cxResult(await send(in2, 'Added hello.txt.'));
   assertContinued(t2, t1, 'the turn after a custom tool call');
+  // Stored (the default) and whole: the call is kept in the stored history, and a chain on
+  // previous_response_id continues it.
+  const stored = await w.post('/v1/responses', { ...cxBody({ session: 'stored-custom', input: in1,
+    forced: CALL('apply_patch', { input: patch }) }), tools, store: true, stream: false });
+  assert.equal(stored.status, 200, stored.text);
+  const item = stored.json.output.find((i) => i.type === 'custom_tool_call');
+  assert.equal(item.input, patch);
+  const next = await w.post('/v1/responses', { model: 'gpt-5.5-codex', previous_response_id: stored.json.id, tools,
+    input: [{ type: 'custom_tool_call_output', call_id: item.call_id, output: 'Success.' }], forced_output: 'Done.' });
+  assert.equal(next.status, 200, next.text);
+  assert.ok(next.json.usage.input_tokens_details.cached_tokens >= 0.99 *
+    (stored.json.usage.input_tokens + stored.json.usage.output_tokens), JSON.stringify(next.json.usage));
 });
 
 test('through the router: both agents every turn from the cache, the prediction equal to the worker report', async () => {
