@@ -1,8 +1,11 @@
 // The engine on the GPU model with the host tier (issue 31): the host pool in the GPU pages'
 // shape, page-locked, and every copy through the GPU's copy streams, for both I/O paths and
 // both host layouts that have whole blocks. A prompt demoted to the host by a flood and
-// loaded back answers exactly as it did the first time; a tool session leaves the GPU and
-// comes back the same; P/D between two GPU engines through their page-locked stages.
+// loaded back answers as it did the first time; a tool session leaves the GPU and comes back
+// the same; P/D between two GPU engines through their page-locked stages. "The same": the
+// same greedy tokens, or where the two runs part (BF16 rounds a prefix loaded back and one
+// computed at other batch shapes differently), a near-tie on the CPU model
+// (expect_same_greedy_or_tied).
 // (tests/engine/external_kv_test.cc and tests/pd_engine/pd_stage_test.cc run the same engine
 // paths on the CPU, over fake devices.)
 //
@@ -82,7 +85,7 @@ TEST_F(GpuEngineTest, APromptLoadedBackFromTheHostAnswersAsItDidFirst) {
         flood_engine(**e, 8, 300, 100);
         settle_transfers(**e, 5000);
         const Outcome again = run_greedy(**e, vip, 8);
-        EXPECT_EQ(again.tokens, first.tokens);
+        expect_same_greedy_or_tied(*cpu_, vip, first.tokens, again.tokens, what);
         EXPECT_GT(again.usage.cached_host, 0);
         settle_transfers(**e, 5000);
         expect_engine_consistent(**e);
@@ -106,7 +109,7 @@ TEST_F(GpuEngineTest, AToolSessionLeavesTheGpuAndComesBackTheSame) {
   flood_engine(**e, 8, 300, 500);
   ASSERT_TRUE((*e)->cache().tool_end("agent", 1).get().has_value());
   const Outcome again = run_greedy(**e, turn, 8, "agent");
-  EXPECT_EQ(again.tokens, first.tokens);
+  expect_same_greedy_or_tied(*cpu_, turn, first.tokens, again.tokens, "the tool session's turn");
   EXPECT_GE(again.usage.cached_tokens, 256);
   settle_transfers(**e, 5000);
   expect_engine_consistent(**e);
@@ -264,7 +267,8 @@ TEST(GpuPdTest, PrefillAndDecodeWorkersOnTheGpuThroughTheStages) {
     auto stream = (*decode)->submit(std::move(spec));
     ASSERT_TRUE(stream.has_value());
     const Outcome got = drain(**stream);
-    EXPECT_EQ(got.tokens, want.tokens) << n << " tokens";
+    expect_same_greedy_or_tied(**cpu, prompt, want.tokens, got.tokens,
+                               std::to_string(n) + " tokens through P/D");
     EXPECT_TRUE(got.usage.kv_transferred) << n;
   }
   EXPECT_EQ((*decode)->counters().pd_rooms_done, 4u);

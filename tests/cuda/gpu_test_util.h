@@ -1,16 +1,22 @@
 // What the GPU tests share: skipping without a usable device (failing instead under
 // STRATA_REQUIRE_GPU=1, which scripts/gpu-check.sh sets), the smoke switch
 // (STRATA_GPU_SMOKE=1: fewer shapes, for a rerun within the device time), the models the
-// GPU tests make and the error BF16 leaves in a logit.
+// GPU tests make, the error BF16 leaves in a logit, and greedy outputs checked against the
+// CPU model within it.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cuda/cuda_device.h"
 #include "model/make_model.h"
@@ -91,6 +97,87 @@ inline Result<std::unique_ptr<Model>> make_gpu_test_model(ModelPreset preset, Ar
   if (!config) return std::unexpected(config.error());
   const TensorStore tensors = make_random_tensors(*config, seed, TensorDtype::kF32);
   return Model::from_tensors(*config, tensors, options);
+}
+
+// The greedy choices `tokens` a device answered to `prompt`, checked against the CPU model
+// teacher-forced along them: at each step the CPU model reads the prompt and the device's
+// tokens before it (one forward for the prompt, then one a token), and the device's token
+// must be the CPU's argmax, unless the CPU's margin between its argmax and the device's token
+// is within `margin_fraction` of the row's largest |logit|: a tie the device's rounding may
+// break either way. Teacher forcing keeps one such tie from sending the rest of the sequence
+// down another path, which a comparison of whole outputs would count against the device.
+// Adds to `checked` and `ties` (choices that differ from the CPU's within the margin).
+inline void expect_greedy_choices(Model& cpu, const std::vector<int32_t>& prompt,
+                                  const std::vector<int32_t>& tokens, float margin_fraction,
+                                  const std::string& what, int& checked, int& ties) {
+  const int32_t page_size = 16;
+  const auto total = static_cast<int32_t>(prompt.size() + tokens.size());
+  const int32_t pages = (total + page_size - 1) / page_size;
+  auto pool = cpu.make_kv_pool(pages, page_size, KvDtype::kF32);
+  ASSERT_TRUE(pool.has_value()) << pool.error().message;
+  std::vector<PageId> table;
+  for (int32_t p = 0; p < pages; ++p) table.push_back(make_page_id(p));
+  const auto vocab = static_cast<size_t>(cpu.config().vocab_size);
+  std::vector<int32_t> input = prompt;
+  int64_t start = 0;
+  ForwardOutput out;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const ForwardSequence seq{
+        .token_ids = input, .start_position = start, .page_table = table, .want_logits = true};
+    const Status st = cpu.forward(std::span(&seq, 1), **pool, out);
+    ASSERT_TRUE(st.has_value()) << what << ": " << st.error().message;
+    ASSERT_EQ(out.logits.size(), vocab) << what;
+    const std::span<const float> row(out.logits);
+    const auto best = static_cast<size_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    float largest = 0.0f;
+    for (float v : row) largest = std::max(largest, std::fabs(v));
+    const auto chosen = static_cast<size_t>(tokens[i]);
+    ASSERT_LT(chosen, vocab) << what << " token " << i;
+    ++checked;
+    if (chosen != best) {
+      const float margin = row[best] - row[chosen];
+      const float bound = margin_fraction * largest;
+      if (margin <= bound) {
+        ++ties;
+      } else {
+        ADD_FAILURE() << what << ", token " << i << ": the device chose " << chosen
+                      << " (CPU logit " << row[chosen] << "), the CPU " << best << " (" << row[best]
+                      << "): a margin of " << margin << " beyond the bound " << bound << " ("
+                      << margin_fraction << " of the row's largest |logit| " << largest << ")";
+      }
+    }
+    start += static_cast<int64_t>(input.size());
+    input.assign(1, tokens[i]);
+  }
+}
+
+// Two greedy runs on the GPU that a test expects to agree (a prompt computed against the same
+// prompt's prefix loaded back, a colocated worker against a P/D pair): the same tokens, or,
+// where they part, a near-tie. Runs of other batch shapes round differently in BF16 (the
+// products run at another M), so a choice between two tokens whose logits lie within the
+// error may go either way; then both runs must pass expect_greedy_choices against the CPU
+// model with the GPU's margin (the token where they part is not the CPU's argmax in at least
+// one of them, so it is counted as a tie there, not passed over). Prints where they part.
+inline void expect_same_greedy_or_tied(Model& cpu, const std::vector<int32_t>& prompt,
+                                       const std::vector<int32_t>& first,
+                                       const std::vector<int32_t>& second,
+                                       const std::string& what) {
+  if (first == second) return;
+  size_t at = 0;
+  while (at < first.size() && at < second.size() && first[at] == second[at]) ++at;
+  std::printf("[greedy tie] %s: the runs part at token %zu (%d against %d)\n", what.c_str(), at,
+              at < first.size() ? first[at] : -1, at < second.size() ? second[at] : -1);
+  int checked = 0, ties = 0;
+  expect_greedy_choices(cpu, prompt, first, 2 * kBf16LogitError, what + ", first run", checked,
+                        ties);
+  expect_greedy_choices(cpu, prompt, second, 2 * kBf16LogitError, what + ", second run", checked,
+                        ties);
+  const size_t shorter = std::min(first.size(), second.size());
+  if (at < shorter) {
+    EXPECT_GT(ties, 0) << what << ": the runs part at token " << at;
+  } else {
+    ADD_FAILURE() << what << ": one run stopped at token " << shorter << ", the other did not";
+  }
 }
 
 }  // namespace strata::cuda

@@ -5,13 +5,12 @@
 // error bound, the rest counted as ties).
 #include "test_device.h"
 
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,61 +84,10 @@ TEST(TestDeviceTest, AnUnknownDeviceIsRefusedByName) {
       << made.error().message;
 }
 
-// The greedy choices `tokens` a device answered to `prompt`, checked against the CPU model
-// teacher-forced along them: at each step the CPU model reads the prompt and the device's
-// tokens before it (one forward for the prompt, then one a token), and the device's token
-// must be the CPU's argmax, unless the CPU's margin between its argmax and the device's token
-// is within `margin_fraction` of the row's largest |logit|: a tie the device's rounding may
-// break either way. Teacher forcing keeps one such tie from sending the rest of the sequence
-// down another path, which a comparison of whole outputs would count against the device.
-// Adds to `checked` and `ties` (choices that differ from the CPU's within the margin).
-void expect_greedy_choices(Model& cpu, const std::vector<int32_t>& prompt,
-                           const std::vector<int32_t>& tokens, float margin_fraction,
-                           const std::string& what, int& checked, int& ties) {
-  const int32_t page_size = 16;
-  const auto total = static_cast<int32_t>(prompt.size() + tokens.size());
-  const int32_t pages = (total + page_size - 1) / page_size;
-  auto pool = cpu.make_kv_pool(pages, page_size, KvDtype::kF32);
-  ASSERT_TRUE(pool.has_value()) << pool.error().message;
-  std::vector<PageId> table;
-  for (int32_t p = 0; p < pages; ++p) table.push_back(make_page_id(p));
-  const auto vocab = static_cast<size_t>(cpu.config().vocab_size);
-  std::vector<int32_t> input = prompt;
-  int64_t start = 0;
-  ForwardOutput out;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const ForwardSequence seq{
-        .token_ids = input, .start_position = start, .page_table = table, .want_logits = true};
-    const Status st = cpu.forward(std::span(&seq, 1), **pool, out);
-    ASSERT_TRUE(st.has_value()) << what << ": " << st.error().message;
-    ASSERT_EQ(out.logits.size(), vocab) << what;
-    const std::span<const float> row(out.logits);
-    const auto best = static_cast<size_t>(std::max_element(row.begin(), row.end()) - row.begin());
-    float largest = 0.0f;
-    for (float v : row) largest = std::max(largest, std::fabs(v));
-    const auto chosen = static_cast<size_t>(tokens[i]);
-    ASSERT_LT(chosen, vocab) << what << " token " << i;
-    ++checked;
-    if (chosen != best) {
-      const float margin = row[best] - row[chosen];
-      const float bound = margin_fraction * largest;
-      if (margin <= bound) {
-        ++ties;
-      } else {
-        ADD_FAILURE() << what << ", token " << i << ": the device chose " << chosen
-                      << " (CPU logit " << row[chosen] << "), the CPU " << best << " (" << row[best]
-                      << "): a margin of " << margin << " beyond the bound " << bound << " ("
-                      << margin_fraction << " of the row's largest |logit| " << largest << ")";
-      }
-    }
-    start += static_cast<int64_t>(input.size());
-    input.assign(1, tokens[i]);
-  }
-}
-
 // The same prompts, alone and then all at once (other batch shapes, a cached prefix reused,
 // a prompt in two chunks), greedy, on an engine over the test device: every choice the
-// CPU model's on the same weights (expect_greedy_choices). On the CPU and own-kv devices the
+// CPU model's on the same weights (cuda::expect_greedy_choices). On the CPU and own-kv
+// devices the
 // arithmetic is the CPU model's, so the margin is 0: the same tokens exactly. On a GPU each
 // logit may lie kBf16LogitError (4 %) of the row's largest |logit| from the CPU's (what
 // GpuModelTest.LogitsMatchTheCpuEngineStepByStep holds it to), so two tokens whose CPU logits
@@ -189,7 +137,8 @@ TEST(TestDeviceTest, GreedyOutputsAgreeWithTheCpuModel) {
                   outcome->reason == FinishReason::kStop)
           << what << ": " << outcome->error;
       EXPECT_FALSE(outcome->tokens.empty()) << what;
-      expect_greedy_choices(model.cpu(), prompts[i], outcome->tokens, margin, what, checked, ties);
+      cuda::expect_greedy_choices(model.cpu(), prompts[i], outcome->tokens, margin, what, checked,
+                                  ties);
     }
   }
   std::printf(
@@ -199,6 +148,69 @@ TEST(TestDeviceTest, GreedyOutputsAgreeWithTheCpuModel) {
   EXPECT_GT(checked, 0);
   if (margin == 0.0f) {
     EXPECT_EQ(ties, 0);
+  }
+}
+
+// The failures `check` reports, intercepted (they do not fail the test that runs it).
+template <typename Check>
+std::vector<std::string> failures_of(Check check) {
+  ::testing::TestPartResultArray results;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &results);
+    check();
+  }
+  std::vector<std::string> messages;
+  for (int i = 0; i < results.size(); ++i)
+    messages.emplace_back(results.GetTestPartResult(i).message());
+  return messages;
+}
+
+// The greedy checks themselves (cuda::expect_greedy_choices, expect_same_greedy_or_tied), on
+// every machine: the CPU model's own greedy tokens pass with no margin and no tie; the same
+// tokens with one replaced by the CPU's least likely token fail, with the GPU's margin too,
+// and so does a second run that parts from the first there.
+TEST(TestDeviceTest, GreedyChecksRefuseAChoiceBeyondTheMargin) {
+  auto cpu = make_preset_model(ModelPreset::kTiny, Architecture::kLlama, 3,
+                               ModelOptions{.num_threads = 1});
+  ASSERT_TRUE(cpu.has_value()) << cpu.error().message;
+  auto engine = Engine::create(cpu->get(), small_engine(), {});
+  ASSERT_TRUE(engine.has_value()) << engine.error().message;
+  const std::vector<int32_t> prompt = test_prompt(20, 5);
+  const Outcome greedy = run_greedy(**engine, prompt, 6);
+  ASSERT_EQ(greedy.tokens.size(), 6u);
+  engine->reset();
+  int checked = 0, ties = 0;
+  cuda::expect_greedy_choices(**cpu, prompt, greedy.tokens, 0.0f, "greedy", checked, ties);
+  EXPECT_EQ(checked, 6);
+  EXPECT_EQ(ties, 0);
+  cuda::expect_same_greedy_or_tied(**cpu, prompt, greedy.tokens, greedy.tokens, "same");
+  // The CPU's least likely token after the prompt and the first three.
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), greedy.tokens.begin(), greedy.tokens.begin() + 3);
+  auto pool = (*cpu)->make_kv_pool(4, 16, KvDtype::kF32);
+  ASSERT_TRUE(pool.has_value());
+  const std::vector<PageId> table = {make_page_id(0), make_page_id(1)};
+  const ForwardSequence seq{.token_ids = context, .page_table = table};
+  ForwardOutput out;
+  ASSERT_TRUE((*cpu)->forward(std::span(&seq, 1), **pool, out).has_value());
+  std::vector<int32_t> wrong = greedy.tokens;
+  wrong[3] = static_cast<int32_t>(std::min_element(out.logits.begin(), out.logits.end()) -
+                                  out.logits.begin());
+  ASSERT_NE(wrong[3], greedy.tokens[3]);
+  for (const auto& [what, failures] :
+       {std::pair{"expect_greedy_choices", failures_of([&] {
+                    cuda::expect_greedy_choices(**cpu, prompt, wrong, 2 * cuda::kBf16LogitError,
+                                                "wrong", checked, ties);
+                  })},
+        std::pair{"expect_same_greedy_or_tied", failures_of([&] {
+                    cuda::expect_same_greedy_or_tied(**cpu, prompt, greedy.tokens, wrong, "parted");
+                  })}}) {
+    ASSERT_FALSE(failures.empty()) << what;
+    EXPECT_NE(failures[0].find("token 3: the device chose"), std::string::npos)
+        << what << ": " << failures[0];
+    EXPECT_NE(failures[0].find("beyond the bound"), std::string::npos)
+        << what << ": " << failures[0];
   }
 }
 
