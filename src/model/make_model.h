@@ -61,9 +61,12 @@ ModelConfig preset_config(ModelPreset preset, Architecture arch,
 
 // Random weights for `config` under their Hugging Face names, stored as `dtype`.
 // `lm_head_scale` multiplies the LM head's standard deviation (the embedding's when they are
-// tied): logits of standard deviation about 2 × it. Random weights give flat logits, where a
-// GPU's BF16 rounding can flip a greedy choice between two runs that should agree; the GPU
-// tests make them peaky (8: the top token well clear of the next).
+// tied): logits of standard deviation about 2 × it, a sharper softmax at a given
+// temperature (the GPU tests use 8). It does not keep a GPU's BF16 rounding from flipping a
+// greedy choice between two runs that should agree: scaling the logits scales their rounding
+// errors alike (exactly, for a power of two), so the top two tokens' margin relative to the
+// error is what it was. Greedy comparisons across devices count near-ties instead
+// (tests/cuda/gpu_test_util.h, expect_greedy_choices).
 TensorStore make_random_tensors(const ModelConfig& config, uint64_t seed, TensorDtype dtype,
                                 double lm_head_scale = 1.0);
 
