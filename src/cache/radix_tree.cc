@@ -167,14 +167,16 @@ RadixTree::Acct RadixTree::acct(const RadixNode* n) const {
 }
 
 void RadixTree::apply(const Acct& before, const Acct& after) {
-  stats_.cached_pages += after.device - before.device;
-  stats_.host_cached_pages += after.host - before.host;
-  stats_.host_only_pages += after.host_only - before.host_only;
-  stats_.protected_pages += after.prot - before.prot;
-  backup_bound_pages_ += after.bound - before.bound;
-  stats_.host_protected_pages += after.host_prot - before.host_prot;
-  stats_.stored_pages += after.stored - before.stored;
-  stats_.io_pending_nodes += after.io - before.io;
+  Acct d = after;
+  d += -before;
+  stats_.cached_pages += d.device;
+  stats_.host_cached_pages += d.host;
+  stats_.host_only_pages += d.host_only;
+  stats_.protected_pages += d.prot;
+  backup_bound_pages_ += d.bound;
+  stats_.host_protected_pages += d.host_prot;
+  stats_.stored_pages += d.stored;
+  stats_.io_pending_nodes += d.io;
 }
 
 void RadixTree::emit_stored(const RadixNode* node, Medium medium) {

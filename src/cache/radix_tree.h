@@ -332,9 +332,29 @@ class RadixTree {
     // With a host tier: device pages of a pinned or session-held node without a host copy
     // (not otherwise protected): they leave the device only after a backup.
     int64_t bound = 0;
+    // Field by field: what apply() adds to the counters, and what the audit sums over the
+    // tree to check them, the one list of the fields.
+    Acct& operator+=(const Acct& o) {
+      device += o.device;
+      host += o.host;
+      host_only += o.host_only;
+      prot += o.prot;
+      host_prot += o.host_prot;
+      stored += o.stored;
+      io += o.io;
+      bound += o.bound;
+      return *this;
+    }
+    Acct operator-() const {
+      return Acct{-device, -host, -host_only, -prot, -host_prot, -stored, -io, -bound};
+    }
   };
   Acct acct(const RadixNode* node) const;
   void apply(const Acct& before, const Acct& after);
+  // Whether `node` belongs in the device / host-only evictable set: the one rule, which
+  // update_evictable / update_host_evictable keep and the audit checks.
+  bool belongs_in_evictable(const RadixNode* node) const;
+  bool belongs_in_host_evictable(const RadixNode* node) const;
   void emit_stored(const RadixNode* node, Medium medium);
   void emit(KvEvent event);
 

@@ -80,20 +80,8 @@ Status RadixTree::check_invariants() const {
       return fail(describe(node) + ": a copy in flight without io_ref");
     }
     if (node->loading && node->lock_ref <= 0) return fail(describe(node) + ": loading unlocked");
-    {
-      const Acct a = acct(node);
-      acct_sum.device += a.device;
-      acct_sum.host += a.host;
-      acct_sum.host_only += a.host_only;
-      acct_sum.prot += a.prot;
-      acct_sum.host_prot += a.host_prot;
-      acct_sum.bound += a.bound;
-      acct_sum.stored += a.stored;
-      acct_sum.io += a.io;
-    }
-    const bool should_host = node->on_host() && !node->has_device_pages() && node->is_leaf() &&
-                             !node->is_protected() && node->io_ref == 0;
-    if (should_host != node->in_host_evictable_set) {
+    acct_sum += acct(node);
+    if (belongs_in_host_evictable(node) != node->in_host_evictable_set) {
       return fail(describe(node) + ": host evictable flag wrong");
     }
     if (node->in_host_evictable_set) {
@@ -139,9 +127,7 @@ Status RadixTree::check_invariants() const {
     if (node->is_leaf() && own > 0 && node->pin_counts[np - 1] == 0) {
       return fail(describe(node) + ": childless pinned node ends with an unpinned block");
     }
-    const bool should_evict = node->on_device() && is_device_leaf(node) && node->lock_ref == 0 &&
-                              node->io_ref == 0 && (hierarchical() || !node->is_protected());
-    if (should_evict != node->in_evictable_set)
+    if (belongs_in_evictable(node) != node->in_evictable_set)
       return fail(describe(node) + ": evictable flag wrong");
     if (node->in_evictable_set) {
       if (!eviction_->contains(EvictionSet::kDevice, node)) {

@@ -33,19 +33,24 @@ void RadixTree::leave_sets(RadixNode* node) {
   place_in_set(node, EvictionSet::kHostOnly, false);
 }
 
-void RadixTree::update_evictable(RadixNode* node) {
+bool RadixTree::belongs_in_evictable(const RadixNode* node) const {
   // With a host tier a pinned node may leave the device (it is demoted, never dropped).
   // The children's scan (is_device_leaf) last: a pinned or locked node needs none.
-  const bool should = node != root_.get() && node->on_device() && node->lock_ref == 0 &&
-                      node->io_ref == 0 && (hierarchical() || !node->is_protected()) &&
-                      is_device_leaf(node);
-  place_in_set(node, EvictionSet::kDevice, should);
+  return node != root_.get() && node->on_device() && node->lock_ref == 0 && node->io_ref == 0 &&
+         (hierarchical() || !node->is_protected()) && is_device_leaf(node);
+}
+
+bool RadixTree::belongs_in_host_evictable(const RadixNode* node) const {
+  return node != root_.get() && node->on_host() && !node->has_device_pages() && node->is_leaf() &&
+         !node->is_protected() && node->io_ref == 0;
+}
+
+void RadixTree::update_evictable(RadixNode* node) {
+  place_in_set(node, EvictionSet::kDevice, belongs_in_evictable(node));
 }
 
 void RadixTree::update_host_evictable(RadixNode* node) {
-  const bool should = node != root_.get() && node->on_host() && !node->has_device_pages() &&
-                      node->is_leaf() && !node->is_protected() && node->io_ref == 0;
-  place_in_set(node, EvictionSet::kHostOnly, should);
+  place_in_set(node, EvictionSet::kHostOnly, belongs_in_host_evictable(node));
 }
 
 void RadixTree::place_in_set(RadixNode* node, EvictionSet set, bool member) {
