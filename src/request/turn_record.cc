@@ -98,9 +98,17 @@ std::optional<std::vector<int32_t>> continue_turn(const PromptReader& reader, co
   if (!echoes) return std::nullopt;
   const ChatRenderOptions options = reader.render_options(tools, true, template_kwargs);
   std::vector<int32_t> out = record.tokens;
-  auto cont =
-      reader.chat()->render_continuation(messages, record.num_messages, record.stop_text, options);
-  if (!cont && !out.empty()) {
+  if (out.empty()) return std::nullopt;
+  // The template's rendering is searched for the stop token's text after the previous
+  // messages: only a control token's (special: <|im_end|>) can be told from the reply's own
+  // text there.
+  Result<ChatContinuation> cont =
+      make_error(ErrorCode::kFailedPrecondition, "the stop token is no control token");
+  if (reader.tokenizer().is_special(out.back())) {
+    cont = reader.chat()->render_continuation(messages, record.num_messages, record.stop_text,
+                                              options);
+  }
+  if (!cont) {
     // The model ended its turn with another stop token than the one the template closes
     // turns with (a random or base model's <|endoftext|> where Qwen3's template writes
     // <|im_end|>; a request's own stop_token_ids): the turn is closed as the template closes

@@ -794,6 +794,16 @@ TEST_F(RequestReadingTest, ATurnEndedByAnotherEndTokenIsContinued) {
   EXPECT_EQ(*other, *usual);
   // Every token the first turn computed (all but the stop token) is where it was.
   EXPECT_TRUE(std::equal(endoftext.tokens.begin(), endoftext.tokens.end() - 1, other->begin()));
+  // A request's own stop token, an ordinary word that the reply's text contains: the
+  // rendering is not searched for it (it would be found inside the reply), the turn is
+  // closed with the template's end of turn.
+  ConversationRecord word = im_end;
+  word.tokens.back() = tokenizer_->token_to_id("The").value();
+  word.stop_text = "The";
+  ASSERT_FALSE(tokenizer_->is_special(word.tokens.back()));
+  auto by_word = continue_turn(reader(), m, nullptr, ojson::object(), "", word, 0);
+  ASSERT_TRUE(by_word.has_value());
+  EXPECT_EQ(*by_word, *usual);
 }
 
 TEST(TurnRecordFieldTest, ARecordTravelsThroughTheExtensionField) {
