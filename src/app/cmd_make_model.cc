@@ -52,8 +52,9 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
                   "hidden size stays")
       ->check(CLI::Range(2, 1024));
   cmd->add_option("--lm-head-scale", opts->lm_head_scale,
-                  "Multiply the LM head's random weights (the embedding's when tied): peakier "
-                  "logits, so that greedy outputs survive a GPU's BF16 rounding (tests)")
+                  "Multiply the LM head's random weights (the embedding's when tied): a "
+                  "sharper softmax for sampled outputs (a power of two scales BF16's errors "
+                  "alike: greedy choices are no safer)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->callback([opts, &exit_code] {
