@@ -370,6 +370,10 @@ class RadixTree {
   // prefetched ahead, so that they overlap instead of coming one after the other.
   std::vector<Loc> locate(std::span<const BlockHash> hashes) const;
   static void prefetch_pin_count(const Loc& loc);
+  // fn(hash, loc) for each of `hashes` in the tree, in order (located as above, each pin
+  // count prefetched ahead of its turn); the number not in the tree.
+  template <typename F>
+  int32_t for_each_located(std::span<const BlockHash> hashes, F&& fn);
   // Mirrors a removal the pin table made: pin count and soft-pinned pages.
   void apply_unpin(const Loc& loc, const PinChange& change);
 

@@ -83,24 +83,31 @@ void RadixTree::prefetch_pin_count(const Loc& loc) {
   }
 }
 
+template <typename F>
+int32_t RadixTree::for_each_located(std::span<const BlockHash> hashes, F&& fn) {
+  int32_t unknown = 0;
+  const std::vector<Loc> locs = locate(hashes);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kLookAhead < locs.size()) prefetch_pin_count(locs[i + kLookAhead]);
+    if (locs[i].node == nullptr) {
+      ++unknown;
+      continue;
+    }
+    fn(hashes[i], locs[i]);
+  }
+  return unknown;
+}
+
 PinResult RadixTree::pin(std::span<const BlockHash> hashes, PinOptions options) {
   PinResult result;
   const int64_t now_ms = clock_->now_ms();
   std::vector<RadixNode*> touched;
-  const std::vector<Loc> locs = locate(hashes);
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    if (i + kLookAhead < locs.size()) prefetch_pin_count(locs[i + kLookAhead]);
-    const BlockHash h = hashes[i];
-    const Loc loc = locs[i];
-    if (loc.node == nullptr) {
-      ++result.unknown;
-      continue;
-    }
+  result.unknown = for_each_located(hashes, [&](BlockHash h, const Loc& loc) {
     if (pins_.pin(h, options, now_ms)) ++loc.node->soft_pinned_blocks;
     change_pin(loc, +1);
     ++result.pinned;
     touched.push_back(loc.node);
-  }
+  });
   // Splits never delete node objects, so the pointers stay valid.
   for (RadixNode* n : touched) restore_pin_tail(n);
   return result;
@@ -109,23 +116,15 @@ PinResult RadixTree::pin(std::span<const BlockHash> hashes, PinOptions options) 
 UnpinResult RadixTree::unpin(std::span<const BlockHash> hashes) {
   UnpinResult result;
   std::vector<RadixNode*> touched;
-  const std::vector<Loc> locs = locate(hashes);
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    if (i + kLookAhead < locs.size()) prefetch_pin_count(locs[i + kLookAhead]);
-    const BlockHash h = hashes[i];
-    const Loc loc = locs[i];
-    if (loc.node == nullptr) {
-      ++result.unknown;
-      continue;
-    }
+  result.unknown = for_each_located(hashes, [&](BlockHash h, const Loc& loc) {
     if (loc.node->pin_counts[static_cast<size_t>(loc.offset)] == 0) {
       ++result.not_pinned;  // the mirror answers without a table lookup
-      continue;
+      return;
     }
     apply_unpin(loc, pins_.unpin_one(h));
     ++result.unpinned;
     touched.push_back(loc.node);
-  }
+  });
   for (RadixNode* n : touched) restore_pin_tail(n);
   return result;
 }

@@ -9,6 +9,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/msgpack_writer.h"
+
 namespace strata::pd {
 namespace {
 
@@ -200,71 +202,37 @@ Status check(const Cancel& m) {
 // ---------------------------------------------------------------------------------------
 // Encoding.
 
-// Appends msgpack to a string in the shortest forms (as src/server/kv_event_publisher.cc).
-class Writer {
- public:
-  void array(uint32_t size) { mp_encode_array(grow(mp_sizeof_array(size)), size); }
-  void map(uint32_t size) { mp_encode_map(grow(mp_sizeof_map(size)), size); }
-  // msgpuck memcpy()s the bytes: an empty view's data() may be null, which memcpy may not
-  // be given even for no bytes (UBSan's nonnull-attribute check, seen at -O1).
-  void str(std::string_view s) {
-    const auto len = static_cast<uint32_t>(s.size());
-    mp_encode_str(grow(mp_sizeof_str(len)), len == 0 ? "" : s.data(), len);
-  }
-  void bin(std::span<const std::byte> b) {
-    const auto len = static_cast<uint32_t>(b.size());
-    mp_encode_bin(grow(mp_sizeof_bin(len)), len == 0 ? "" : reinterpret_cast<const char*>(b.data()),
-                  len);
-  }
-  void u64(uint64_t v) { mp_encode_uint(grow(mp_sizeof_uint(v)), v); }
-  // mp_encode_int takes negative values only: non-negative ones are uints on the wire.
-  void i64(int64_t v) {
-    if (v >= 0) {
-      u64(static_cast<uint64_t>(v));
-    } else {
-      mp_encode_int(grow(mp_sizeof_int(v)), v);
-    }
-  }
-  void f64(double v) { mp_encode_double(grow(mp_sizeof_double(v)), v); }
-  void room(RoomId r) { u64(room_value(r)); }
+// The room id as the wire carries it.
+void write_room(MsgpackWriter& w, RoomId r) {
+  w.uint(room_value(r));
+}
 
-  std::string take() && { return std::move(out_); }
-
- private:
-  char* grow(uint32_t size_bytes) {
-    const size_t at = out_.size();
-    out_.resize(at + size_bytes);
-    return out_.data() + at;
-  }
-  std::string out_;
-};
-
-void write_body(Writer& w, const Hello& m) {
+void write_body(MsgpackWriter& w, const Hello& m) {
   w.str(m.worker_id);
   w.str(role_name(m.role));
-  w.u64(m.incarnation);
-  w.u64(m.peer_incarnation);
+  w.uint(m.incarnation);
+  w.uint(m.peer_incarnation);
   w.str(m.kv_layout);
 }
-void write_body(Writer& w, const Heartbeat& m) {
+void write_body(MsgpackWriter& w, const Heartbeat& m) {
   w.str(m.worker_id);
-  w.u64(m.seq);
+  w.uint(m.seq);
 }
-void write_body(Writer& w, const PrefillOrder& m) {
-  w.room(m.room);
+void write_body(MsgpackWriter& w, const PrefillOrder& m) {
+  write_room(w, m.room);
   w.str(m.decode_worker_id);
   w.array(static_cast<uint32_t>(m.tokens.size()));
-  for (int32_t t : m.tokens) w.i64(t);
-  w.i64(m.cached_tokens);
-  w.i64(m.page_size);
+  for (int32_t t : m.tokens) w.integer(t);
+  w.integer(m.cached_tokens);
+  w.integer(m.page_size);
   w.array(static_cast<uint32_t>(m.dst_pages.size()));
-  for (uint32_t p : m.dst_pages) w.u64(p);
+  for (uint32_t p : m.dst_pages) w.uint(p);
   w.array(kTransportFields);
   w.str(transport_kind_name(m.transport.kind));
   w.bin(m.transport.ucx_worker_address);
   w.bin(m.transport.ucx_rkey);
-  w.u64(m.transport.remote_base);
-  w.u64(m.transport.region_bytes);
+  w.uint(m.transport.remote_base);
+  w.uint(m.transport.region_bytes);
   w.str(m.transport.storage_prefix);
   w.map(static_cast<uint32_t>(m.sampling.size()));
   for (const auto& [key, value] : m.sampling) {
@@ -272,43 +240,43 @@ void write_body(Writer& w, const PrefillOrder& m) {
     std::visit(
         [&w](auto v) {
           if constexpr (std::is_same_v<decltype(v), double>) {
-            w.f64(v);
+            w.float64(v);
           } else if constexpr (std::is_same_v<decltype(v), int64_t>) {
-            w.i64(v);
+            w.integer(v);
           } else {
-            w.u64(v);
+            w.uint(v);
           }
         },
         value);
   }
-  w.i64(m.deadline_ms);
+  w.integer(m.deadline_ms);
 }
-void write_body(Writer& w, const OrderAccepted& m) {
-  w.room(m.room);
+void write_body(MsgpackWriter& w, const OrderAccepted& m) {
+  write_room(w, m.room);
 }
-void write_body(Writer& w, const OrderRejected& m) {
-  w.room(m.room);
+void write_body(MsgpackWriter& w, const OrderRejected& m) {
+  write_room(w, m.room);
   w.str(m.reason);
-  w.i64(m.retry_after_ms);
+  w.integer(m.retry_after_ms);
 }
-void write_body(Writer& w, const PagesWritten& m) {
-  w.room(m.room);
-  w.u64(m.first_page_index);
-  w.u64(m.n_pages);
+void write_body(MsgpackWriter& w, const PagesWritten& m) {
+  write_room(w, m.room);
+  w.uint(m.first_page_index);
+  w.uint(m.n_pages);
 }
-void write_body(Writer& w, const PrefillDone& m) {
-  w.room(m.room);
-  w.i64(m.first_token);
-  w.u64(m.tokens_transferred);
-  w.u64(m.bytes);
-  w.u64(m.transfer_ms);
+void write_body(MsgpackWriter& w, const PrefillDone& m) {
+  write_room(w, m.room);
+  w.integer(m.first_token);
+  w.uint(m.tokens_transferred);
+  w.uint(m.bytes);
+  w.uint(m.transfer_ms);
 }
-void write_body(Writer& w, const PrefillFailed& m) {
-  w.room(m.room);
+void write_body(MsgpackWriter& w, const PrefillFailed& m) {
+  write_room(w, m.room);
   w.str(m.reason);
 }
-void write_body(Writer& w, const Cancel& m) {
-  w.room(m.room);
+void write_body(MsgpackWriter& w, const Cancel& m) {
+  write_room(w, m.room);
 }
 
 constexpr uint32_t field_count(size_t kind_index) {
@@ -724,9 +692,9 @@ Result<std::string> encode_message_with_version(const Message& message, uint32_t
     to_write = &cut;
   }
   if (auto s = validate_message(*to_write); !s) return std::unexpected(s.error());
-  Writer w;
+  MsgpackWriter w;
   w.array(field_count(to_write->index()));
-  w.u64(version);
+  w.uint(version);
   w.str(kKindNames[to_write->index()]);
   std::visit([&w](const auto& m) { write_body(w, m); }, *to_write);
   return std::move(w).take();

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/msgpack_writer.h"
 
 namespace strata {
 namespace {
@@ -31,42 +32,6 @@ uint64_t read_be64(const void* data) {
   for (int i = 0; i < 8; ++i) v = (v << 8) | p[i];
   return v;
 }
-
-// Appends msgpack to a string with msgpuck, choosing the same (shortest) forms as the
-// reference packers (msgpack-cxx, Python's msgpack): an integer as a positive fixint or
-// uint8..64 when >= 0 and as a negative fixint or int8..64 when < 0; a double always as
-// float64; strings as fixstr/str8/16/32; arrays as fixarray/array16/32.
-class MsgpackWriter {
- public:
-  void array(uint32_t size) { mp_encode_array(grow(mp_sizeof_array(size)), size); }
-  void str(std::string_view s) {
-    const auto len = static_cast<uint32_t>(s.size());
-    // An empty view's data() may be null, which msgpuck's memcpy may not be given.
-    mp_encode_str(grow(mp_sizeof_str(len)), len == 0 ? "" : s.data(), len);
-  }
-  // mp_encode_int takes negative values only: non-negative ones are uints on the wire.
-  void integer(int64_t v) {
-    if (v >= 0) {
-      const auto u = static_cast<uint64_t>(v);
-      mp_encode_uint(grow(mp_sizeof_uint(u)), u);
-    } else {
-      mp_encode_int(grow(mp_sizeof_int(v)), v);
-    }
-  }
-  void float64(double v) { mp_encode_double(grow(mp_sizeof_double(v)), v); }
-  void nil() { mp_encode_nil(grow(mp_sizeof_nil())); }
-
-  std::string take() && { return std::move(out_); }
-
- private:
-  // Extends the output by `size_bytes` and returns where they start.
-  char* grow(uint32_t size_bytes) {
-    const size_t at = out_.size();
-    out_.resize(at + size_bytes);
-    return out_.data() + at;
-  }
-  std::string out_;
-};
 
 void write_hashes(MsgpackWriter& w, const std::vector<BlockHash>& hashes) {
   w.array(static_cast<uint32_t>(hashes.size()));
