@@ -681,10 +681,12 @@ TEST_F(RequestReadingTest, ClaudeCodeConversationsShareTheirPromptAndContinueThe
   rec.digest = conversation_digest(chat1->messages, rec.num_messages, &*chat1->tools,
                                    chat1->template_kwargs);
   rec.tokens = one->tokens;
-  for (int32_t t :
-       tokenizer_->encode("Hello.", EncodeOptions{.add_special_tokens = false}).value()) {
-    rec.tokens.push_back(t);
-  }
+  // The reply's tokens held in a local: a range-for over a temporary Result's value() reads
+  // the vector after the temporary is gone (C++23 extends it; g++ 12 does not: ASan's
+  // stack-use-after-scope).
+  const auto reply =
+      tokenizer_->encode("Hello.", EncodeOptions{.add_special_tokens = false}).value();
+  rec.tokens.insert(rec.tokens.end(), reply.begin(), reply.end());
   rec.tokens.push_back(tokenizer_->token_to_id("<|im_end|>").value());
   rec.stop_text = "<|im_end|>";
   rec.completion_text = "Hello.";
@@ -741,9 +743,8 @@ TEST_F(RequestReadingTest, APromptCacheKeyContinuesItsConversationsRecord) {
   rec.num_messages = 2;
   rec.digest = conversation_digest(messages1, 2, nullptr, ojson::object());
   rec.tokens = one->tokens;
-  for (int32_t t : tokenizer_->encode("Hi.", EncodeOptions{.add_special_tokens = false}).value()) {
-    rec.tokens.push_back(t);
-  }
+  const auto reply = tokenizer_->encode("Hi.", EncodeOptions{.add_special_tokens = false}).value();
+  rec.tokens.insert(rec.tokens.end(), reply.begin(), reply.end());
   rec.tokens.push_back(tokenizer_->token_to_id("<|im_end|>").value());
   rec.stop_text = "<|im_end|>";
   rec.completion_text = "Hi.";
