@@ -486,7 +486,7 @@ run_checks() {
 
   local kernels='CudaDeviceTest.*:CudaKernelsTest.*'
   local model='GemmTest.*:GpuModelTest.*'
-  local copies='CudaCopyDeviceTest.*:GpuEngineTest.*:GpuTierTtftTest.*:GpuPdTest.*'
+  local copies='CudaCopyDeviceTest.*:*CudaCopyTest.*:GpuEngineTest.*:GpuTierTtftTest.*:GpuPdTest.*'
   cuda_tests_phase "kernels (cuda_tests)" kernels 150 "$kernels"
   if ((cublas_ok || dry)); then
     cuda_tests_phase "forward against the CPU (cuda_tests)" model 120 "$model"
@@ -499,7 +499,7 @@ run_checks() {
     cuda_tests_phase "copies, tiers, P/D (cuda_tests)" copies 150 "$copies"
     cuda_tests_phase "the rest of cuda_tests" rest 60 "-$kernels:$model:$copies"
   else
-    cuda_tests_phase "copies (cuda_tests)" copies 150 'CudaCopyDeviceTest.*'
+    cuda_tests_phase "copies (cuda_tests)" copies 150 'CudaCopyDeviceTest.*:*CudaCopyTest.*'
   fi
   if [[ ! -x $bin/engine_tests ]]; then
     record "engine tests on the GPU" skipped "no engine_tests in this tree"
