@@ -10,7 +10,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { startServer, startRouter as startRouterProcess, waitFor, workerList, allJoined, words, SOURCE_DIR } from '../server/server_harness.mjs';
+import { startServer, startRouter as startRouterProcess, waitFor, workerList, allJoined, words, metric, SOURCE_DIR } from '../server/server_harness.mjs';
 import { RawConn, postRaw, destroyAllRawConns } from '../server/raw_http.mjs';
 
 const require = createRequire(path.join(SOURCE_DIR, 'tools/js/package.json'));
@@ -33,17 +33,6 @@ const withEvents = ['--kv-events-endpoint', 'tcp://127.0.0.1:*', '--kv-events-re
 
 function startRouter(args) {
   return startRouterProcess(['--admin-api-key', KEY, '--load-poll-ms', '50', ...args]);
-}
-
-
-// A counter of the router's /metrics (summed over its labels).
-async function metric(r, name) {
-  const m = await r.get('/metrics');
-  let sum = 0;
-  for (const line of m.text.split('\n')) {
-    if (line.startsWith(name + ' ') || line.startsWith(name + '{')) sum += Number(line.split(' ').pop());
-  }
-  return sum;
 }
 
 async function counters(r) {

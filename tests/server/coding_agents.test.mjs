@@ -26,7 +26,7 @@
 // Run by CTest: node --test tests/server/coding_agents.test.mjs
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, startRouter, allJoined, words } from './server_harness.mjs';
+import { startServer, startRouter, allJoined, words, metric } from './server_harness.mjs';
 
 const KEY = 'agents-key';
 const ADMIN = { authorization: `Bearer ${KEY}` };
@@ -228,14 +228,6 @@ function assertContinued(next, prev, what) {
 
 // ---- the router's prediction against the worker's report ----
 
-async function metric(r, name) {
-  const m = await r.get('/metrics');
-  let sum = 0;
-  for (const line of m.text.split('\n')) {
-    if (line.startsWith(name + ' ') || line.startsWith(name + '{')) sum += Number(line.split(' ').pop());
-  }
-  return sum;
-}
 // Sends through the router and checks that the prediction equals the worker's report for it.
 async function routed(router, send) {
   const before = { p: await metric(router, 'strata_router_predicted_cached_tokens_total'),

@@ -181,6 +181,16 @@ export async function workerList(r) {
   return w.json.workers;
 }
 
+// A counter or gauge of a server's /metrics, summed over its labels.
+export async function metric(r, name) {
+  const m = await r.get('/metrics');
+  let sum = 0;
+  for (const line of m.text.split('\n')) {
+    if (line.startsWith(name + ' ') || line.startsWith(name + '{')) sum += Number(line.split(' ').pop());
+  }
+  return sum;
+}
+
 // Waits until the router lists n workers, all joined and reachable; returns them.
 export async function allJoined(r, n) {
   return waitFor(async () => {
