@@ -1,8 +1,12 @@
 #include "request/turn_record.h"
 
+#include <xxhash.h>
+
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <limits>
+#include <memory>
 
 namespace strata {
 
@@ -11,23 +15,28 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
-constexpr uint64_t kFnvPrime = 0x100000001b3ULL;
-
-void fnv(uint64_t& h, std::string_view bytes) {
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= kFnvPrime;
+// The digests hash compact JSON text with XXH3 (the hashing library the house uses), one
+// record separator after each value, so that no two sequences of values hash the same text.
+class Digest {
+ public:
+  Digest() { XXH3_64bits_reset(state_.get()); }
+  void bytes(std::string_view b) { XXH3_64bits_update(state_.get(), b.data(), b.size()); }
+  void value(const ojson& j) {
+    bytes(j.dump(-1, ' ', false, ojson::error_handler_t::replace));
+    bytes(std::string_view("\x1e", 1));
   }
-}
-void fnv_json(uint64_t& h, const ojson& j) {
-  fnv(h, j.dump(-1, ' ', false, ojson::error_handler_t::replace));
-  fnv(h, std::string_view("\x1e", 1));
-}
-void fnv_context(uint64_t& h, const ojson* tools, const ojson& template_kwargs) {
-  fnv_json(h, tools != nullptr ? *tools : ojson(nullptr));
-  fnv_json(h, template_kwargs);
-}
+  void context(const ojson* tools, const ojson& template_kwargs) {
+    value(tools != nullptr ? *tools : ojson(nullptr));
+    value(template_kwargs);
+  }
+  uint64_t done() const { return XXH3_64bits_digest(state_.get()); }
+
+ private:
+  struct Free {
+    void operator()(XXH3_state_t* s) const { XXH3_freeState(s); }
+  };
+  std::unique_ptr<XXH3_state_t, Free> state_{XXH3_createState()};
+};
 
 std::string hex64(uint64_t v) {
   char buf[17];
@@ -39,27 +48,27 @@ std::string hex64(uint64_t v) {
 
 uint64_t conversation_digest(const ojson& messages, size_t num_messages, const ojson* tools,
                              const ojson& template_kwargs) {
-  uint64_t h = kFnvOffset;
-  fnv_context(h, tools, template_kwargs);
+  Digest d;
+  d.context(tools, template_kwargs);
   if (messages.is_array()) {
-    for (size_t i = 0; i < num_messages && i < messages.size(); ++i) fnv_json(h, messages[i]);
+    for (size_t i = 0; i < num_messages && i < messages.size(); ++i) d.value(messages[i]);
   }
-  return h;
+  return d.done();
 }
 
 uint64_t conversation_root(const ojson& messages, const ojson* tools,
                            const ojson& template_kwargs) {
-  uint64_t h = kFnvOffset;
-  fnv(h, "root");
-  fnv_context(h, tools, template_kwargs);
+  Digest d;
+  d.bytes("root");
+  d.context(tools, template_kwargs);
   if (messages.is_array()) {
     for (const ojson& m : messages) {
       const std::string role = m.is_object() ? m.value("role", "") : "";
       if (role != "system" && role != "developer") break;
-      fnv_json(h, m);
+      d.value(m);
     }
   }
-  return h;
+  return d.done();
 }
 
 std::string record_key(std::string_view session, uint64_t root) {
@@ -175,10 +184,9 @@ Result<ConversationRecord> read_turn_record(const json& field) {
   }
   const std::string& d = digest->get_ref<const std::string&>();
   uint64_t v = 0;
-  for (char c : d) {
-    const int x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    if (x < 0) return bad("'digest' must be 16 hex digits");
-    v = v << 4 | static_cast<uint64_t>(x);
+  const auto [end, ec] = std::from_chars(d.data(), d.data() + d.size(), v, 16);
+  if (ec != std::errc() || end != d.data() + d.size() || d.find_first_of("ABCDEF") != d.npos) {
+    return bad("'digest' must be 16 hex digits");
   }
   r.digest = v;
   return r;

@@ -66,7 +66,7 @@ inline std::string_view session_header(std::string_view x_session_id,
 // leading system messages: record_key), so that a side request does not replace the main
 // conversation's record, and is continued only by a request whose first num_messages
 // messages are the recorded ones (the digest), so that no conversation continues another's
-// tokens. FNV-1a 64 over the compact JSON text: the same in every process.
+// tokens. XXH3-64 over the compact JSON text: the same in every process.
 uint64_t conversation_digest(const nlohmann::ordered_json& messages, size_t num_messages,
                              const nlohmann::ordered_json* tools,
                              const nlohmann::ordered_json& template_kwargs);

@@ -28,11 +28,11 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <functional>
 #include <mutex>
 
 #include "common/log.h"
+#include "http/message.h"
 #include "request/error_shape.h"
 #include "request/responses_request.h"
 #include "request/turn_record.h"
@@ -762,11 +762,7 @@ awaitable<void> generation(Router::Impl& r, http::Exchange& ex, RoutedApi api) {
     bool started = false;
     http::Headers stream_headers = route_headers(*c, attempt - 1);
     for (const auto& [name, value] : es->headers()) {
-      if (std::equal(
-              name.begin(), name.end(), kOmittedToolsHeader.begin(), kOmittedToolsHeader.end(),
-              [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; })) {
-        pass_worker_headers(value, stream_headers);
-      }
+      if (http::iequals(name, kOmittedToolsHeader)) pass_worker_headers(value, stream_headers);
     }
     bool open = co_await ex.begin_stream(200, "text/event-stream", std::move(stream_headers));
     while (open) {
