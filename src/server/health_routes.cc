@@ -1,6 +1,7 @@
 // GET /health (answered on the I/O thread: it never waits behind the engine or the worker
 // pool) and GET /metrics (Prometheus text: the engine's gauges from a consistent snapshot
-// taken on the scheduler thread, and the HTTP layer's counters).
+// taken on the scheduler thread, the same figures under vLLM's names for the model-server
+// protocol, and the HTTP layer's counters).
 #include "server/routes.h"
 
 namespace strata {
@@ -60,6 +61,7 @@ void add_health_routes(http::Server& server, RouteContext& ctx) {
                  if (!state) return error_response(state.error());
                  ctx.metrics.set_cache(*state);
                  ctx.metrics.set_engine(engine_gauges(state->engine, ctx.engine.pd_info().enabled));
+                 ctx.metrics.set_vllm(vllm_gauge_values(*state), ctx.options.model_name);
                  if (ctx.http_stats) ctx.metrics.set_http(ctx.http_stats());
                  ctx.metrics.set_conversations(ctx.conversations.stats());
                  ctx.metrics.set_stored_responses(ctx.responses.stats());

@@ -2,6 +2,7 @@
 
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace strata {
@@ -12,6 +13,23 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
 }
 
 }  // namespace
+
+VllmGaugeValues vllm_gauge_values(const CacheState& state) {
+  const EngineCounters& c = state.engine;
+  VllmGaugeValues v;
+  v.requests_running = c.running;
+  v.requests_waiting = c.waiting;
+  const int64_t total = state.device.capacity_pages;
+  // What admission counts on, as GET /load reports it: the free pages and those eviction
+  // can reclaim (Scheduler::publish_load_gauges).
+  const int64_t available = std::clamp<int64_t>(c.free_pages + c.evictable_pages, 0, total);
+  v.kv_cache_usage =
+      total > 0 ? static_cast<double>(total - available) / static_cast<double>(total) : 0.0;
+  v.block_size = state.tree.page_size;
+  v.num_gpu_blocks = total;
+  v.num_cpu_blocks = state.host ? state.host->pool.capacity_pages : 0;
+  return v;
+}
 
 Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   using namespace prometheus;
@@ -191,6 +209,23 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                    "'overflow'; they resync from /cache/state)")
                                .Register(*registry_)
                                .Add({});
+  // vLLM's names (VllmGaugeValues); their help is vLLM's.
+  vllm_running_family_ = &BuildGauge()
+                              .Name("vllm:num_requests_running")
+                              .Help("Number of requests in model execution batches.")
+                              .Register(*registry_);
+  vllm_waiting_family_ = &BuildGauge()
+                              .Name("vllm:num_requests_waiting")
+                              .Help("Number of requests waiting to be processed.")
+                              .Register(*registry_);
+  vllm_kv_usage_family_ = &BuildGauge()
+                               .Name("vllm:kv_cache_usage_perc")
+                               .Help("KV-cache usage. 1 means 100 percent usage.")
+                               .Register(*registry_);
+  vllm_cache_config_family_ = &BuildGauge()
+                                   .Name("vllm:cache_config_info")
+                                   .Help("Information of the LLMEngine CacheConfig")
+                                   .Register(*registry_);
 }
 
 prometheus::Counter& Metrics::requests(const std::string& endpoint, const std::string& status) {
@@ -264,6 +299,21 @@ void Metrics::set_stored_responses(const ResponseStore::Stats& s) {
   stored_responses_->Set(static_cast<double>(s.responses));
   stored_response_bytes_->Set(static_cast<double>(s.bytes));
   stored_responses_dropped_->Set(static_cast<double>(s.dropped));
+}
+
+void Metrics::set_vllm(const VllmGaugeValues& v, const std::string& model_name) {
+  const prometheus::Labels labels{{"model_name", model_name}, {"engine", "0"}};
+  vllm_running_family_->Add(labels).Set(static_cast<double>(v.requests_running));
+  vllm_waiting_family_->Add(labels).Set(static_cast<double>(v.requests_waiting));
+  vllm_kv_usage_family_->Add(labels).Set(v.kv_cache_usage);
+  // One sample whose labels say the configuration (they are fixed for the process's life;
+  // vLLM writes its CacheConfig's fields as strings, booleans as Python's "True").
+  vllm_cache_config_family_
+      ->Add({{"block_size", std::to_string(v.block_size)},
+             {"num_gpu_blocks", std::to_string(v.num_gpu_blocks)},
+             {"num_cpu_blocks", std::to_string(v.num_cpu_blocks)},
+             {"enable_prefix_caching", "True"}})
+      .Set(1);
 }
 
 std::string Metrics::serialize() const {

@@ -40,6 +40,27 @@ struct EngineGaugeValues {
   std::vector<std::pair<std::string, int64_t>> pd_state;
 };
 
+// The model-server protocol of the Gateway API Inference Extension (its proposal
+// 003-model-server-protocol; docs/model-server-protocol.md): the figures its endpoint picker
+// and llm-d's scorers read, under vLLM's names and with vLLM's meaning, served beside
+// Strata's own.
+struct VllmGaugeValues {
+  int64_t requests_running = 0;  // vllm:num_requests_running: requests in the running batch
+  int64_t requests_waiting = 0;  // vllm:num_requests_waiting: requests waiting for admission
+  // vllm:kv_cache_usage_perc, a fraction in [0, 1] (vLLM's name says "perc"; 1 means full):
+  // the device pages a new request cannot have, neither free nor reclaimable by eviction
+  // (vLLM counts its evictable cached blocks as free, and so does this).
+  double kv_cache_usage = 0;
+  // vllm:cache_config_info's labels (its value is 1): the block size in tokens, the device
+  // and host pools' capacities in blocks.
+  int64_t block_size = 0;
+  int64_t num_gpu_blocks = 0;
+  int64_t num_cpu_blocks = 0;
+};
+
+// The protocol's figures of one consistent snapshot of the engine.
+VllmGaugeValues vllm_gauge_values(const CacheState& state);
+
 class Metrics {
  public:
   Metrics();
@@ -67,6 +88,8 @@ class Metrics {
   void set_stored_responses(const ResponseStore::Stats& s);
   // GET /cache/events: clients following now, and those dropped for falling behind.
   void set_cache_events(int64_t subscribers, uint64_t dropped_subscribers);
+  // vLLM's names, labelled as vLLM labels them (model_name, engine "0").
+  void set_vllm(const VllmGaugeValues& v, const std::string& model_name);
   // The Prometheus text exposition format.
   std::string serialize() const;
 
@@ -105,6 +128,10 @@ class Metrics {
   prometheus::Gauge* http_bad_requests_;
   prometheus::Gauge* cache_events_subscribers_;
   prometheus::Gauge* cache_events_dropped_;
+  prometheus::Family<prometheus::Gauge>* vllm_running_family_;
+  prometheus::Family<prometheus::Gauge>* vllm_waiting_family_;
+  prometheus::Family<prometheus::Gauge>* vllm_kv_usage_family_;
+  prometheus::Family<prometheus::Gauge>* vllm_cache_config_family_;
 };
 
 }  // namespace strata
