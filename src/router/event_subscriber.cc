@@ -50,6 +50,9 @@ Status validate(const EventSubscriberOptions& options) {
     return bad("poll_interval_ms must be 1 to 100");
   }
   if (options.max_buffered_batches < 1) return bad("max_buffered_batches must be at least 1");
+  if (options.published_grace_ms < 0 || options.published_grace_ms > 600000) {
+    return bad("published_grace_ms must be 0 to 600000");
+  }
   return {};
 }
 
@@ -67,6 +70,18 @@ struct EventSubscriber::Impl {
 
   // Thread-owned sequence state.
   int64_t last_seq = -1;  // last applied; -1: none yet
+  // Set by a snapshot (resync): last_seq is the snapshot's, and a live batch at or below it
+  // is one the snapshot already holds (still in flight), not a restart, until a live batch
+  // after it arrives.
+  bool synced = false;
+  bool from_snapshot = false;
+  int64_t gap_since_ms = 0;  // when the worker's count first ran ahead of last_seq; 0: not
+  int64_t given_up_at = -1;  // a worker's count whose replay failed
+
+  // From other threads: a snapshot's next sequence number (-1: none pending), and the
+  // worker's own count of batches published (-1: unknown).
+  std::atomic<int64_t> resync_next{-1}, published_hint{-1};
+  std::atomic<bool> forget_pending{false};  // the owner saw the worker restart
 
   // Counters (stats() reads them from any thread).
   std::atomic<uint64_t> batches{0}, events{0}, gaps{0}, missing{0}, replays_ok{0},
@@ -83,6 +98,8 @@ struct EventSubscriber::Impl {
   void run() {
     while (!stopping.load(std::memory_order_relaxed)) {
       try {
+        check_resync();
+        check_published();
         zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
         zmq::poll(&item, 1, std::chrono::milliseconds(options.poll_interval_ms));
         if ((item.revents & ZMQ_POLLIN) == 0) continue;
@@ -111,11 +128,60 @@ struct EventSubscriber::Impl {
     return read_be64(parts[1]);
   }
 
+  // A snapshot was installed in the index: it holds every batch before `next`. Batches the
+  // thread applied after it (the install wiped them) and any it has not received yet are
+  // replayed from `next`.
+  void check_resync() {
+    if (forget_pending.exchange(false)) {
+      last_seq = -1;  // another process: its sequence starts again
+      last_seq_seen.store(-1);
+      synced = from_snapshot = false;
+      given_up_at = -1;
+      gap_since_ms = 0;
+    }
+    const int64_t next = resync_next.exchange(-1);
+    if (next < 0) return;
+    const int64_t known = last_seq;  // the worker's count is check_published's to act on
+    last_seq = next - 1;
+    last_seq_seen.store(last_seq);
+    synced = true;
+    from_snapshot = true;
+    gap_since_ms = 0;
+    if (known > last_seq) repair(last_seq + 1, known + 1, {});
+  }
+
+  // The worker says it published batches this thread never received (lost before the
+  // subscription took effect, or past the high-water mark, with no later batch to show the
+  // gap): after a grace for batches still in flight, replay them.
+  void check_published() {
+    const int64_t published = published_hint.load();
+    if ((last_seq < 0 && !synced) || published <= last_seq + 1 || published == given_up_at) {
+      gap_since_ms = 0;
+      return;
+    }
+    const int64_t now = now_ms();
+    if (gap_since_ms == 0) {
+      gap_since_ms = now;
+      return;
+    }
+    if (now - gap_since_ms < options.published_grace_ms) return;
+    gap_since_ms = 0;
+    ++gaps;
+    missing += static_cast<uint64_t>(published - last_seq - 1);
+    // A count the replay cannot reach (the worker's ring lost the range) is not tried again
+    // until it changes: the index is stale meanwhile and the owner rebuilds it.
+    if (!repair(last_seq + 1, published, {})) given_up_at = published;
+  }
+
   void on_live(uint64_t seq, std::string payload) {
     const auto s = static_cast<int64_t>(seq);
-    if (last_seq < 0) {
+    if (from_snapshot) {
+      if (s <= last_seq) return;  // the snapshot holds it
+      from_snapshot = false;
+    }
+    if (last_seq < 0 && !synced) {
       if (s > 0 && options.replay_on_join && !options.replay_endpoint.empty()) {
-        repair(0, s, std::move(payload));
+        repair(0, s, held_one(s, std::move(payload)));
       } else {
         apply(s, payload);
       }
@@ -129,39 +195,47 @@ struct EventSubscriber::Impl {
                               " to " + std::to_string(s);
       index->reset_worker(worker);  // another process: its pins and predictions go too
       last_seq = -1;
+      synced = false;
       go_stale(why, /*always=*/true);
       if (s > 0 && !options.replay_endpoint.empty()) {
-        repair(0, s, std::move(payload));
+        repair(0, s, held_one(s, std::move(payload)));
       } else {
         apply(s, payload);
       }
     } else {
       ++gaps;
       missing += static_cast<uint64_t>(s - last_seq - 1);
-      repair(last_seq + 1, s, std::move(payload));
+      repair(last_seq + 1, s, held_one(s, std::move(payload)));
     }
   }
 
-  // Fills [from, seq) from the replay socket, then applies `payload` (seq) and every batch
-  // that arrived on SUB meanwhile, in order, each once.
-  void repair(int64_t from, int64_t seq, std::string payload) {
-    std::map<int64_t, std::string> held;  // live batches held back, by sequence number
+  static std::map<int64_t, std::string> held_one(int64_t seq, std::string payload) {
+    std::map<int64_t, std::string> held;
     held.emplace(seq, std::move(payload));
+    return held;
+  }
+
+  // Fills [from, target) from the replay socket, then applies the held live batches (the
+  // one that showed the gap, and every batch that arrived on SUB meanwhile), in order,
+  // each once. `held` may be empty (a gap the worker's count showed, a snapshot's resync).
+  // True when the range was filled.
+  bool repair(int64_t from, int64_t target, std::map<int64_t, std::string> held) {
     std::string failure;
+    const std::string range = std::to_string(from) + ".." + std::to_string(target - 1);
     // A replay may end before batches that SUB dropped meanwhile (its high-water mark):
     // then ask again from there, a few times.
     for (int round = 0; round < 3; ++round) {
-      if (!replay(from, &held, &failure)) break;
+      if (!replay(from, range, &held, &failure)) break;
       drain(&held);
-      if (held.empty()) {
+      if (held.empty() && last_seq + 1 >= target) {
         ++replays_ok;
-        return;
+        return true;
       }
       from = last_seq + 1;
       failure = "the replay ended at " + std::to_string(last_seq) + ", before " +
-                std::to_string(held.begin()->first);
+                std::to_string(held.empty() ? target : held.begin()->first);
     }
-    if (stopping.load()) return;
+    if (stopping.load()) return false;
     ++replays_failed;
     dealer.reset();  // a late answer must not be read as the next replay's
     set_error(failure);
@@ -170,6 +244,7 @@ struct EventSubscriber::Impl {
     for (auto& [s, p] : held) {
       if (s > last_seq) apply(s, p);
     }
+    return false;
   }
 
   // Applies held batches that continue the sequence; drops those already applied.
@@ -190,8 +265,8 @@ struct EventSubscriber::Impl {
   // One replay request from `from`: applies the replayed batches in order until the end
   // marker, holding back live ones. False (with *failure) on a timeout, a missing range,
   // a full hold-back buffer, or stop().
-  bool replay(int64_t from, std::map<int64_t, std::string>* held, std::string* failure) {
-    const std::string range = std::to_string(from) + ".." + std::to_string(held->begin()->first);
+  bool replay(int64_t from, const std::string& range, std::map<int64_t, std::string>* held,
+              std::string* failure) {
     if (options.replay_endpoint.empty()) {
       *failure = "gap " + range + " and no replay endpoint";
       return false;
@@ -322,6 +397,19 @@ Result<std::unique_ptr<EventSubscriber>> EventSubscriber::start(WorkerId worker,
 void EventSubscriber::stop() {
   impl_->stopping.store(true);
   if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void EventSubscriber::resync(uint64_t next_seq) {
+  impl_->resync_next.store(static_cast<int64_t>(next_seq));
+}
+
+void EventSubscriber::restarted() {
+  impl_->published_hint.store(-1);
+  impl_->forget_pending.store(true);
+}
+
+void EventSubscriber::note_published(uint64_t published) {
+  impl_->published_hint.store(static_cast<int64_t>(published));
 }
 
 EventSubscriberStats EventSubscriber::stats() const {

@@ -16,6 +16,15 @@
 // - A sequence that goes backwards (seq <= last: the worker restarted) clears the worker's
 //   blocks, marks it stale, calls on_stale, and resynchronises from the new sequence
 //   (replaying from 0 when the batch is not 0 and a replay endpoint is known).
+// - A snapshot of the worker's tree installed in the index (the owner's rebuild) comes with
+//   the worker's sequence number at the snapshot, `resync(next)`: the snapshot holds every
+//   batch before `next`, so batches the thread applied after it (the install replaced
+//   them) or has not yet received are replayed from `next`, and live batches below `next`
+//   still in flight are dropped, not read as a restart.
+// - The worker's own count of published batches, `note_published(n)` (its load reports),
+//   shows losses no later batch reveals (batches sent before the subscription took
+//   effect): when n stays ahead of the last applied batch for published_grace_ms, the
+//   thread replays the difference.
 // - An undecodable batch marks the worker stale (its changes are lost) and calls on_stale.
 // on_stale is called when the worker goes from fresh to stale (a restart: always).
 //
@@ -46,6 +55,7 @@ struct EventSubscriberOptions {
   int poll_interval_ms = 20;     // how often the thread checks for stop(); 1 to 100
   size_t max_buffered_batches = 100000;  // held back during a replay; beyond: replay fails
   bool replay_on_join = false;           // a first batch after seq 0 replays from 0
+  int published_grace_ms = 500;          // note_published ahead this long: replay; 0 to 600000
 };
 
 // kInvalidArgument naming the field.
@@ -82,6 +92,16 @@ class EventSubscriber {
 
   // Stops the thread and closes the sockets; idempotent. Not from on_stale.
   void stop();
+
+  // A snapshot holding every batch before `next_seq` was installed in the index (call it
+  // after PrefixIndex::rebuild_worker). Thread-safe; acted on by the subscriber's thread.
+  void resync(uint64_t next_seq);
+  // The owner saw the worker restart (another process, PrefixIndex::reset_worker done): the
+  // sequence starts again. Call before the new process's snapshot's resync. Thread-safe.
+  void restarted();
+  // The worker reports having published `published` batches (0 .. published - 1).
+  // Thread-safe.
+  void note_published(uint64_t published);
 
   WorkerId worker() const { return worker_; }
   EventSubscriberStats stats() const;

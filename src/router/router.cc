@@ -416,6 +416,7 @@ void Router::Impl::note_instance(Worker& w, const std::string& id) {
     index.reset_worker(w.id);
     approx_index.reset_worker(w.id);
     index.mark_stale(w.id, true);
+    if (w.events) w.events->restarted();
     // Its stored responses and its conversation records went with the old process: they
     // are unknown ids now, and its sessions' next turns are rendered afresh there.
     responses.unbind_worker(w.id);
@@ -677,6 +678,12 @@ awaitable<void> Router::Impl::rebuild_index(std::shared_ptr<Worker> w) {
         index.rebuild_worker(w->id, blocks);
         index.replace_pins(w->id, pinned);
         index.mark_stale(w->id, false);
+        // Events applied while the tree was on its way were replaced with it: the subscriber
+        // replays from the snapshot's sequence number (an older worker does not send one).
+        const auto next_seq = state.find("kv_events_next_seq");
+        if (w->events && next_seq != state.end() && next_seq->is_number_unsigned()) {
+          w->events->resync(next_seq->get<uint64_t>());
+        }
         STRATA_LOG_INFO("worker {}: KV index rebuilt from its tree ({} blocks)", w->id,
                         blocks.size());
         co_return;
@@ -798,6 +805,10 @@ bool Router::Impl::apply_load(Worker& worker, const LoadAnswers& a) {
   if (strata_load) {
     const StrataLoad& l = *strata_load;
     note_instance(*w, l.instance_id);
+    // Batches the subscriber never received show here when no later batch reveals them.
+    if (l.kv_events_next_seq && w->events) {
+      w->events->note_published(static_cast<uint64_t>(*l.kv_events_next_seq));
+    }
     w->load_source = LoadSource::kStrataLoad;
     w->load_fraction = l.load_fraction;
     w->reported_running = l.running;

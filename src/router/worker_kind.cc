@@ -141,6 +141,9 @@ Result<StrataLoad> read_strata_load(std::string_view body) {
         std::pair{"recommended_pause_ms", &load.recommended_pause_ms}}) {
     if (Status st = count(j, key, *out); !st) return std::unexpected(std::move(st).error());
   }
+  auto next_seq = get_int(j, "kv_events_next_seq", 0, INT64_MAX);
+  if (!next_seq) return std::unexpected(std::move(next_seq).error());
+  load.kv_events_next_seq = *next_seq;
   if (auto d = j.find("device"); d != j.end() && !d->is_null()) {
     if (!d->is_object()) return bad_argument("'device' must be an object");
     load.has_device = true;

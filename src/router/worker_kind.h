@@ -91,6 +91,8 @@ struct StrataLoad {
   bool has_device = false;  // `device` was there
   int64_t free_pages = 0, evictable_pages = 0, total_pages = 0;
   int64_t recommended_pause_ms = 0;
+  // KV event batches the worker has published (its next sequence number); absent: unknown.
+  std::optional<int64_t> kv_events_next_seq;
 };
 // kInvalidArgument, naming the field, when the body is not a JSON object or a field has
 // the wrong type or a negative value: the router then counts a failed poll, never reads a

@@ -136,9 +136,13 @@ http::Response state(RouteContext& ctx, const http::Request& req) {
   if (!detail.empty() && detail != "tree") {
     return error_response(400, "'detail' must be 'tree'", "invalid_argument");
   }
+  // Read before the state: the snapshot holds at least every batch before it (a router
+  // replays its KV events from there, router/event_subscriber.h).
+  const uint64_t next_seq = ctx.cache_events.next_seq();
   auto r = ctx.engine.cache().state(StateQuery{.with_tree = detail == "tree"}).get();
   if (!r) return error_response(r.error());
   json answer = cache_state_json(*r);
+  answer["kv_events_next_seq"] = next_seq;
   if (r->nodes) answer["nodes"] = tree_json(*r->nodes);
   return json_response(200, answer);
 }

@@ -136,6 +136,7 @@ json load_json(RouteContext& ctx) {
                 {"evictable_pages", c.evictable_pages},
                 {"recomputed_pages_recent", c.recomputed_pages_recent}}},
               {"prefill_budget_tokens", c.prefill_budget_tokens},
+              {"kv_events_next_seq", ctx.cache_events.next_seq()},
               {"load_fraction", fraction},
               {"saturated", saturated},
               {"recommended_pause_ms", pause_ms}};

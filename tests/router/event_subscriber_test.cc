@@ -303,6 +303,96 @@ TEST_F(EventSubscriberTest, ARestartClearsTheWorkerAndResyncs) {
   EXPECT_TRUE(index_.is_stale(kWorker));
 }
 
+TEST_F(EventSubscriberTest, ASnapshotResyncReplaysWhatItsInstallReplaced) {
+  start();
+  const uint64_t snapshot_next = seq_;
+  worker_.publish(seq_++, store_payload(tokens_, 0, 2));
+  worker_.publish(seq_++, store_payload(tokens_, 2, 4));
+  ASSERT_TRUE(wait_for([&] { return matched(tokens_) == 4; }));
+  // The owner installs a tree read before those batches: they are gone from the index...
+  index_.rebuild_worker(kWorker, {});
+  ASSERT_EQ(matched(tokens_), 0u);
+  // ...until the subscriber replays from the snapshot's sequence number.
+  sub_->resync(snapshot_next);
+  ASSERT_TRUE(wait_for([&] { return matched(tokens_) == 4 && sub_->stats().replays_ok == 1; }));
+  EXPECT_EQ(sub_->stats().last_seq, static_cast<int64_t>(seq_) - 1);
+  EXPECT_EQ(sub_->stats().restarts, 0u);
+  EXPECT_TRUE(stale_reasons().empty());
+  // The stream goes on from there.
+  worker_.publish(seq_++, empty_payload());
+  ASSERT_TRUE(wait_for([&] { return sub_->stats().last_seq == static_cast<int64_t>(seq_) - 1; }));
+  EXPECT_EQ(sub_->stats().gaps, 0u);
+}
+
+TEST_F(EventSubscriberTest, ASnapshotAheadOfTheStreamDropsBatchesStillInFlight) {
+  start();
+  const uint64_t late = seq_++;
+  worker_.publish(late, store_payload(tokens_, 0, 2), /*deliver=*/false);
+  // The snapshot already holds batch `late`; it arrives afterwards.
+  sub_->resync(seq_);
+  ASSERT_TRUE(wait_for([&] { return sub_->stats().last_seq == static_cast<int64_t>(late); }));
+  worker_.publish(late, store_payload(tokens_, 0, 2));
+  worker_.publish(seq_++, store_payload(tokens_, 2, 4));
+  ASSERT_TRUE(wait_for([&] { return sub_->stats().last_seq == static_cast<int64_t>(seq_) - 1; }));
+  EXPECT_EQ(sub_->stats().restarts, 0u);  // an old batch, not a new process
+  EXPECT_EQ(sub_->stats().gaps, 0u);
+  EXPECT_TRUE(stale_reasons().empty());
+  EXPECT_FALSE(index_.is_stale(kWorker));
+}
+
+TEST_F(EventSubscriberTest, ARestartTheOwnerSawStartsTheSequenceAgain) {
+  start();
+  worker_.publish(seq_++, store_payload(tokens_, 0, 4));
+  ASSERT_TRUE(wait_for([&] { return matched(tokens_) == 4; }));
+  // The owner sees a new instance id: it forgets the worker, then installs the new
+  // process's tree, which holds its batch 0.
+  worker_.reset_ring();
+  seq_ = 0;
+  const std::vector<int32_t> other = {9, 9, 9, 9, 8, 8, 8, 8};
+  worker_.publish(seq_++, store_payload(other, 0, 1), /*deliver=*/false);
+  index_.reset_worker(kWorker);
+  sub_->restarted();
+  sub_->resync(seq_);
+  ASSERT_TRUE(wait_for([&] { return sub_->stats().last_seq == 0; }));
+  worker_.publish(seq_++, store_payload(other, 1, 2));
+  ASSERT_TRUE(wait_for([&] { return sub_->stats().last_seq == 1; }));
+  const auto st = sub_->stats();
+  EXPECT_EQ(st.restarts, 0u);  // the owner had said so: no second reset
+  EXPECT_EQ(st.replays_failed, 0u);
+  EXPECT_EQ(st.gaps, 0u);
+  EXPECT_TRUE(stale_reasons().empty());
+  EXPECT_EQ(matched(tokens_), 0u);
+}
+
+TEST_F(EventSubscriberTest, TheWorkersCountRevealsBatchesNoLaterBatchShows) {
+  start();
+  // Lost (sent before the subscription took effect, say), and nothing follows it.
+  worker_.publish(seq_++, store_payload(tokens_, 0, 4), /*deliver=*/false);
+  sub_->note_published(seq_);
+  ASSERT_TRUE(wait_for([&] { return matched(tokens_) == 4 && sub_->stats().replays_ok == 1; }));
+  const auto st = sub_->stats();
+  EXPECT_EQ(st.gaps, 1u);
+  EXPECT_EQ(st.missing_batches, 1u);
+  EXPECT_EQ(st.last_seq, static_cast<int64_t>(seq_) - 1);
+  EXPECT_TRUE(stale_reasons().empty());
+  // A count the subscriber has already reached changes nothing.
+  sub_->note_published(seq_);
+  worker_.publish(seq_++, empty_payload());
+  ASSERT_TRUE(wait_for([&] { return sub_->stats().last_seq == static_cast<int64_t>(seq_) - 1; }));
+  EXPECT_EQ(sub_->stats().gaps, 1u);
+  EXPECT_EQ(worker_.replay_requests(), 1);
+}
+
+TEST_F(EventSubscriberTest, ACountTheRingCannotSupplyMarksTheWorkerStale) {
+  start();
+  sub_->note_published(seq_ + 3);  // batches the worker's ring never held
+  ASSERT_TRUE(wait_for([&] { return sub_->stats().replays_failed == 1; }));
+  ASSERT_TRUE(wait_for([&] { return !stale_reasons().empty(); }));
+  EXPECT_TRUE(index_.is_stale(kWorker));
+  EXPECT_NE(stale_reasons()[0].find("the replay ended at"), std::string::npos)
+      << stale_reasons()[0];
+}
+
 TEST(EventSubscriberStartTest, DoesNotWaitForTheWorkerAndStopsCleanly) {
   PrefixIndex index;
   ASSERT_TRUE(index.add_worker(0, kEventBlockSize));
@@ -316,6 +406,9 @@ TEST(EventSubscriberStartTest, DoesNotWaitForTheWorkerAndStopsCleanly) {
   o.poll_interval_ms = 0;
   EXPECT_FALSE(EventSubscriber::start(0, &index, o, nullptr));
   o.poll_interval_ms = 20;
+  o.published_grace_ms = -1;
+  EXPECT_FALSE(EventSubscriber::start(0, &index, o, nullptr));
+  o.published_grace_ms = 500;
   o.endpoint = "not an endpoint";
   EXPECT_FALSE(EventSubscriber::start(0, &index, o, nullptr));
 }

@@ -336,6 +336,7 @@ test('a worker killed and restarted is forgotten at once, its pins included', as
   const args = workerArgs(['--port', String(port), '--kv-events-endpoint', `tcp://127.0.0.1:${ev}`,
     '--kv-events-replay-endpoint', `tcp://127.0.0.1:${replay}`]);
   let victim = await startServer(args);
+  extra.push(victim);  // stopped by the suite's end even if this test fails midway
   const r2 = await startRouter(['--worker', victim.base, '--worker', workers[0].base]);
   extra.push(r2);
   await allJoined(r2, 2);

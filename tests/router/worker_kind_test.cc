@@ -75,9 +75,10 @@ TEST(StrataLoad, ReadsEveryFieldAndAbsentOnesAsZero) {
   auto l =
       read_strata_load(R"({"instance_id":"i1","running":3,"waiting":2,"max_running_requests":32,)"
                        R"("queued_prefill_tokens":4096,"load_fraction":0.75,"saturated":false,)"
-                       R"("recommended_pause_ms":50,"page_size":16,)"
+                       R"("recommended_pause_ms":50,"page_size":16,"kv_events_next_seq":12,)"
                        R"("device":{"total_pages":100,"free_pages":40,"evictable_pages":10}})");
   ASSERT_TRUE(l.has_value()) << l.error().message;
+  EXPECT_EQ(l->kv_events_next_seq, 12);
   EXPECT_EQ(l->instance_id, "i1");
   EXPECT_EQ(l->running, 3);
   EXPECT_EQ(l->waiting, 2);
@@ -95,6 +96,7 @@ TEST(StrataLoad, ReadsEveryFieldAndAbsentOnesAsZero) {
   EXPECT_EQ(empty->instance_id, "");
   EXPECT_EQ(empty->running, 0);
   EXPECT_FALSE(empty->has_device);
+  EXPECT_FALSE(empty->kv_events_next_seq.has_value());  // an older worker's report
   // An integral float is an integer (json_fields.h).
   auto as_float = read_strata_load(R"({"running":3.0})");
   ASSERT_TRUE(as_float.has_value());
@@ -108,6 +110,7 @@ TEST(StrataLoad, AWronglyTypedOrNegativeFieldIsAnErrorNamingIt) {
       {R"({"max_running_requests":[32]})", "'max_running_requests' must be an integer"},
       {R"({"queued_prefill_tokens":-1})", "'queued_prefill_tokens' must be in [0, "},
       {R"({"recommended_pause_ms":true})", "'recommended_pause_ms' must be an integer"},
+      {R"({"kv_events_next_seq":-2})", "'kv_events_next_seq' must be in [0, "},
       {R"({"load_fraction":"0.5"})", "'load_fraction' must be a number"},
       {R"({"load_fraction":-0.5})", "'load_fraction' must be in [0"},
       {R"({"instance_id":7})", "'instance_id' must be a string"},

@@ -206,6 +206,11 @@ test('the event stream rebuilds the cache: requests, pins, evictions, a flush', 
   for (const h of pinned) assert.ok(cached.has(hashKey(h)), 'a pinned block survives the flush');
   const seqs = s.batches().map((b) => b.seq);
   assert.deepEqual(seqs, seqs.map((_, i) => i), 'sequence numbers start at hello and have no gaps');
+  // /cache/state and /load count the batches published (the next seq): a router replays
+  // from a tree's count, and sees batches it lost in the load's.
+  const next = (await tree()).kv_events_next_seq;
+  assert.equal(next, seqs.length, 'the tree holds every batch before its count');
+  assert.equal((await (await fetch(server.base + '/load')).json()).kv_events_next_seq, next);
   assert.equal(await metric('strata_cache_events_subscribers'), 1);
   s.close();
   await waitFor(async () => (await metric('strata_cache_events_subscribers')) === 0, 'the client to be removed');
