@@ -14,7 +14,7 @@ packages=(
   libboost1.81-dev libzmq3-dev cppzmq-dev libmsgpuck-dev prometheus-cpp-dev
   libhiredis-dev redis-server libucx-dev
   chromium
-  python3 python3-zmq python3-msgpack python3-xxhash
+  python3 python3-zmq python3-msgpack python3-xxhash python3-cbor2
   nodejs npm
 )
 

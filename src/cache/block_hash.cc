@@ -15,8 +15,11 @@
 #pragma GCC diagnostic pop
 #endif
 
+#include <openssl/evp.h>
+
 #include <bit>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "common/check.h"
 
@@ -71,7 +74,132 @@ BlockHash hash_small_page(BlockHash parent, const TokenId* t, size_t n) {
   return XXH3_avalanche(acc);
 }
 
+using Digest = std::array<uint8_t, 32>;
+
+Digest sha256(const std::vector<uint8_t>& bytes) {
+  Digest out{};
+  unsigned int size = 0;
+  // EVP_Digest fails only without memory or without SHA-256 (a broken libcrypto).
+  STRATA_CHECK(EVP_Digest(bytes.data(), bytes.size(), out.data(), &size, EVP_sha256(), nullptr) ==
+                   1 &&
+               size == out.size());
+  return out;
+}
+
+// The digest as vLLM's events carry it: its last 8 bytes read big-endian (vLLM's
+// maybe_convert_block_hash), the first 24 kept for chaining.
+ChainValue chain_value_of(const Digest& d) {
+  ChainValue v;
+  std::memcpy(v.tail.data(), d.data(), v.tail.size());
+  for (size_t i = v.tail.size(); i < d.size(); ++i) v.hash = v.hash << 8 | d[i];
+  return v;
+}
+
+Digest digest_of(const ChainValue& v) {
+  Digest d{};
+  std::memcpy(d.data(), v.tail.data(), v.tail.size());
+  for (size_t i = 0; i < 8; ++i)
+    d[v.tail.size() + i] = static_cast<uint8_t>(v.hash >> (56 - 8 * i));
+  return d;
+}
+
+// SHA-256 of CBOR([parent digest, [tokens...], extra or null]): vLLM's hash_block_tokens
+// with sha256_cbor. The array's items are encoded one by one (nlohmann's to_cbor writes the
+// shortest forms, as canonical CBOR wants) and concatenated after the array's head, which
+// is how CBOR encodes a definite-length array; `extra` is already CBOR.
+ChainValue sha256_cbor_block(const ChainValue& parent, std::span<const TokenId> tokens,
+                             std::string_view extra) {
+  std::vector<uint8_t> cbor;
+  cbor.reserve(48 + 5 * tokens.size() + extra.size());
+  cbor.push_back(0x83);  // an array of 3 items
+  const Digest p = digest_of(parent);
+  nlohmann::json::to_cbor(nlohmann::json::binary(std::vector<uint8_t>(p.begin(), p.end())), cbor);
+  nlohmann::json ids = nlohmann::json::array();
+  ids.get_ref<nlohmann::json::array_t&>().reserve(tokens.size());
+  for (TokenId t : tokens) ids.push_back(t);
+  nlohmann::json::to_cbor(ids, cbor);
+  if (extra.empty()) {
+    cbor.push_back(0xf6);  // null: vLLM's extra_keys of a block without any
+  } else {
+    cbor.insert(cbor.end(), extra.begin(), extra.end());
+  }
+  return chain_value_of(sha256(cbor));
+}
+
 }  // namespace
+
+std::string_view block_hash_algo_name(BlockHashAlgo algo) {
+  switch (algo) {
+    case BlockHashAlgo::kStrata:
+      return "strata";
+    case BlockHashAlgo::kSha256Cbor:
+      return "sha256_cbor";
+  }
+  return "?";
+}
+
+Result<BlockHashAlgo> parse_block_hash_algo(std::string_view name) {
+  if (name == "strata") return BlockHashAlgo::kStrata;
+  if (name == "sha256_cbor") return BlockHashAlgo::kSha256Cbor;
+  return bad_argument("unknown block-hash algorithm '" + std::string(name) +
+                      "' (strata or sha256_cbor)");
+}
+
+Result<BlockHasher> BlockHasher::make(BlockHashAlgo algo, std::string_view seed) {
+  BlockHasher h;
+  h.algo_ = algo;
+  if (algo == BlockHashAlgo::kStrata) {
+    if (!seed.empty()) {
+      return bad_argument("a block-hash seed is for sha256_cbor; Strata's own hash takes none");
+    }
+    return h;
+  }
+  if (seed.empty()) {
+    return bad_argument(
+        "sha256_cbor needs the seed of the vLLM workers it matches (their PYTHONHASHSEED: "
+        "--prefix-caching-hash-seed, or PYTHONHASHSEED in the environment); without one "
+        "vLLM draws a random root that no indexer can follow");
+  }
+  // vLLM's init_none_hash: NONE_HASH = sha256_cbor(PYTHONHASHSEED), the seed a text string.
+  std::vector<uint8_t> cbor;
+  nlohmann::json::to_cbor(nlohmann::json(std::string(seed)), cbor);
+  h.root_ = chain_value_of(sha256(cbor));
+  return h;
+}
+
+std::string BlockHasher::first_page_extra_keys(std::string_view cache_salt) const {
+  if (algo_ == BlockHashAlgo::kStrata) return strata::first_page_extra_keys(cache_salt);
+  if (cache_salt.empty()) return {};
+  // vLLM's generate_block_hash_extra_keys for a salted request's first block: (salt,).
+  std::vector<uint8_t> cbor;
+  nlohmann::json::to_cbor(nlohmann::json::array({std::string(cache_salt)}), cbor);
+  return std::string(cbor.begin(), cbor.end());
+}
+
+ChainValue BlockHasher::hash(const ChainValue& parent, std::span<const TokenId> page_tokens,
+                             std::string_view extra) const {
+  if (algo_ == BlockHashAlgo::kStrata) {
+    return ChainValue{.hash = hash_block(parent.hash, page_tokens, extra)};
+  }
+  return sha256_cbor_block(parent, page_tokens, extra);
+}
+
+std::vector<BlockHash> BlockHasher::hash_blocks(std::span<const TokenId> tokens, int page_size,
+                                                std::string_view cache_salt) const {
+  if (algo_ == BlockHashAlgo::kStrata) return strata::hash_blocks(tokens, page_size, cache_salt);
+  STRATA_CHECK(page_size > 0);
+  const size_t n = static_cast<size_t>(page_size);
+  const size_t num_pages = tokens.size() / n;
+  std::vector<BlockHash> out;
+  out.reserve(num_pages);
+  const std::string extra = first_page_extra_keys(cache_salt);
+  ChainValue parent = root_;
+  for (size_t i = 0; i < num_pages; ++i) {
+    parent = hash(parent, tokens.subspan(i * n, n), i == 0 ? std::string_view(extra) : "");
+    out.push_back(parent.hash);
+  }
+  return out;
+}
 
 std::string first_page_extra_keys(std::string_view cache_salt) {
   if (cache_salt.empty()) return {};

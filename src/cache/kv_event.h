@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
@@ -25,6 +26,9 @@ struct BlockStored {
   int32_t block_size = 0;
   std::optional<int32_t> lora_id;
   Medium medium = Medium::kDevice;
+  // The cache salt of a sequence's first block, when this event starts with one (no
+  // parent) and it was salted: on the wire, vLLM's extra_keys [[salt], nil, ...].
+  std::string first_block_salt;
 };
 
 struct BlockRemoved {

@@ -33,6 +33,9 @@ struct RadixNode {
   std::vector<std::unique_ptr<RadixNode>> children;  // owned
   std::vector<TokenId> tokens;                       // num_pages() * page_size tokens
   std::vector<BlockHash> hashes;                     // one per page
+  // Empty, or per page when the hash chains digests (BlockHasher::chains_digests(),
+  // sha256_cbor): the rest of each block's ChainValue, which its successor is hashed from.
+  std::vector<ChainTail> chain_tails;
   std::vector<uint32_t> pin_counts;  // per page: pins (hard + soft), mirroring the PinTable
   std::vector<PageId> device_pages;  // per page; kInvalidPage if not on device
   std::vector<PageId> host_pages;    // empty, or per page (hierarchical cache)
@@ -42,7 +45,7 @@ struct RadixNode {
   bool demote_pending = false;       // leave the device once backed up and a device leaf
   int32_t io_ref = 0;                // transfers in flight that read or write this node's pages
   int32_t host_ref = 0;            // tool-session protections of this node's host copy (and below)
-  std::string first_page_extra;    // children of the root: extra keys of the first page
+  std::string first_page_salt;     // children of the root: the first page's cache salt ("": none)
   int32_t lock_ref = 0;            // lock receipts whose path includes this node
   int32_t pin_ref = 0;             // pinned blocks in this node and all its descendants
   int32_t own_pinned_blocks = 0;   // pages of this node with pin_counts > 0

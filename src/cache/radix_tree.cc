@@ -103,12 +103,14 @@ void RadixTree::recycle_node(std::unique_ptr<RadixNode> node) {
   RadixNode fresh;
   clear_keeping(node->tokens, max_tokens);
   clear_keeping(node->hashes, max_pages);
+  clear_keeping(node->chain_tails, max_pages);
   clear_keeping(node->pin_counts, max_pages);
   clear_keeping(node->device_pages, max_pages);
   clear_keeping(node->host_pages, max_pages);
   clear_keeping(node->in_storage, max_pages);
   fresh.tokens.swap(node->tokens);
   fresh.hashes.swap(node->hashes);
+  fresh.chain_tails.swap(node->chain_tails);
   fresh.pin_counts.swap(node->pin_counts);
   fresh.device_pages.swap(node->device_pages);
   fresh.host_pages.swap(node->host_pages);
@@ -184,6 +186,7 @@ void RadixTree::emit_stored(const RadixNode* node, Medium medium) {
   BlockStored ev;
   ev.block_hashes = node->hashes;
   if (node->parent != root_.get()) ev.parent_block_hash = node->parent->hashes.back();
+  if (node->parent == root_.get()) ev.first_block_salt = node->first_page_salt;
   ev.token_ids = node->tokens;
   ev.block_size = options_.page_size;
   ev.medium = medium;
@@ -191,13 +194,22 @@ void RadixTree::emit_stored(const RadixNode* node, Medium medium) {
 }
 
 BlockHash RadixTree::last_hash(const RadixNode* node) const {
-  return node == root_.get() ? kRootParentHash : node->hashes.back();
+  return node == root_.get() ? options_.hasher.root().hash : node->hashes.back();
+}
+
+ChainValue RadixTree::last_chain(const RadixNode* node) const {
+  if (node == root_.get()) return options_.hasher.root();
+  return ChainValue{.hash = node->hashes.back(),
+                    .tail = node->chain_tails.empty() ? ChainTail{} : node->chain_tails.back()};
 }
 
 RadixNode* RadixTree::find_child(const RadixNode* parent, std::span<const TokenId> first_page,
                                  std::string_view extra) const {
-  const BlockHash h =
-      hash_block(last_hash(parent), first_page, parent == root_.get() ? extra : std::string_view());
+  const std::string_view first_extra = parent == root_.get() ? extra : std::string_view();
+  // Strata's own hash straight (the hot path); a digest chain through the hasher.
+  const BlockHash h = options_.hasher.chains_digests()
+                          ? options_.hasher.hash(last_chain(parent), first_page, first_extra).hash
+                          : hash_block(last_hash(parent), first_page, first_extra);
   const auto it = index_.find_first(h);  // a node's first block: never deferred
   if (it == index_.end()) return nullptr;
   const Loc& loc = it->second;
@@ -249,12 +261,13 @@ RadixNode* RadixTree::split(RadixNode* node, int32_t at) {
   upper->parent = node->parent;
   move_prefix(node->tokens, upper->tokens, static_cast<size_t>(at) * static_cast<size_t>(ps));
   move_prefix(node->hashes, upper->hashes, static_cast<size_t>(at));
+  move_prefix(node->chain_tails, upper->chain_tails, static_cast<size_t>(at));
   move_prefix(node->pin_counts, upper->pin_counts, static_cast<size_t>(at));
   move_prefix(node->device_pages, upper->device_pages, static_cast<size_t>(at));
   move_prefix(node->host_pages, upper->host_pages, static_cast<size_t>(at));
   move_prefix(node->in_storage, upper->in_storage, static_cast<size_t>(at));
-  upper->first_page_extra = std::move(node->first_page_extra);
-  node->first_page_extra.clear();
+  upper->first_page_salt = std::move(node->first_page_salt);
+  node->first_page_salt.clear();
   // Both halves are in whatever transfer the node was in: each is finished by it.
   upper->loading = node->loading;
   upper->host_valid = node->host_valid;
@@ -343,7 +356,7 @@ MatchResult RadixTree::match_prefix(std::span<const TokenId> tokens, std::string
   MatchResult result;
   const int32_t ps = options_.page_size;
   const int32_t n_pages = static_cast<int32_t>(tokens.size() / static_cast<size_t>(ps));
-  const std::string extra = first_page_extra_keys(cache_salt);
+  const std::string extra = options_.hasher.first_page_extra_keys(cache_salt);
   const uint64_t tick = ++tick_;
   const int64_t now_ms = clock_->now_ms();
   RadixNode* node = root_.get();
@@ -434,7 +447,7 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
   const int32_t n_pages = static_cast<int32_t>(tokens.size() / static_cast<size_t>(ps));
   result.block_hashes.reserve(static_cast<size_t>(n_pages));
   const auto page_of = [&](int32_t k) { return in.pages[static_cast<size_t>(k - in.first_page)]; };
-  const std::string extra = first_page_extra_keys(cache_salt);
+  const std::string extra = options_.hasher.first_page_extra_keys(cache_salt);
   const uint64_t tick = ++tick_;
   const int64_t now_ms = clock_->now_ms();
   RadixNode* node = root_.get();
@@ -485,15 +498,29 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
   // A new leaf under `node` with pages i..n_pages, hashes chained from node's last.
   std::unique_ptr<RadixNode> leaf_owned = new_node();
   RadixNode* leaf = leaf_owned.get();
-  BlockHash parent_hash = last_hash(node);
   leaf->hashes.resize(static_cast<size_t>(n_pages - i));
-  for (int32_t k = i; k < n_pages; ++k) {
-    parent_hash =
-        hash_block(parent_hash, tokens.subspan(static_cast<size_t>(k) * ps, ps),
-                   (node == root_.get() && k == i) ? std::string_view(extra) : std::string_view());
-    leaf->hashes[static_cast<size_t>(k - i)] = parent_hash;
-    // The one entry made now (block_index.h): start its miss while the rest is hashed.
-    if (k == i) index_.prefetch(parent_hash);
+  const auto extra_of = [&](int32_t k) {
+    return (node == root_.get() && k == i) ? std::string_view(extra) : std::string_view();
+  };
+  if (!options_.hasher.chains_digests()) {
+    BlockHash parent_hash = last_hash(node);
+    for (int32_t k = i; k < n_pages; ++k) {
+      parent_hash =
+          hash_block(parent_hash, tokens.subspan(static_cast<size_t>(k) * ps, ps), extra_of(k));
+      leaf->hashes[static_cast<size_t>(k - i)] = parent_hash;
+      // The one entry made now (block_index.h): start its miss while the rest is hashed.
+      if (k == i) index_.prefetch(parent_hash);
+    }
+  } else {
+    ChainValue parent = last_chain(node);
+    leaf->chain_tails.resize(static_cast<size_t>(n_pages - i));
+    for (int32_t k = i; k < n_pages; ++k) {
+      parent = options_.hasher.hash(parent, tokens.subspan(static_cast<size_t>(k) * ps, ps),
+                                    extra_of(k));
+      leaf->hashes[static_cast<size_t>(k - i)] = parent.hash;
+      leaf->chain_tails[static_cast<size_t>(k - i)] = parent.tail;
+      if (k == i) index_.prefetch(parent.hash);
+    }
   }
   // A first block that the index has already (a collision) makes no node.
   if (!index_.add(leaf)) {
@@ -517,7 +544,7 @@ InsertResult RadixTree::insert_blocks(std::span<const TokenId> tokens, std::stri
     leaf->in_storage.assign(static_cast<size_t>(count), 1);
   }
   leaf->pin_counts.assign(static_cast<size_t>(count), 0);
-  if (node == root_.get()) leaf->first_page_extra = extra;
+  if (node == root_.get()) leaf->first_page_salt = cache_salt;
   leaf->last_access_tick = tick;
   leaf->last_access_ms = now_ms;
   leaf->index_in_parent = static_cast<uint32_t>(node->children.size());
@@ -583,19 +610,7 @@ Status RadixTree::release(LockReceipt receipt) {
 
 std::vector<BlockHash> RadixTree::block_hashes_of(std::span<const TokenId> tokens,
                                                   std::string_view cache_salt) const {
-  const int32_t ps = options_.page_size;
-  const size_t n_pages = tokens.size() / static_cast<size_t>(ps);
-  const std::string extra = first_page_extra_keys(cache_salt);
-  std::vector<BlockHash> out;
-  out.reserve(n_pages);
-  BlockHash parent = kRootParentHash;
-  for (size_t k = 0; k < n_pages; ++k) {
-    parent =
-        hash_block(parent, tokens.subspan(k * static_cast<size_t>(ps), static_cast<size_t>(ps)),
-                   k == 0 ? std::string_view(extra) : std::string_view());
-    out.push_back(parent);
-  }
-  return out;
+  return options_.hasher.hash_blocks(tokens, options_.page_size, cache_salt);
 }
 
 RadixNode* RadixTree::node_ending_at(BlockHash hash) {

@@ -81,6 +81,9 @@ struct RadixTreeOptions {
   int32_t page_size = 16;  // tokens per page, in [1, 4096]
   WritePolicy write_policy = WritePolicy::kWriteThrough;
   int32_t write_through_threshold = 2;  // hits before a selective backup, >= 1
+  // How blocks are hashed (--prefix-caching-hash-algo): every hash the tree makes, keeps,
+  // emits and is asked for is this hasher's.
+  BlockHasher hasher;
 };
 
 struct MatchResult {
@@ -324,6 +327,9 @@ class RadixTree {
                      std::string_view extra, int32_t& matched, bool& partial,
                      Walk walk = Walk::kDevice);
   BlockHash last_hash(const RadixNode* node) const;
+  // What a child of `node` chains from: its last block's ChainValue (the hasher's root for
+  // the root).
+  ChainValue last_chain(const RadixNode* node) const;
   // An access: new recency, and the node's place in the eviction order moves with it.
   void touch(RadixNode* node, uint64_t tick, int64_t now_ms);
   void add_lock_ref(RadixNode* node, int32_t delta);  // node..root

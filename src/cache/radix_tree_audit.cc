@@ -91,16 +91,24 @@ Status RadixTree::check_invariants() const {
       host_evictable_pages += node->num_pages();
       ++host_evictable_nodes;
     }
-    // Chained hashes.
-    BlockHash parent_hash = last_hash(node->parent);
+    // Chained hashes, by the tree's hasher (with a digest chain, each block's tail too).
+    if (node->chain_tails.size() != (options_.hasher.chains_digests() ? np : 0)) {
+      return fail(describe(node) + ": chain tails do not match the hasher");
+    }
+    if (node->parent != root_.get() && !node->first_page_salt.empty()) {
+      return fail(describe(node) + ": a salt below the root's children");
+    }
+    const std::string first_extra = options_.hasher.first_page_extra_keys(node->first_page_salt);
+    ChainValue parent = last_chain(node->parent);
     for (size_t k = 0; k < np; ++k) {
-      const std::string_view extra = (node->parent == root_.get() && k == 0)
-                                         ? std::string_view(node->first_page_extra)
-                                         : std::string_view();
-      const BlockHash h = hash_block(
-          parent_hash, std::span<const TokenId>(node->tokens).subspan(k * ps, ps), extra);
-      if (h != node->hashes[k]) return fail(describe(node) + ": block hash chain broken");
-      parent_hash = h;
+      const std::string_view extra = k == 0 ? std::string_view(first_extra) : std::string_view();
+      const ChainValue v = options_.hasher.hash(
+          parent, std::span<const TokenId>(node->tokens).subspan(k * ps, ps), extra);
+      const BlockHash h = v.hash;
+      if (h != node->hashes[k] || (!node->chain_tails.empty() && v.tail != node->chain_tails[k])) {
+        return fail(describe(node) + ": block hash chain broken");
+      }
+      parent = v;
       const auto it = index_.find(h);
       if (it == index_.end() || it->second.node != node ||
           it->second.offset != static_cast<int32_t>(k)) {

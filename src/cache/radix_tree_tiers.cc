@@ -284,6 +284,8 @@ void RadixTree::finish_storage_write(std::span<const BlockHash> hashes,
         run.parent_block_hash = n->hashes[static_cast<size_t>(off - 1)];
       } else if (n->parent != root_.get()) {
         run.parent_block_hash = n->parent->hashes.back();
+      } else {
+        run.first_block_salt = n->first_page_salt;
       }
     }
     run.block_hashes.push_back(hashes[i]);

@@ -24,6 +24,9 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(RequestSpec spec) {
 const EngineOptions& Engine::options() const {
   return scheduler_->options();
 }
+const BlockHasher& Engine::block_hasher() const {
+  return scheduler_->block_hasher();
+}
 int32_t Engine::num_pages() const {
   return scheduler_->num_pages();
 }

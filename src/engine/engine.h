@@ -47,6 +47,9 @@ class Engine {
   CacheControl& cache() { return cache_; }
 
   const EngineOptions& options() const;
+  // How the cache hashes blocks (--prefix-caching-hash-algo): hash a request's blocks with
+  // it to name them as the cache does (pins, events, /cache/state). Thread-safe.
+  const BlockHasher& block_hasher() const;
   int32_t num_pages() const;  // device pool pages
   const ModelConfig& model_config() const;
   // A copy of the counters (thread-safe).

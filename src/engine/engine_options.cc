@@ -1,5 +1,7 @@
 #include "engine/engine_options.h"
 
+#include <cstdlib>
+
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -167,7 +169,18 @@ Status validate(const EngineOptions& o) {
   } else if (h.load_overlap != LoadOverlap::kLayer) {
     return bad("--hicache-load-overlap needs --enable-hierarchical-cache");
   }
+  if (auto hasher = block_hasher_for(o); !hasher) return std::unexpected(hasher.error());
   return validate_pd(o.pd);
+}
+
+Result<BlockHasher> block_hasher_for(const EngineOptions& o) {
+  std::string seed = o.prefix_caching_hash_seed;
+  if (seed.empty() && o.prefix_caching_hash_algo == BlockHashAlgo::kSha256Cbor) {
+    if (const char* env = std::getenv("PYTHONHASHSEED")) seed = env;
+  }
+  auto hasher = BlockHasher::make(o.prefix_caching_hash_algo, seed);
+  if (!hasher) return bad_argument("--prefix-caching-hash-algo: " + hasher.error().message);
+  return hasher;
 }
 
 // ---- command-line flags ----
@@ -215,6 +228,16 @@ void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
          "Tokens per KV page")
       ->check(CLI::Range(1, 256))
       ->default_str(std::to_string(o.page_size))
+      ->group(group);
+  add_enum_flag(cmd, "--prefix-caching-hash-algo", o.prefix_caching_hash_algo,
+                parse_block_hash_algo, block_hash_algo_name(o.prefix_caching_hash_algo),
+                "How blocks are hashed in the cache, its events and its API: strata (its own "
+                "XXH3 chain) | sha256_cbor (vLLM's, bit for bit, for indexers that hash "
+                "requests as vLLM does; needs a seed)")
+      ->group(group);
+  cmd.add_option("--prefix-caching-hash-seed", o.prefix_caching_hash_seed,
+                 "sha256_cbor's seed: the PYTHONHASHSEED of the vLLM workers and indexers to "
+                 "match (default: this process's PYTHONHASHSEED)")
       ->group(group);
   cmd.add_option("--kv-cache-tokens", o.kv_cache_tokens, "Device KV pool size in tokens")
       ->check(CLI::Range(64, 1 << 30))

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cache/block_hash.h"
 #include "cache/write_policy.h"
 #include "common/result.h"
 #include "memory/copy_device.h"
@@ -154,10 +155,19 @@ struct EngineOptions {
   // The same bounds as the server's conversation records (server/conversations.h).
   int64_t max_sessions = 10'000;            // --max-conversations (alias --max-sessions), >= 0
   int64_t session_idle_ttl_ms = 3'600'000;  // --conversation-ttl-s (alias --session-ttl-s)
+  // How the cache hashes blocks (docs/block-hashes.md): Strata's own, or vLLM's sha256_cbor
+  // with the seed of the vLLM workers whose indexers it should match (their PYTHONHASHSEED).
+  BlockHashAlgo prefix_caching_hash_algo = BlockHashAlgo::kStrata;  // --prefix-caching-hash-algo
+  std::string prefix_caching_hash_seed;  // --prefix-caching-hash-seed ("": $PYTHONHASHSEED)
   PdOptions pd;
 };
 
 Status validate(const EngineOptions& options);
+
+// The hasher `options` choose. sha256_cbor's seed is prefix_caching_hash_seed, else the
+// PYTHONHASHSEED environment variable, as vLLM reads it; kInvalidArgument without either,
+// or with a seed for Strata's own hash.
+Result<BlockHasher> block_hasher_for(const EngineOptions& options);
 
 // Registers the engine's own flags (the KV pool, scheduling, pins, conversation and tool
 // session bounds) on `cmd`, bound to `options`, which must outlive the parse. Flags in

@@ -93,13 +93,17 @@ Scheduler::Scheduler(ForwardModel* model, EngineOptions options,
                                 .min_prefill_tokens = options.min_prefill_tokens,
                                 .max_prefill_tokens = options.chunked_prefill_size}) {
   num_pages_ = options_.kv_cache_tokens / options_.page_size;
+  auto hasher = block_hasher_for(options_);
+  STRATA_CHECK(hasher.has_value());  // create() validated the options
+  hasher_ = *hasher;
   // A measurement knob (docs/scheduling.md): the forward pass on the scheduler thread, as
   // before commands ran during it.
   inline_forward_ = std::getenv("STRATA_INLINE_FORWARD") != nullptr;
   for (auto& b : batches_) b = std::make_unique<Batch>();
   allocator_ = std::make_unique<PageAllocator>(num_pages_);
-  tree_ = std::make_unique<RadixTree>(RadixTreeOptions{options_.page_size}, allocator_.get(),
-                                      &events_, clock_);
+  tree_ = std::make_unique<RadixTree>(
+      RadixTreeOptions{.page_size = options_.page_size, .hasher = hasher_}, allocator_.get(),
+      &events_, clock_);
 }
 
 Scheduler::~Scheduler() {
@@ -172,7 +176,10 @@ Status Scheduler::init_hicache() {
     transfers_ = std::make_unique<TransferEngine>(*kv_pool_, *host_pool_, h.transfer_threads);
   }
   host_allocator_ = std::make_unique<PageAllocator>(shape.num_pages);
-  RadixTreeOptions topts{options_.page_size, h.write_policy, h.write_through_threshold};
+  RadixTreeOptions topts{.page_size = options_.page_size,
+                         .write_policy = h.write_policy,
+                         .write_through_threshold = h.write_through_threshold,
+                         .hasher = hasher_};
   tree_ =
       std::make_unique<RadixTree>(topts, allocator_.get(), &events_, clock_, host_allocator_.get());
   if (!h.storage_backend.empty()) {

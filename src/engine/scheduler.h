@@ -77,6 +77,8 @@ class Scheduler {
   }
 
   const EngineOptions& options() const { return options_; }
+  // The cache's block hasher (block_hasher_for(options())); immutable.
+  const BlockHasher& block_hasher() const { return hasher_; }
   int32_t num_pages() const { return num_pages_; }
   const ForwardModel& model() const { return *model_; }
   // Tool sessions (engine/tool_sessions.h), for CacheControl: tool_start (no `end_epoch`)
@@ -288,6 +290,7 @@ class Scheduler {
 
   ForwardModel* model_;
   EngineOptions options_;
+  BlockHasher hasher_;  // made from options_ once they validated; read by any thread
   std::function<void(std::vector<KvEvent>)> publish_;
   const Clock* clock_;
   const bool chooses_tokens_;  // the model's ForwardModel::chooses_tokens()

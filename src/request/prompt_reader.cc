@@ -139,11 +139,12 @@ Result<std::vector<int32_t>> PromptReader::text_tokens(std::string_view text,
 std::vector<BlockHash> CacheTarget::hashes(int page_size) const {
   if (block_hashes) return *block_hashes;
   if (page_size < 1) return {};
-  return hash_blocks(tokens, page_size, cache_salt);
+  return hasher.hash_blocks(tokens, page_size, cache_salt);
 }
 
 Result<CacheTarget> read_cache_target(ojson body, const PromptReader& reader) {
   CacheTarget t;
+  t.hasher = reader.block_hasher();
   auto salt = get_string(body, "cache_salt");
   if (!salt) return std::unexpected(salt.error());
   t.cache_salt = salt->value_or("");

@@ -25,11 +25,14 @@ namespace strata {
 class PromptReader {
  public:
   // `chat` may be null: the model has no chat template (chat prompts are then refused).
-  PromptReader(const Tokenizer& tokenizer, const ChatTemplate* chat)
-      : tokenizer_(tokenizer), chat_(chat) {}
+  // `hasher` names blocks as the cache whose blocks this reading targets does (a worker's:
+  // Engine::block_hasher(); the router's own index: Strata's).
+  PromptReader(const Tokenizer& tokenizer, const ChatTemplate* chat, BlockHasher hasher = {})
+      : tokenizer_(tokenizer), chat_(chat), hasher_(hasher) {}
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const ChatTemplate* chat() const { return chat_; }
+  const BlockHasher& block_hasher() const { return hasher_; }
 
   ChatRenderOptions render_options(const nlohmann::ordered_json* tools, bool add_generation_prompt,
                                    const nlohmann::ordered_json& template_kwargs) const;
@@ -59,6 +62,7 @@ class PromptReader {
  private:
   const Tokenizer& tokenizer_;
   const ChatTemplate* chat_;
+  BlockHasher hasher_;
 };
 
 // `messages` with every system message after the first non-system message merged into the
@@ -75,8 +79,9 @@ struct CacheTarget {
   std::optional<std::vector<BlockHash>> block_hashes;  // the block_hashes form, as given
   std::vector<int32_t> tokens;                         // the token_ids or messages form
   std::string cache_salt;
+  BlockHasher hasher;  // the reader's
   // The blocks' hashes at a page size: block_hashes as given, else the full blocks of
-  // `tokens` hashed with the salt (hash_blocks).
+  // `tokens` hashed with the salt by the reader's hasher.
   std::vector<BlockHash> hashes(int page_size) const;
 };
 Result<CacheTarget> read_cache_target(nlohmann::ordered_json body, const PromptReader& reader);

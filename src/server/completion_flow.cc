@@ -295,7 +295,7 @@ std::optional<ConversationRecord> after_finish(RouteContext& ctx, const Prepared
         ctx.reader().chat_tokens(upto, p.tools ? &*p.tools : nullptr, false, p.template_kwargs);
     if (!tokens) return recorded;
     const int32_t ps = ctx.engine.options().page_size;
-    auto hashes = hash_blocks(*tokens, ps, p.params.cache_salt);
+    auto hashes = ctx.engine.block_hasher().hash_blocks(*tokens, ps, p.params.cache_salt);
     const int64_t ttl_ms = p.msg_info->pin_ttl_s * 1000;
     auto pinned =
         ctx.engine.cache()
@@ -328,7 +328,8 @@ std::vector<PrefixPin> apply_prefix_pins(RouteContext& ctx, const Prepared& p) {
     const size_t n = std::min(pin.num_tokens, p.prompt_tokens.size());
     const std::vector<int32_t> prefix(p.prompt_tokens.begin(),
                                       p.prompt_tokens.begin() + static_cast<ptrdiff_t>(n));
-    auto hashes = hash_blocks(prefix, ctx.engine.options().page_size, p.params.cache_salt);
+    auto hashes = ctx.engine.block_hasher().hash_blocks(prefix, ctx.engine.options().page_size,
+                                                        p.params.cache_salt);
     if (hashes.empty()) continue;  // shorter than a page: nothing to hold
     const size_t num_hashes = hashes.size();
     auto pinned = ctx.engine.cache()

@@ -61,7 +61,8 @@ void add_health_routes(http::Server& server, RouteContext& ctx) {
                  if (!state) return error_response(state.error());
                  ctx.metrics.set_cache(*state);
                  ctx.metrics.set_engine(engine_gauges(state->engine, ctx.engine.pd_info().enabled));
-                 ctx.metrics.set_vllm(vllm_gauge_values(*state), ctx.options.model_name);
+                 ctx.metrics.set_vllm(vllm_gauge_values(*state, ctx.engine.block_hasher().algo()),
+                                      ctx.options.model_name);
                  if (ctx.http_stats) ctx.metrics.set_http(ctx.http_stats());
                  ctx.metrics.set_conversations(ctx.conversations.stats());
                  ctx.metrics.set_stored_responses(ctx.responses.stats());

@@ -14,7 +14,7 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
 
 }  // namespace
 
-VllmGaugeValues vllm_gauge_values(const CacheState& state) {
+VllmGaugeValues vllm_gauge_values(const CacheState& state, BlockHashAlgo hash_algo) {
   const EngineCounters& c = state.engine;
   VllmGaugeValues v;
   v.requests_running = c.running;
@@ -28,6 +28,7 @@ VllmGaugeValues vllm_gauge_values(const CacheState& state) {
   v.block_size = state.tree.page_size;
   v.num_gpu_blocks = total;
   v.num_cpu_blocks = state.host ? state.host->pool.capacity_pages : 0;
+  v.prefix_caching_hash_algo = std::string(block_hash_algo_name(hash_algo));
   return v;
 }
 
@@ -312,7 +313,8 @@ void Metrics::set_vllm(const VllmGaugeValues& v, const std::string& model_name) 
       ->Add({{"block_size", std::to_string(v.block_size)},
              {"num_gpu_blocks", std::to_string(v.num_gpu_blocks)},
              {"num_cpu_blocks", std::to_string(v.num_cpu_blocks)},
-             {"enable_prefix_caching", "True"}})
+             {"enable_prefix_caching", "True"},
+             {"prefix_caching_hash_algo", v.prefix_caching_hash_algo}})
       .Set(1);
 }
 

@@ -52,14 +52,15 @@ struct VllmGaugeValues {
   // (vLLM counts its evictable cached blocks as free, and so does this).
   double kv_cache_usage = 0;
   // vllm:cache_config_info's labels (its value is 1): the block size in tokens, the device
-  // and host pools' capacities in blocks.
+  // and host pools' capacities in blocks, and how blocks are hashed (strata | sha256_cbor).
   int64_t block_size = 0;
   int64_t num_gpu_blocks = 0;
   int64_t num_cpu_blocks = 0;
+  std::string prefix_caching_hash_algo;
 };
 
-// The protocol's figures of one consistent snapshot of the engine.
-VllmGaugeValues vllm_gauge_values(const CacheState& state);
+// The protocol's figures of one consistent snapshot of the engine and the cache's hasher.
+VllmGaugeValues vllm_gauge_values(const CacheState& state, BlockHashAlgo hash_algo);
 
 class Metrics {
  public:

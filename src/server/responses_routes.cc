@@ -359,8 +359,8 @@ void pin_retention(RouteContext& ctx, const PreparedResponse& pr,
   const Prepared& p = pr.prepared;
   if (!r.retention_ttl_s) return;
   const std::vector<int32_t>& tokens = record ? record->tokens : p.prompt_tokens;
-  std::vector<BlockHash> hashes =
-      hash_blocks(tokens, ctx.engine.options().page_size, p.params.cache_salt);
+  std::vector<BlockHash> hashes = ctx.engine.block_hasher().hash_blocks(
+      tokens, ctx.engine.options().page_size, p.params.cache_salt);
   if (hashes.empty()) return;
   int64_t ttl_ms = *r.retention_ttl_s * 1000;
   if (p.pin_authority == PinAuthority::kClient) {

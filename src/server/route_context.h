@@ -82,7 +82,7 @@ struct RouteContext {
   CacheEventsStream& cache_events;     // GET /cache/events: the engine's KV event batches
 
   // How this worker reads prompts: the one reading the router shares (request/).
-  PromptReader reader() const { return PromptReader(tokenizer, chat); }
+  PromptReader reader() const { return PromptReader(tokenizer, chat, engine.block_hasher()); }
 };
 
 // A blocking handler: runs on the HTTP worker pool (it may wait on the engine) and

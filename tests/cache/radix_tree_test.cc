@@ -619,5 +619,47 @@ TEST_F(LazyIndexTest, SplitsOfDeferredNodesStayExact) {
   EXPECT_EQ(alloc_.num_free(), 64);
 }
 
+// vLLM's hashing in the tree (block_hash.h, BlockHasher): every hash it makes, emits and is
+// asked for is the hasher's, through splits and inserts below a split; a salted sequence's
+// first BlockStored names its salt (the wire's extra_keys), and only that one.
+TEST(RadixTreeVllmHashTest, HashesEventsAndSaltsFollowTheHasher) {
+  const BlockHasher hasher = *BlockHasher::make(BlockHashAlgo::kSha256Cbor, "0");
+  PageAllocator alloc(64);
+  VectorEventSink sink;
+  ManualClock clock(1000);
+  RadixTree tree(RadixTreeOptions{.page_size = kPage, .hasher = hasher}, &alloc, &sink, &clock);
+  auto put = [&](const std::vector<TokenId>& tokens, std::string_view salt) {
+    MatchResult m = tree.match_prefix(tokens, salt);
+    std::vector<PageId> pages = m.device_pages;
+    const int32_t need = static_cast<int32_t>(tokens.size()) / kPage - m.num_pages;
+    ASSERT_TRUE(alloc.allocate(need, pages).has_value());
+    EXPECT_TRUE(tree.insert(tokens, pages, salt).rejected_pages.empty());
+    ASSERT_TRUE(tree.check_invariants().has_value()) << tree.check_invariants().error().message;
+  };
+  const std::vector<TokenId> a = seq({1, 2, 3, 4});
+  put(a, "tenant-a");
+  const std::vector<TokenId> b = seq({1, 2, 7});  // splits a's node after two pages
+  put(b, "tenant-a");
+  put(a, "");  // the same tokens unsalted: other blocks
+  for (const auto& [tokens, salt] :
+       {std::pair{a, "tenant-a"}, std::pair{b, "tenant-a"}, std::pair{a, ""}}) {
+    const std::vector<BlockHash> want = hasher.hash_blocks(tokens, kPage, salt);
+    EXPECT_EQ(tree.block_hashes_of(tokens, salt), want);
+    EXPECT_EQ(tree.match_prefix(tokens, salt).num_pages, static_cast<int32_t>(want.size()));
+    for (BlockHash h : want) EXPECT_TRUE(tree.contains(h));
+  }
+  EXPECT_NE(hasher.hash_blocks(a, kPage, "tenant-a")[0], hash_blocks(a, kPage, "tenant-a")[0]);
+  std::vector<std::string> salts;
+  for (const KvEvent& ev : sink.events) {
+    if (const auto* st = std::get_if<BlockStored>(&ev)) {
+      if (!st->first_block_salt.empty()) {
+        EXPECT_FALSE(st->parent_block_hash.has_value());
+        salts.push_back(st->first_block_salt);
+      }
+    }
+  }
+  EXPECT_EQ(salts, std::vector<std::string>{"tenant-a"});  // a's first store; b's is below it
+}
+
 }  // namespace
 }  // namespace strata

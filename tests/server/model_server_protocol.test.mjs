@@ -6,7 +6,8 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { writeFileSync, mkdirSync } from 'node:fs';
-import { startServer, words, waitFor, WORK_DIR } from './server_harness.mjs';
+import { spawnSync } from 'node:child_process';
+import { startServer, words, waitFor, tinyQwen3Model, STRATA, WORK_DIR } from './server_harness.mjs';
 
 const ADMIN = { authorization: 'Bearer test-admin-key' };
 const MAX_RUNNING = 2;
@@ -101,6 +102,7 @@ test('/metrics answers the protocol\'s names as gauges, with vLLM\'s labels', as
   assert.equal(Number(config.labels.num_gpu_blocks), state.device.capacity_pages);
   assert.equal(Number(config.labels.num_cpu_blocks), 0);  // no host tier
   assert.equal(config.labels.enable_prefix_caching, 'True');
+  assert.equal(config.labels.prefix_caching_hash_algo, 'strata');
   // Strata's own names stay beside them.
   assert.ok(m.samples.strata_requests_waiting, 'strata_requests_waiting');
   assert.ok(m.samples.strata_kv_pages, 'strata_kv_pages');
@@ -156,4 +158,45 @@ test('pinned pages are in use, as /cache/state counts them; unpinned they are fr
   assert.equal(unpin.status, 200, unpin.text);
   await consistentReading((l) => l.running === 0 && usageOf(l) === 0, 'the unpinned pages free again');
   assert.equal(only(await metrics(), 'vllm:kv_cache_usage_perc').value, 0);
+});
+
+// llm-d's precise prefix scorer and Dynamo's router compute block hashes from a request's
+// tokens: a worker that hashes as vLLM does (docs/block-hashes.md) names its blocks as
+// `strata block-hashes --prefix-caching-hash-algo sha256_cbor` computes them, and says so.
+test('a worker that hashes as vLLM names its blocks with vLLM\'s hashes and says so', async () => {
+  const env = { ...process.env };
+  delete env.PYTHONHASHSEED;
+  const noSeed = spawnSync(STRATA, ['serve', '--model', tinyQwen3Model(), '--port', '0',
+    '--prefix-caching-hash-algo', 'sha256_cbor'], { encoding: 'utf8', env });
+  assert.equal(noSeed.status, 2);
+  assert.match(noSeed.stderr, /sha256_cbor needs the seed .*PYTHONHASHSEED/);
+  const unknown = spawnSync(STRATA, ['serve', '--model', tinyQwen3Model(), '--port', '0',
+    '--prefix-caching-hash-algo', 'sha256'], { encoding: 'utf8' });
+  assert.notEqual(unknown.status, 0);
+  assert.match(unknown.stderr, /unknown block-hash algorithm 'sha256' \(strata or sha256_cbor\)/);
+
+  const vllm = await startServer(['--simulate', profilePath, '--kv-cache-tokens', '4096',
+    '--prefix-caching-hash-algo', 'sha256_cbor', '--prefix-caching-hash-seed', '7',
+    '--admin-api-key', 'test-admin-key']);
+  try {
+    const prompt = words(120, 3);
+    const done = await vllm.post('/v1/completions', { prompt, max_tokens: 1, temperature: 0, cache_salt: 'tenant-a' });
+    assert.equal(done.status, 200, done.text);
+    const ids = (await vllm.post('/tokenize', { prompt })).json.tokens;
+    const want = JSON.parse(spawnSync(STRATA, ['block-hashes', '--prefix-caching-hash-algo', 'sha256_cbor',
+      '--prefix-caching-hash-seed', '7', '--cache-salt', 'tenant-a', ...ids.map(String)],
+    { encoding: 'utf8' }).stdout.replace(/(-?\d{16,})/g, '"$1"')).block_hashes;
+    assert.ok(want.length >= 2, `${ids.length} tokens`);
+    const tree = (await vllm.getExact('/cache/state?detail=tree', ADMIN)).json;
+    const held = new Set(tree.nodes.flatMap((n) => n.block_hashes.map(String)));
+    for (const h of want) assert.ok(held.has(h), `block ${h} is not in the tree`);
+    // A pin by tokens names the same blocks.
+    const pin = await vllm.post('/cache/pin', { token_ids: ids, cache_salt: 'tenant-a' }, ADMIN);
+    assert.equal(pin.status, 200, pin.text);
+    assert.equal(pin.json.pinned_count, want.length);
+    const m = parseMetrics((await vllm.get('/metrics')).text);
+    assert.equal(only(m, 'vllm:cache_config_info').labels.prefix_caching_hash_algo, 'sha256_cbor');
+  } finally {
+    await vllm.stop();
+  }
 });

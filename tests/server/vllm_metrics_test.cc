@@ -38,7 +38,7 @@ std::optional<double> sample(const std::string& text, const std::string& head) {
 }
 
 TEST(VllmMetricsTest, UsageCountsThePagesANewRequestCannotHave) {
-  const VllmGaugeValues v = vllm_gauge_values(busy_state());
+  const VllmGaugeValues v = vllm_gauge_values(busy_state(), BlockHashAlgo::kStrata);
   EXPECT_EQ(v.requests_running, 3);
   EXPECT_EQ(v.requests_waiting, 5);
   // Neither free (10) nor evictable (30): 60 of 100. vLLM counts its evictable cached
@@ -47,6 +47,7 @@ TEST(VllmMetricsTest, UsageCountsThePagesANewRequestCannotHave) {
   EXPECT_EQ(v.block_size, 16);
   EXPECT_EQ(v.num_gpu_blocks, 100);
   EXPECT_EQ(v.num_cpu_blocks, 0);
+  EXPECT_EQ(v.prefix_caching_hash_algo, "strata");
 }
 
 TEST(VllmMetricsTest, AnIdlePoolIsEmptyAndAFullOneIsOne) {
@@ -54,38 +55,40 @@ TEST(VllmMetricsTest, AnIdlePoolIsEmptyAndAFullOneIsOne) {
   idle.tree.page_size = 16;
   idle.device = {.capacity_pages = 64, .free_pages = 64, .used_pages = 0};
   idle.engine.free_pages = 64;
-  EXPECT_DOUBLE_EQ(vllm_gauge_values(idle).kv_cache_usage, 0.0);
+  EXPECT_DOUBLE_EQ(vllm_gauge_values(idle, BlockHashAlgo::kStrata).kv_cache_usage, 0.0);
   // A cache full of evictable pages is as empty for vLLM's meaning.
   CacheState cached = idle;
   cached.engine.free_pages = 0;
   cached.engine.evictable_pages = 64;
-  EXPECT_DOUBLE_EQ(vllm_gauge_values(cached).kv_cache_usage, 0.0);
+  EXPECT_DOUBLE_EQ(vllm_gauge_values(cached, BlockHashAlgo::kStrata).kv_cache_usage, 0.0);
   CacheState full = idle;
   full.engine.free_pages = 0;
-  EXPECT_DOUBLE_EQ(vllm_gauge_values(full).kv_cache_usage, 1.0);
+  EXPECT_DOUBLE_EQ(vllm_gauge_values(full, BlockHashAlgo::kStrata).kv_cache_usage, 1.0);
   // No pool at all (a state never filled) reads 0, not a division by zero.
-  EXPECT_DOUBLE_EQ(vllm_gauge_values(CacheState{}).kv_cache_usage, 0.0);
+  EXPECT_DOUBLE_EQ(vllm_gauge_values(CacheState{}, BlockHashAlgo::kStrata).kv_cache_usage, 0.0);
 }
 
 TEST(VllmMetricsTest, TheHostPoolIsTheCpuBlocks) {
   CacheState s = busy_state();
   s.host = CacheState::Host{.pool = {.capacity_pages = 400, .free_pages = 400, .used_pages = 0}};
-  EXPECT_EQ(vllm_gauge_values(s).num_cpu_blocks, 400);
+  EXPECT_EQ(vllm_gauge_values(s, BlockHashAlgo::kStrata).num_cpu_blocks, 400);
 }
 
 TEST(VllmMetricsTest, TheSamplesCarryVllmsNamesAndLabelsBesideStratasOwn) {
   const CacheState s = busy_state();
   Metrics metrics;
   metrics.set_cache(s);
-  metrics.set_vllm(vllm_gauge_values(s), "tiny-qwen3");
+  metrics.set_vllm(vllm_gauge_values(s, BlockHashAlgo::kSha256Cbor), "tiny-qwen3");
   const std::string text = metrics.serialize();
   const std::string labels = R"({engine="0",model_name="tiny-qwen3"})";
   EXPECT_EQ(sample(text, "vllm:num_requests_running" + labels), 3) << text;
   EXPECT_EQ(sample(text, "vllm:num_requests_waiting" + labels), 5) << text;
   EXPECT_EQ(sample(text, "vllm:kv_cache_usage_perc" + labels), 0.6) << text;
-  EXPECT_EQ(sample(text, R"(vllm:cache_config_info{block_size="16",enable_prefix_caching="True",)"
-                         R"(num_cpu_blocks="0",num_gpu_blocks="100"})"),
-            1)
+  EXPECT_EQ(
+      sample(text,
+             R"(vllm:cache_config_info{block_size="16",enable_prefix_caching="True",)"
+             R"(num_cpu_blocks="0",num_gpu_blocks="100",prefix_caching_hash_algo="sha256_cbor"})"),
+      1)
       << text;
   // Strata's own names stay, with the same figures.
   EXPECT_EQ(sample(text, "strata_requests_running"), 3);
