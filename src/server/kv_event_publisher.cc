@@ -48,7 +48,12 @@ std::string encode_kv_event_batch(double timestamp_s, const std::vector<KvEvent>
   w.array(static_cast<uint32_t>(events.size()));
   for (const KvEvent& ev : events) {
     if (const auto* st = std::get_if<BlockStored>(&ev)) {
-      w.array(7);
+      // vLLM's BlockStored, field by field (msgspec array_like with omit_defaults: the
+      // trailing fields that hold their defaults are left out, as vLLM leaves them):
+      // block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
+      // then extra_keys (one entry per block) only when a block has some.
+      const bool salted = !st->first_block_salt.empty() && !st->block_hashes.empty();
+      w.array(salted ? 9 : 8);
       w.str("BlockStored");
       write_hashes(w, st->block_hashes);
       if (st->parent_block_hash) {
@@ -65,6 +70,14 @@ std::string encode_kv_event_batch(double timestamp_s, const std::vector<KvEvent>
         w.nil();
       }
       w.str(medium_wire_name(st->medium));
+      w.nil();  // lora_name: Strata serves no adapters
+      if (salted) {
+        // vLLM's extra_keys of a salted request: (cache_salt,) on its first block, None after.
+        w.array(static_cast<uint32_t>(st->block_hashes.size()));
+        w.array(1);
+        w.str(st->first_block_salt);
+        for (size_t i = 1; i < st->block_hashes.size(); ++i) w.nil();
+      }
     } else if (const auto* rm = std::get_if<BlockRemoved>(&ev)) {
       w.array(3);
       w.str("BlockRemoved");
@@ -177,7 +190,11 @@ Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::start(KvEventPublish
   impl->options = std::move(options);
   try {
     impl->pub.set(zmq::sockopt::linger, 0);
-    impl->pub.bind(impl->options.endpoint);
+    if (impl->options.connect) {
+      impl->pub.connect(impl->options.endpoint);
+    } else {
+      impl->pub.bind(impl->options.endpoint);
+    }
     if (!impl->options.replay_endpoint.empty()) {
       impl->replay.set(zmq::sockopt::linger, 0);
       impl->replay.bind(impl->options.replay_endpoint);
@@ -185,7 +202,8 @@ Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::start(KvEventPublish
     }
   } catch (const zmq::error_t& e) {
     return make_error(ErrorCode::kInvalidArgument,
-                      "cannot bind KV event endpoint '" + impl->options.endpoint +
+                      std::string(impl->options.connect ? "cannot connect to" : "cannot bind") +
+                          " KV event endpoint '" + impl->options.endpoint +
                           (impl->options.replay_endpoint.empty()
                                ? ""
                                : "' / replay '" + impl->options.replay_endpoint) +

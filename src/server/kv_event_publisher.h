@@ -5,7 +5,7 @@
 //   PUB socket, multipart [topic, sequence (u64 big-endian), payload]
 //   payload = msgpack array [timestamp_s (float64), [event...], data_parallel_rank (int)]
 //   event   = ["BlockStored", block_hashes, parent_block_hash|nil, token_ids, block_size,
-//              lora_id|nil, medium]
+//              lora_id|nil, medium, lora_name|nil(, extra_keys: one per block, [salt]|nil)]
 //           | ["BlockRemoved", block_hashes, medium]
 //           | ["AllBlocksCleared"]
 //   block hashes are signed int64 (block_hash_to_wire); medium is "GPU", "CPU_PINNED", "DISK".
@@ -31,9 +31,12 @@
 namespace strata {
 
 struct KvEventPublisherOptions {
-  std::string endpoint = "tcp://127.0.0.1:5557";  // PUB socket (bind)
-  std::string replay_endpoint;                    // ROUTER socket (bind); empty: none
-  std::string topic = "kv-events";                // first frame of every message
+  std::string endpoint = "tcp://127.0.0.1:5557";  // PUB socket (bind, or connect below)
+  // Connect the PUB socket to `endpoint` instead of binding it: to a subscriber that binds
+  // and collects every worker's events (llm-d's centralized KV-events mode).
+  bool connect = false;
+  std::string replay_endpoint;      // ROUTER socket (bind); empty: none
+  std::string topic = "kv-events";  // first frame of every message
   int32_t data_parallel_rank = 0;
   size_t replay_buffer_batches = 10'000;  // batches kept for replay, in [1, 10^7]
 };
@@ -44,8 +47,8 @@ std::string encode_kv_event_batch(double timestamp_s, const std::vector<KvEvent>
 
 class KvEventPublisher {
  public:
-  // Binds the sockets and starts the thread; fails with a clear message when an endpoint
-  // is malformed or in use.
+  // Binds (or connects) the sockets and starts the thread; fails with a clear message when
+  // an endpoint is malformed or in use.
   static Result<std::unique_ptr<KvEventPublisher>> start(KvEventPublisherOptions options);
   ~KvEventPublisher();  // drains what was queued, then stops
   KvEventPublisher(const KvEventPublisher&) = delete;

@@ -102,14 +102,15 @@ TEST(KvEventEncoding, MatchesVllmArrayLayout) {
   EXPECT_DOUBLE_EQ(r.float64(), 12.5);
   ASSERT_EQ(r.array(), 3u);  // events
 
-  ASSERT_EQ(r.array(), 7u);
+  ASSERT_EQ(r.array(), 8u);  // no extra_keys: omitted, as msgspec omits a trailing default
   EXPECT_EQ(r.str(), "BlockStored");
   EXPECT_EQ(r.integers(), (std::vector<int64_t>{1, -1}));
   EXPECT_EQ(r.integer(), 7);
   EXPECT_EQ(r.integers(), (std::vector<int64_t>{10, 11, 12, 13}));
   EXPECT_EQ(r.integer(), 2);
-  EXPECT_TRUE(r.nil());
+  EXPECT_TRUE(r.nil());  // lora_id
   EXPECT_EQ(r.str(), "GPU");
+  EXPECT_TRUE(r.nil());  // lora_name
 
   ASSERT_EQ(r.array(), 3u);
   EXPECT_EQ(r.str(), "BlockRemoved");
@@ -125,19 +126,19 @@ TEST(KvEventEncoding, MatchesVllmArrayLayout) {
 
 // The bytes must be those of the reference packers (msgpack-cxx, Python's msgpack, which
 // vLLM uses): the expected hex is Python's msgpack.packb of the same batch,
-//   [12.5, [["BlockStored", [1, -1], 7, [10, 11, 12, 13], 2, None, "GPU"],
+//   [12.5, [["BlockStored", [1, -1], 7, [10, 11, 12, 13], 2, None, "GPU", None],
 //           ["BlockRemoved", [1], "CPU_PINNED"], ["AllBlocksCleared"]], 3].
 TEST(KvEventEncoding, BytesMatchTheReferencePacker) {
   EXPECT_EQ(encode_kv_event_batch(12.5, publisher_sample_events(), 3),
-            from_hex("93cb40290000000000009397ab426c6f636b53746f7265649201ff07940a0b0c0d02c0a3"
-                     "47505593ac426c6f636b52656d6f7665649101aa4350555f50494e4e454491b0416c6c42"
-                     "6c6f636b73436c656172656403"));
+            from_hex("93cb40290000000000009398ab426c6f636b53746f7265649201ff07940a0b0c0d02c0a3"
+                     "475055c093ac426c6f636b52656d6f7665649101aa4350555f50494e4e454491b0416c6c"
+                     "426c6f636b73436c656172656403"));
 }
 
 // Every integer width on both sides of each boundary, a negative parent, lora id and rank,
 // and an array16 header (20 hashes): Python's msgpack.packb of
 //   [0.1, [["BlockStored", HASHES, -33, [0, 127, 128, 65536, 2147483647], 16, -5,
-//           "DISK"]], -1].
+//           "DISK", None]], -1].
 TEST(KvEventEncoding, IntegerWidthsMatchTheReferencePacker) {
   const std::vector<int64_t> wire = {0,
                                      127,
@@ -167,10 +168,26 @@ TEST(KvEventEncoding, IntegerWidthsMatchTheReferencePacker) {
   st.lora_id = -5;
   st.medium = Medium::kStorage;
   EXPECT_EQ(encode_kv_event_batch(0.1, {st}, -1),
-            from_hex("93cb3fb999999999999a9197ab426c6f636b53746f726564dc0014007fcc80ccffcd0100cd"
+            from_hex("93cb3fb999999999999a9198ab426c6f636b53746f726564dc0014007fcc80ccffcd0100cd"
                      "ffffce00010000ceffffffffcf0000000100000000cf7fffffffffffffffffe0d0dfd080"
                      "d1ff7fd18000d2ffff7fffd280000000d3ffffffff7fffffffd38000000000000000d0df"
-                     "95007fcc80ce00010000ce7fffffff10fba44449534bff"));
+                     "95007fcc80ce00010000ce7fffffff10fba44449534bc0ff"));
+}
+
+// A salted sequence's first blocks carry vLLM's extra_keys, one entry per block: (salt,)
+// on the first, None after (vllm/distributed/kv_events.py, BlockStored.extra_keys).
+// Python's msgpack.packb of
+//   [1.0, [["BlockStored", [5, 6], None, [1, 2, 3, 4], 2, None, "GPU", None,
+//           [["tenant-a"], None]]], 0].
+TEST(KvEventEncoding, ASaltedFirstBlockCarriesItsExtraKeys) {
+  BlockStored st;
+  st.block_hashes = {5, 6};
+  st.token_ids = {1, 2, 3, 4};
+  st.block_size = 2;
+  st.first_block_salt = "tenant-a";
+  EXPECT_EQ(encode_kv_event_batch(1.0, {st}, 0),
+            from_hex("93cb3ff00000000000009199ab426c6f636b53746f726564920506c0940102030402c0a3"
+                     "475055c09291a874656e616e742d61c000"));
 }
 
 TEST(KvEventPublisher, PublishesInOrderAndReplays) {

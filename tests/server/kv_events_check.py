@@ -40,8 +40,10 @@ def apply(blocks, payload, counts):
         tag = ev[0]
         counts[tag] = counts.get(tag, 0) + 1
         if tag == "BlockStored":
-            _, hashes, parent, token_ids, block_size, lora_id, medium = ev
-            assert medium == "GPU" and lora_id is None and block_size == 16, ev[:2]
+            # vLLM's fields (lora_name after medium; extra_keys only for a salted first block).
+            _, hashes, parent, token_ids, block_size, lora_id, medium, lora_name = ev[:8]
+            assert medium == "GPU" and lora_id is None and lora_name is None and block_size == 16, ev[:2]
+            assert len(ev) == 8, "extra_keys for a request without a salt"
             assert len(token_ids) == block_size * len(hashes)
             assert parent is None or parent in blocks, "parent of a stored block is unknown"
             for h in hashes:
