@@ -400,19 +400,36 @@ void PrefixIndex::apply_stored_locked(WorkerId worker, const BlockStoredEvent& e
   const bool has_tokens = ev.block_size == ws.block_size && ev.token_ids.size() == n * bs;
   // A plain value and a flag rather than an optional: g++ 12 reports an optional here as
   // maybe-uninitialized (a false positive).
-  uint64_t parent = kRootParentHash;
+  const bool digests = hasher_.chains_digests();
+  uint64_t parent = hasher_.root().hash;
   bool chained = true;  // `parent` is the router hash of the block before
   if (ev.parent_block_hash) {
     const auto p = resolve_locked(worker, *ev.parent_block_hash);
     chained = p.has_value();
     parent = p.value_or(0);
   }
+  // A digest chain: the parent's whole digest, when the index has its tail.
+  const auto chain_of = [this](uint64_t router_hash) -> std::optional<ChainValue> {
+    const auto t = tails_.find(router_hash);
+    if (t == tails_.end()) return std::nullopt;
+    return ChainValue{.hash = router_hash, .tail = t->second};
+  };
+  std::optional<ChainValue> parent_chain;
+  if (digests) parent_chain = ev.parent_block_hash ? chain_of(parent) : hasher_.root();
   const std::span<const TokenId> tokens(ev.token_ids);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t worker_hash = ev.block_hashes[i];
     uint64_t router_hash = 0;
-    if (has_tokens && chained) {
+    if (has_tokens && chained && !digests) {
       router_hash = hash_block(parent, tokens.subspan(i * bs, bs));
+    } else if (has_tokens && chained && parent_chain) {
+      parent_chain = hasher_.hash(*parent_chain, tokens.subspan(i * bs, bs));
+      router_hash = parent_chain->hash;
+      tails_.insert_or_assign(router_hash, parent_chain->tail);
+    } else if (has_tokens && chained) {
+      // The parent came without its digest (a snapshot's block): its children are named
+      // as the worker names them, as the snapshot's blocks are.
+      router_hash = worker_hash;
     } else if (const auto known = resolve_locked(worker, worker_hash)) {
       router_hash = *known;  // a block the worker holds already (a copy to another tier)
     } else {
@@ -421,6 +438,9 @@ void PrefixIndex::apply_stored_locked(WorkerId worker, const BlockStoredEvent& e
       continue;
     }
     store_locked(worker, worker_hash, router_hash, ev.tier, chained ? &parent : nullptr);
+    if (digests && (!parent_chain || parent_chain->hash != router_hash)) {
+      parent_chain = chain_of(router_hash);
+    }
     parent = router_hash;
     chained = true;
   }
@@ -507,6 +527,7 @@ void PrefixIndex::remove_locked(WorkerId worker, uint64_t worker_hash, Tier tier
   }
   if (e.holders.empty()) {
     blocks_.erase(it);
+    if (!tails_.empty()) tails_.erase(*router_hash);
   } else {
     chain_locked(*router_hash, e, links);
   }
@@ -521,6 +542,7 @@ void PrefixIndex::clear_blocks_locked(WorkerId worker) {
     absl::erase_if(blocks_, [this, worker, &dead](auto& kv) {
       erase_holder_locked(kv.second.holders, worker);
       if (!kv.second.holders.empty()) return false;
+      if (!tails_.empty()) tails_.erase(kv.first);
       const Chain& c = chains_[kv.second.chain];
       if (c.index_of(kv.second.pos) == c.begin) dead.push_back(kv.second.chain);
       return true;
@@ -709,6 +731,12 @@ std::vector<uint64_t> PrefixIndex::hash_tokens(std::span<const int32_t> tokens, 
   return hash_blocks(tokens, block_size);
 }
 
+std::vector<uint64_t> PrefixIndex::router_hashes(std::span<const int32_t> tokens,
+                                                 int block_size) const {
+  if (block_size < 1) return {};
+  return hasher_.hash_blocks(tokens, block_size);
+}
+
 void PrefixIndex::insert_predicted(WorkerId worker, std::span<const uint64_t> router_hashes,
                                    int64_t now_ms, int64_t ttl_ms) {
   if (worker >= kMaxWorkers) return;
@@ -859,7 +887,7 @@ PrefixIndexStats PrefixIndex::stats() const {
                    table_bytes(predicted_) + table_bytes(expiry_ms_) + table_bytes(pinned_) +
                    expiry_heap_.capacity() * sizeof(Expiry) + chains_.size() * sizeof(Chain) +
                    free_chains_.capacity() * sizeof(uint32_t);
-  s.memory_bytes += chain_array_bytes_;
+  s.memory_bytes += chain_array_bytes_ + table_bytes(tails_);
   for (const WorkerState& ws : workers_) {
     if (!ws.present) continue;
     s.memory_bytes +=

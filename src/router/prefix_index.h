@@ -13,6 +13,13 @@
 // worker hash that is in the map and also the router hash of another block of that same
 // worker would need a 64-bit collision.)
 //
+// The router hash is Strata's own by default. An index made with another BlockHasher
+// (vLLM's sha256_cbor: cache/block_hash.h) keys blocks by that hasher's hashes, so that
+// workers hashing alike (Strata workers in that mode, vLLM workers with the same seed) keep
+// empty maps; since that hash chains whole digests, the index keeps each block's digest
+// tail beside it (32 bytes a block), and a block whose parent it holds without one (a
+// snapshot's: rebuild_worker) is taken by the worker's own hash, as the snapshot's are.
+//
 // Events that cannot be indexed exactly are skipped and counted, never guessed:
 // - a BlockStored whose parent worker hash is unknown (its parent was never seen, e.g. the
 //   router joined late or missed a batch) cannot be chained: its blocks are "orphans",
@@ -104,6 +111,7 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/inlined_vector.h>
 
+#include "cache/block_hash.h"
 #include "common/result.h"
 #include "router/huge_page_allocator.h"
 #include "router/kv_event_wire.h"
@@ -178,7 +186,8 @@ struct PrefixIndexStats {
 
 class PrefixIndex {
  public:
-  PrefixIndex() = default;
+  // `hasher` makes the router hashes (Strata's own by default).
+  explicit PrefixIndex(BlockHasher hasher = {}) : hasher_(hasher) {}
   PrefixIndex(const PrefixIndex&) = delete;
   PrefixIndex& operator=(const PrefixIndex&) = delete;
 
@@ -206,8 +215,12 @@ class PrefixIndex {
   std::vector<WorkerMatch> match(std::span<const uint64_t> router_hashes,
                                  MatchCost* cost = nullptr) const;
 
-  // Router hashes of the full blocks of `tokens` (strata::hash_blocks, no salt).
+  // Router hashes of the full blocks of `tokens` (strata::hash_blocks, no salt): an index
+  // made with Strata's own hasher.
   static std::vector<uint64_t> hash_tokens(std::span<const int32_t> tokens, int block_size);
+  // The same by this index's hasher (no salt).
+  std::vector<uint64_t> router_hashes(std::span<const int32_t> tokens, int block_size) const;
+  const BlockHasher& hasher() const { return hasher_; }
 
   // Records that `router_hashes` were just sent to `worker`, until now_ms + ttl_ms (a
   // later insert extends, never shortens). Blocks the worker holds by events are skipped.
@@ -367,7 +380,10 @@ class PrefixIndex {
       absl::flat_hash_map<uint64_t, BlockEntry, absl::Hash<uint64_t>, std::equal_to<uint64_t>,
                           HugePageAllocator<std::pair<const uint64_t, BlockEntry>>>;
 
+  const BlockHasher hasher_;
   mutable std::shared_mutex mutex_;
+  // With a hasher that chains digests: each indexed block's digest tail, by router hash.
+  absl::flat_hash_map<uint64_t, ChainTail> tails_;                            // GUARDED_BY(mutex_)
   std::vector<WorkerState> workers_ = std::vector<WorkerState>(kMaxWorkers);  // GUARDED_BY(mutex_)
   // The stale marks, apart from workers_ (each WorkerState is hundreds of bytes): match()
   // reads one per matched worker.

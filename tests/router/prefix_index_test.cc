@@ -825,5 +825,70 @@ TEST(PrefixIndexTest, ChainsMatchWithOneProbePerChain) {
   EXPECT_EQ(index.stats().distinct_blocks, 0u);
 }
 
+// An index whose router hash is vLLM's sha256_cbor (prefix_index.h, "The router hash"):
+// workers that hash alike (Strata workers in that mode, vLLM with the same seed) are keyed
+// by their own hashes, those with another seed are mapped, and a snapshot's blocks (no
+// digest) take their children by the worker's names.
+KvEventBatch stored_by(const BlockHasher& h, const std::vector<int32_t>& tokens, int first_block,
+                       int end_block) {
+  const auto hashes = h.hash_blocks(tokens, kBs);
+  BlockStoredEvent ev;
+  for (int i = first_block; i < end_block; ++i) ev.block_hashes.push_back(hashes[i]);
+  if (first_block > 0) ev.parent_block_hash = hashes[first_block - 1];
+  ev.token_ids.assign(tokens.begin() + first_block * kBs, tokens.begin() + end_block * kBs);
+  ev.block_size = kBs;
+  ev.tier = Tier::kDevice;
+  KvEventBatch b;
+  b.events.emplace_back(std::move(ev));
+  return b;
+}
+
+TEST(PrefixIndexTest, AVllmHashingIndexKeysAlikeWorkersByTheirOwnHashes) {
+  const BlockHasher same = *BlockHasher::make(BlockHashAlgo::kSha256Cbor, "0");
+  const BlockHasher other = *BlockHasher::make(BlockHashAlgo::kSha256Cbor, "1");
+  PrefixIndex index(same);
+  ASSERT_TRUE(index.add_worker(0, kBs));
+  ASSERT_TRUE(index.add_worker(1, kBs));
+  ASSERT_TRUE(index.add_worker(2, kBs));
+  const auto tokens = seq_tokens(4, 100);
+  const auto keys = index.router_hashes(tokens, kBs);
+  EXPECT_EQ(keys, same.hash_blocks(tokens, kBs));
+  // Worker 0 hashes alike, in two events (the second chained from the first's digest).
+  index.apply(0, stored_by(same, tokens, 0, 2));
+  index.apply(0, stored_by(same, tokens, 2, 4));
+  // Worker 1 with another seed: every block mapped.
+  index.apply(1, stored_by(other, tokens, 0, 4));
+  // Worker 2: a snapshot of two blocks (no digests), then a child event.
+  index.rebuild_worker(2, std::vector<SnapshotBlock>{{keys[0], keys[0], tier_bit(Tier::kDevice)},
+                                                     {keys[1], keys[1], tier_bit(Tier::kDevice)}});
+  index.apply(2, stored_by(same, tokens, 2, 3));
+  const auto ms = index.match(keys);
+  ASSERT_NE(find(ms, 0), nullptr);
+  EXPECT_EQ(find(ms, 0)->matched_blocks, 4u);
+  ASSERT_NE(find(ms, 1), nullptr);
+  EXPECT_EQ(find(ms, 1)->matched_blocks, 4u);
+  ASSERT_NE(find(ms, 2), nullptr);
+  EXPECT_EQ(find(ms, 2)->matched_blocks, 3u);
+  const auto st = index.stats();
+  for (const auto& w : st.workers) EXPECT_EQ(w.mapped_hashes, w.worker == 1 ? 4u : 0u) << w.worker;
+  EXPECT_EQ(index.worker_hashes(1, keys), other.hash_blocks(tokens, kBs));
+  // Removing worker 0's and 1's blocks drops their digests: the same blocks stored again
+  // chain as before.
+  for (WorkerId w : {0u, 1u}) {
+    BlockRemovedEvent rm;
+    rm.block_hashes = (w == 0 ? same : other).hash_blocks(tokens, kBs);
+    rm.tier = Tier::kDevice;
+    KvEventBatch b;
+    b.events.emplace_back(std::move(rm));
+    index.apply(w, b);
+  }
+  index.remove_worker(2);
+  EXPECT_EQ(index.stats().distinct_blocks, 0u);
+  index.apply(0, stored_by(same, tokens, 0, 1));
+  index.apply(0, stored_by(same, tokens, 1, 4));
+  EXPECT_EQ(find(index.match(keys), 0)->matched_blocks, 4u);
+  EXPECT_TRUE(index.check_chains());
+}
+
 }  // namespace
 }  // namespace strata::router
