@@ -355,6 +355,12 @@ void add_serve_command(CLI::App& app, int& exit_code) {
     if (o->disable_cuda_graph && o->device != "cuda") {
       return fail("--disable-cuda-graph needs --device cuda");
     }
+    if (o->kv_events_connect && o->kv_events_endpoint.empty()) {
+      return fail("--kv-events-connect needs --kv-events-endpoint (the subscriber to connect to)");
+    }
+    // The engine's options are checked again when it is made (after the model loads); its
+    // block hasher is checked here, so that a missing seed fails before the load.
+    if (auto hasher = block_hasher_for(o->engine); !hasher) return fail(hasher.error().message);
 
     std::filesystem::path dir = o->model;
     if (o->model.empty()) {

@@ -8,9 +8,9 @@
 // n is the page size; extra is empty except on the first page when a cache_salt is
 // given, where it is the UTF-8 bytes of "salt:" followed by the salt.
 //
-// BlockHasher (below) chooses between that, Strata's own and the default, and vLLM's
-// sha256_cbor (`--prefix-caching-hash-algo`), which indexers written for vLLM compute
-// from a request's tokens themselves (docs/block-hashes.md, "vLLM's sha256_cbor").
+// BlockHasher (below) chooses between that (Strata's own, the default) and vLLM's
+// sha256_cbor (`--prefix-caching-hash-algo`), which indexers written for vLLM compute from
+// a request's tokens themselves (docs/block-hashes.md, "vLLM's sha256_cbor").
 #pragma once
 
 #include <array>

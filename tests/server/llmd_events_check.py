@@ -26,6 +26,7 @@ usage: llmd_events_check.py STRATA_BIN MODEL_DIR
 """
 import hashlib
 import json
+import os
 import re
 import signal
 import socket
@@ -140,6 +141,16 @@ def request_keys(tokens, salt=""):
 
 def main():
     strata, model = sys.argv[1], sys.argv[2]
+    # Bad flags end at once with a clear message (before the model loads).
+    bad = subprocess.run([strata, "serve", "--model", model, "--port", "0", "--kv-events-connect"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--kv-events-connect needs --kv-events-endpoint" in bad.stderr, bad.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    bad = subprocess.run([strata, "serve", "--model", model, "--port", "0",
+                          "--prefix-caching-hash-algo", "sha256_cbor"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "PYTHONHASHSEED" in bad.stderr, bad.stderr
+    assert "loaded" not in bad.stderr, "the seed was checked only after the model loaded"
     sub_port = free_port()
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
