@@ -398,15 +398,18 @@ void PrefixIndex::apply_stored_locked(WorkerId worker, const BlockStoredEvent& e
   const size_t n = ev.block_hashes.size();
   const auto bs = static_cast<size_t>(ws.block_size);
   const bool has_tokens = ev.block_size == ws.block_size && ev.token_ids.size() == n * bs;
+  const bool digests = hasher_.chains_digests();
   // A plain value and a flag rather than an optional: g++ 12 reports an optional here as
   // maybe-uninitialized (a false positive).
-  const bool digests = hasher_.chains_digests();
   uint64_t parent = hasher_.root().hash;
   bool chained = true;  // `parent` is the router hash of the block before
+  // The worker names the block before as the index does (it hashes alike).
+  bool parent_same_name = true;
   if (ev.parent_block_hash) {
     const auto p = resolve_locked(worker, *ev.parent_block_hash);
     chained = p.has_value();
     parent = p.value_or(0);
+    parent_same_name = chained && parent == *ev.parent_block_hash;
   }
   // A digest chain: the parent's whole digest, when the index has its tail.
   const auto chain_of = [this](uint64_t router_hash) -> std::optional<ChainValue> {
@@ -426,9 +429,10 @@ void PrefixIndex::apply_stored_locked(WorkerId worker, const BlockStoredEvent& e
       parent_chain = hasher_.hash(*parent_chain, tokens.subspan(i * bs, bs));
       router_hash = parent_chain->hash;
       tails_.insert_or_assign(router_hash, parent_chain->tail);
-    } else if (has_tokens && chained) {
-      // The parent came without its digest (a snapshot's block): its children are named
-      // as the worker names them, as the snapshot's blocks are.
+    } else if (has_tokens && chained && parent_same_name) {
+      // The parent came without its digest (a snapshot's block) from a worker that names
+      // blocks as the index does: its children are named as the worker names them, as the
+      // snapshot's blocks are. (A worker that names them otherwise: an orphan, below.)
       router_hash = worker_hash;
     } else if (const auto known = resolve_locked(worker, worker_hash)) {
       router_hash = *known;  // a block the worker holds already (a copy to another tier)
@@ -442,6 +446,7 @@ void PrefixIndex::apply_stored_locked(WorkerId worker, const BlockStoredEvent& e
       parent_chain = chain_of(router_hash);
     }
     parent = router_hash;
+    parent_same_name = router_hash == worker_hash;
     chained = true;
   }
 }
