@@ -1,0 +1,96 @@
+// Black-box tests of `strata route` in front of workers that hash blocks as vLLM does
+// (`--prefix-caching-hash-algo sha256_cbor`, docs/block-hashes.md): the router keys its
+// index by its own hash of the events' token ids and maps the workers' hashes to it, as it
+// does for vLLM workers, so a repeated prefix still goes to the worker that cached it, and
+// a pin through the router by messages lands on it. (What the router learns from a
+// worker's tree, GET /cache/state?detail=tree, it still keys by the worker's hashes, as if
+// they were its own: docs/block-hashes.md. The suite waits for the join's read of the
+// empty trees before its first request, so that only events fill the index.)
+// Run by CTest: node --test tests/router/hash_modes.test.mjs
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { startServer, waitFor, workerList, allJoined, words, tinyQwen3Model, STRATA } from '../server/server_harness.mjs';
+
+const KEY = 'router-test-key';
+const ADMIN = { authorization: 'Bearer ' + KEY };
+const workers = [];
+let router;
+
+before(async () => {
+  for (let i = 0; i < 2; i++) {
+    workers.push(await startServer(['--kv-cache-tokens', '4096', '--admin-api-key', KEY,
+      '--kv-events-endpoint', 'tcp://127.0.0.1:*', '--kv-events-replay-endpoint', 'tcp://127.0.0.1:*',
+      '--prefix-caching-hash-algo', 'sha256_cbor', '--prefix-caching-hash-seed', '0']));
+  }
+  router = await startRouterLogging(['--admin-api-key', KEY, '--load-poll-ms', '50',
+    ...workers.flatMap((w) => ['--worker', w.base])]);
+  await allJoined(router, 2);
+  await waitFor(() => [0, 1].every((id) => router.stderr().includes(`worker ${id}: KV index rebuilt from its tree`)),
+    'the join\'s read of both trees');
+});
+
+// `strata route` on a free port with its info log kept (the harness's router logs warnings
+// only), stopped by its pid.
+async function startRouterLogging(args) {
+  const proc = spawn(STRATA, ['route', '--model', tinyQwen3Model(), '--port', '0', '--log-level', 'info', ...args],
+    { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  let stdout = '';
+  proc.stderr.on('data', (d) => { stderr += d.toString(); });
+  proc.stdout.on('data', (d) => { stdout += d.toString(); });
+  const port = await waitFor(() => stdout.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/)?.[1], 'the router');
+  const base = `http://127.0.0.1:${port}`;
+  const call = async (method, p, body, headers = {}) => {
+    const r = await fetch(base + p, { method, headers: { 'content-type': 'application/json', ...headers },
+      body: body === undefined ? undefined : JSON.stringify(body) });
+    const text = await r.text();
+    let json = null;
+    try { json = JSON.parse(text); } catch { /* not JSON */ }
+    return { status: r.status, json, text, headers: r.headers };
+  };
+  return {
+    base, stderr: () => stderr + stdout,
+    post: (p, body, headers) => call('POST', p, body, headers),
+    get: (p, headers) => call('GET', p, undefined, headers),
+    async stop() {
+      if (proc.exitCode !== null || proc.signalCode !== null) return;
+      const exited = new Promise((r) => proc.on('exit', r));
+      process.kill(proc.pid, 'SIGTERM');
+      await exited;
+    },
+  };
+}
+
+after(async () => {
+  if (router) await router.stop();
+  for (const w of workers) await w.stop();
+});
+
+const chat = (system, user) => ({
+  messages: [{ role: 'system', content: system }, { role: 'user', content: user }], max_tokens: 2, temperature: 0,
+});
+
+test('a repeated prefix goes to the worker that cached it, whose hashes are vLLM\'s', async () => {
+  const system = 'You answer briefly. ' + words(300, 9);
+  const first = await router.post('/v1/chat/completions', chat(system, 'first question'));
+  assert.equal(first.status, 200, first.text);
+  const home = first.headers.get('x-strata-worker');
+  assert.ok(home);
+  const id = (await workerList(router)).find((w) => w.url === home).id;
+  await waitFor(async () => (await workerList(router)).find((w) => w.id === id).index_blocks >= 16, 'the events');
+  for (const q of ['second question', 'third question']) {
+    const r = await router.post('/v1/chat/completions', chat(system, q));
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.headers.get('x-strata-worker'), home);
+    assert.equal(r.headers.get('x-strata-route'), 'cache');
+    assert.ok(r.json.usage.prompt_tokens_details.cached_tokens >= 256, JSON.stringify(r.json.usage));
+  }
+  // A pin by messages through the router lands on that worker and pins its blocks.
+  const pin = await router.post('/cache/pin', { messages: [{ role: 'system', content: system }] }, ADMIN);
+  assert.equal(pin.status, 200, pin.text);
+  const answered = pin.json.workers.find((w) => w.url === home);
+  assert.ok(answered && answered.status === 200, pin.text);
+  const st = await workers.find((w) => w.base === home).get('/cache/state', ADMIN);
+  assert.ok(st.json.device.pinned_blocks >= 16, st.text);
+});
