@@ -16,7 +16,7 @@
 // when it sees that answer, or a DELETE). unbind_worker() drops every binding of a worker
 // that is removed or restarted: its stored responses went with its process. A binding is
 // only the router's memory: an id without one (a restarted router, a dropped binding) is
-// asked of the workers and bound again (router_routes.cc: find_response_holder).
+// asked of the workers and bound again (response_holders.h: find_response_holder).
 //
 // Misses. An id no worker had when asked is remembered as missing for miss_ttl_ms
 // (remember_missing, known_missing), so that a client repeating an unknown id does not make

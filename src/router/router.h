@@ -13,8 +13,9 @@
 // worker (circuit_breaker.h); the bounded fair queue used when every worker is saturated
 // (admission_queue.h); which worker stored each response of the Responses API
 // (response_table.h); the worker registry, its load polling and stale-index rebuilds; the
-// HTTP routes (router_routes.cc for the OpenAI and Anthropic APIs, router_admin_routes.cc
-// for /workers, /cache/*, /session/*).
+// HTTP routes (router_routes.cc for the OpenAI and Anthropic APIs, each generation request
+// a pipeline of stages in generation.h; router_admin_routes.cc for /workers, /cache/*,
+// /session/*).
 //
 // Threads: the front HTTP server's I/O threads run the handlers; the router's own I/O
 // threads run the upstream client's sockets and the background loops (load polling,

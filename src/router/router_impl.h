@@ -1,7 +1,9 @@
-// The router's insides, shared by router.cc (registry, loops, decisions), router_routes.cc
-// (the OpenAI and Anthropic APIs), router_admin_routes.cc (/workers, /cache/*, /session/*,
-// /metrics) and router_dashboard_routes.cc (/dashboard, /workers/cache_state). Not part of the
-// module's face: only router.h is.
+// The router's insides, shared by router.cc (registry, loops, decisions), the API routes
+// (router_routes.cc; a generation request's pipeline, generation.cc; stored responses'
+// holders, response_holders.cc; answers in the API's shapes, api_answers.cc),
+// router_admin_routes.cc (/workers, /cache/*, /session/*, /metrics) and
+// router_dashboard_routes.cc (/dashboard, /workers/cache_state). Not part of the module's
+// face: only router.h is.
 #pragma once
 
 #include <prometheus/counter.h>
@@ -39,7 +41,7 @@ namespace strata::router {
 
 struct Worker;
 
-// One search of the workers for a response id that has no binding (router_routes.cc:
+// One search of the workers for a response id that has no binding (response_holders.cc:
 // find_response_holder): what came back so far. Requests that want the same id at the same
 // time share one search (Impl::response_searches); the asks it sent may outlive them all
 // (their answers then wake nobody).
@@ -300,7 +302,7 @@ struct Router::Impl {
   // A waiting ticket may go (capacity freed): wakes the next queued request.
   void wake_queue();
 
-  // ---- upstream calls (router_routes.cc) ----
+  // ---- upstream calls (router.cc) ----
   http::ClientRequest upstream_request(const Worker& w, std::string method, std::string target,
                                        std::string body, bool admin);
 };
