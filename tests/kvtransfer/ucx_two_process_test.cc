@@ -210,8 +210,12 @@ TEST_P(UcxTwoProcessTest, DecodeKilledMidTransferFailsTheSender) {
   const auto runs = strided_runs(kRegionBytes, 256);
   std::vector<std::promise<Status>> done(4);
   for (auto& d : done) {
-    ASSERT_TRUE((*ucx)->put_runs(*peer, *remote, *local, runs, 3000,
-                                 [&d](Status s) { d.set_value(std::move(s)); }));
+    Status started = (*ucx)->put_runs(*peer, *remote, *local, runs, 3000,
+                                      [&d](Status s) { d.set_value(std::move(s)); });
+    // On a loaded machine (a CI run under ASan) an earlier transfer may pass its 3 s
+    // deadline before the kill: the peer has failed then, and a new transfer is refused at
+    // once with that failure (the callback never runs). Counted below like any failure.
+    if (!started) d.set_value(std::move(started));
   }
   ::kill(child.pid, SIGKILL);
   ::waitpid(child.pid, nullptr, 0);
