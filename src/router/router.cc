@@ -473,6 +473,9 @@ void Router::Impl::apply_server_info(Worker& w, const json& info) {
   if (info.contains("role") && info["role"].is_string()) {
     if (auto role = parse_worker_role(info["role"].get<std::string>())) w.role = *role;
   }
+  if (auto a = info.find("block_hash_algo"); a != info.end() && a->is_string()) {
+    w.block_hash_algo = a->get<std::string>();
+  }
   w.pd_worker_id.clear();
   w.pd_endpoint.clear();
   w.pd_transport = PdTransport::kNone;
@@ -631,6 +634,21 @@ void Router::Impl::on_stale(WorkerId id, const std::string& reason) {
 // with WorkerMatch::stale) until their events carry them again.
 awaitable<void> Router::Impl::rebuild_index(std::shared_ptr<Worker> w) {
   if (w->kind != WorkerKind::kStrata) co_return;
+  std::string algo;
+  {
+    std::lock_guard lock(mutex);
+    algo = w->block_hash_algo;
+  }
+  if (algo != "strata") {
+    // Its tree names blocks by another hash (vLLM's sha256_cbor, issue 55) and holds no
+    // tokens to hash again: the index learns that worker from its events only (their
+    // token ids are hashed the router's way), and is not read from its tree.
+    STRATA_LOG_WARN(
+        "worker {} ({}): its blocks are hashed with {}, not the router's: its index "
+        "is not rebuilt from its tree, only from its events",
+        w->id, w->url, algo);
+    co_return;
+  }
   for (int attempt = 0; attempt < 5 && !stopping; ++attempt) {
     http::ClientRequest req = upstream_request(*w, "GET", "/cache/state?detail=tree", "", true);
     req.read_timeout_ms = 10'000;

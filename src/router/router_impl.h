@@ -112,6 +112,9 @@ struct Worker {
   bool needs_rebuild = false;  // the index was reset: read the worker's tree again
   // Its --max-prompt-tokens (its context length when unset); 0 until known.
   int64_t max_prompt_tokens = 0;
+  // The worker's block hashes (/server_info `block_hash_algo`; absent: "strata", the
+  // router's own). Another algorithm's tree cannot be read into the index as it is.
+  std::string block_hash_algo = "strata";
   bool info_stale = false;  // /server_info to be read again
   bool refreshing = false;  // ... in flight
   // Set by join() under Impl::mutex (worker_json reads it from other threads); null:

@@ -75,22 +75,24 @@ json server_info(RouteContext& ctx, const http::Request& req, const CacheState& 
         {"transport", pd_info.transport},
         {"peers_alive", pd_info.peers_alive}};
   }
-  return json{{"engine", "strata"},
-              {"instance_id", instance_id()},
-              {"model", ctx.options.model_name},
-              {"role", worker_role_name(pd_info.role)},
-              {"pd", pd},
-              {"page_size", s.tree.page_size},
-              {"max_model_len", ctx.engine.model_config().max_position_embeddings},
-              {"max_prompt_tokens", ctx.options.max_prompt_tokens},
-              {"max_running_requests", eo.max_running_requests},
-              {"kv_events", kv_events},
-              {"device",
-               {{"capacity_pages", s.device.capacity_pages},
-                {"capacity_tokens", s.device.capacity_pages * s.tree.page_size}}},
-              {"host", host},
-              {"storage", storage},
-              {"admin_key_required", !ctx.options.admin_api_key.empty()}};
+  return json{
+      {"engine", "strata"},
+      {"instance_id", instance_id()},
+      {"model", ctx.options.model_name},
+      {"role", worker_role_name(pd_info.role)},
+      {"pd", pd},
+      {"page_size", s.tree.page_size},
+      {"block_hash_algo", block_hash_algo_name(ctx.engine.options().prefix_caching_hash_algo)},
+      {"max_model_len", ctx.engine.model_config().max_position_embeddings},
+      {"max_prompt_tokens", ctx.options.max_prompt_tokens},
+      {"max_running_requests", eo.max_running_requests},
+      {"kv_events", kv_events},
+      {"device",
+       {{"capacity_pages", s.device.capacity_pages},
+        {"capacity_tokens", s.device.capacity_pages * s.tree.page_size}}},
+      {"host", host},
+      {"storage", storage},
+      {"admin_key_required", !ctx.options.admin_api_key.empty()}};
 }
 
 // The load a router combines with its own accounting (docs/router.md, "Load"), from the

@@ -2,10 +2,10 @@
 // (`--prefix-caching-hash-algo sha256_cbor`, docs/block-hashes.md): the router keys its
 // index by its own hash of the events' token ids and maps the workers' hashes to it, as it
 // does for vLLM workers, so a repeated prefix still goes to the worker that cached it, and
-// a pin through the router by messages lands on it. (What the router learns from a
-// worker's tree, GET /cache/state?detail=tree, it still keys by the worker's hashes, as if
-// they were its own: docs/block-hashes.md. The suite waits for the join's read of the
-// empty trees before its first request, so that only events fill the index.)
+// a pin through the router by messages lands on it. A worker's tree (GET
+// /cache/state?detail=tree) names its blocks by the worker's hashes and holds no tokens to
+// hash again: the router does not read it for these workers (/server_info's
+// block_hash_algo), and says so once per read it skips.
 // Run by CTest: node --test tests/router/hash_modes.test.mjs
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -26,8 +26,9 @@ before(async () => {
   router = await startRouterLogging(['--admin-api-key', KEY, '--load-poll-ms', '50',
     ...workers.flatMap((w) => ['--worker', w.base])]);
   await allJoined(router, 2);
-  await waitFor(() => [0, 1].every((id) => router.stderr().includes(`worker ${id}: KV index rebuilt from its tree`)),
-    'the join\'s read of both trees');
+  await waitFor(() => [0, 1].every((id) => router.stderr().includes(`worker ${id} (${workers[id].base}): its blocks are hashed with sha256_cbor`)),
+    'the join to skip both trees');
+  assert.ok(!router.stderr().includes('KV index rebuilt from its tree'), router.stderr());
 });
 
 // `strata route` on a free port with its info log kept (the harness's router logs warnings
