@@ -4,6 +4,7 @@
 
 #include "request/chat_request.h"
 #include "request/json_fields.h"
+#include "request/turn_record.h"
 #include "text/tokenizer/utf8.h"
 
 namespace strata {
@@ -411,8 +412,10 @@ Result<AnthropicRequest> read_anthropic_request(const ojson& body, AnthropicEndp
   if (const auto md = body.find("metadata"); md != body.end() && !md->is_null()) {
     if (!md->is_object()) return bad_argument("'metadata' must be an object");
     STRATA_TRY_ASSIGN(user, get_string(*md, "user_id"));
-    if (user && user->size() > 256) {
-      return bad_argument("'metadata.user_id' must be at most 256 characters");
+    if (user && !user->empty()) {  // empty: no user, and no session from it
+      if (Status st = check_session_id(*user, "metadata.user_id"); !st) {
+        return std::unexpected(st.error());
+      }
     }
     if (user) r.user_id = std::move(*user);
   }
@@ -422,8 +425,8 @@ Result<AnthropicRequest> read_anthropic_request(const ojson& body, AnthropicEndp
 Result<std::string> anthropic_session(const AnthropicRequest& request,
                                       std::string_view header_session) {
   if (!header_session.empty()) {
-    if (header_session.size() > 256 || !utf8::is_valid(header_session)) {
-      return bad_argument("'x-session-id' must be 1 to 256 characters of valid UTF-8");
+    if (Status st = check_session_id(header_session, "x-session-id"); !st) {
+      return std::unexpected(st.error());
     }
     return std::string(header_session);
   }

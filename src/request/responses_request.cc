@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "request/json_fields.h"
+#include "request/turn_record.h"
 
 namespace strata {
 namespace {
@@ -429,8 +430,8 @@ Result<ResponsesRequest> read_responses_request(const ojson& body) {
 
   STRATA_TRY_ASSIGN(key, get_string(body, "prompt_cache_key"));
   if (key) {
-    if (key->empty() || key->size() > 256) {
-      return bad_argument("'prompt_cache_key' must be 1 to 256 characters");
+    if (Status st = check_session_id(*key, "prompt_cache_key"); !st) {
+      return std::unexpected(st.error());
     }
     r.prompt_cache_key = *key;
   }

@@ -8,6 +8,8 @@
 #include <limits>
 #include <memory>
 
+#include "text/tokenizer/utf8.h"
+
 namespace strata {
 
 using json = nlohmann::json;
@@ -190,6 +192,17 @@ Result<ConversationRecord> read_turn_record(const json& field) {
   }
   r.digest = v;
   return r;
+}
+
+Status check_session_id(std::string_view id, std::string_view what) {
+  if (id.empty() || id.size() > kMaxSessionIdBytes || !utf8::is_valid(id)) {
+    std::string message = "'";  // appended, not `+`: g++ 12's -Wrestrict misfires on that
+    message.append(what);
+    message.append("' must be 1 to 256 bytes of valid UTF-8");
+    static_assert(kMaxSessionIdBytes == 256, "the message says 256");
+    return make_error(ErrorCode::kInvalidArgument, std::move(message));
+  }
+  return {};
 }
 
 }  // namespace strata

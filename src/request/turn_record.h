@@ -59,6 +59,13 @@ inline std::string_view session_header(std::string_view x_session_id,
   return !x_session_id.empty() ? x_session_id : claude_code_session_id;
 }
 
+// The one rule for a session id, wherever it comes from (a body's session_id, the session
+// headers, a Responses prompt_cache_key, the /session/* and /cache/* routes of workers and
+// router): 1 to kMaxSessionIdBytes bytes of valid UTF-8. kInvalidArgument "'<what>' must be
+// 1 to 256 bytes of valid UTF-8" otherwise.
+inline constexpr size_t kMaxSessionIdBytes = 256;
+Status check_session_id(std::string_view id, std::string_view what);
+
 // A conversation's identity for its exact tokens. One session key (a session_id, a
 // Responses prompt_cache_key, Claude Code's session) may carry several conversations at
 // once: an agent's title or summary requests, a sub-agent's turns, another user sharing a

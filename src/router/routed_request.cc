@@ -38,8 +38,8 @@ std::optional<ojson> placeholder_item(const std::string& item_id) {
 
 // The x-session-id header's value, checked as a worker checks it.
 Result<std::string> header_session_id(std::string_view header_session) {
-  if (header_session.size() > 256 || !utf8::is_valid(header_session)) {
-    return bad_argument("'x-session-id' must be 1 to 256 characters of valid UTF-8");
+  if (Status st = check_session_id(header_session, "x-session-id"); !st) {
+    return std::unexpected(st.error());
   }
   return std::string(header_session);
 }
@@ -166,8 +166,8 @@ Result<RoutedRequest> read_routed_request(const PromptReader& reader, const std:
   auto session = get_string(j, "session_id");
   if (!session) return std::unexpected(session.error());
   if (*session) {
-    if ((*session)->empty() || (*session)->size() > 256) {
-      return bad_argument("'session_id' must be 1 to 256 characters");
+    if (Status st = check_session_id(**session, "session_id"); !st) {
+      return std::unexpected(st.error());
     }
     r.session = **session;
   } else if (!header_session.empty()) {

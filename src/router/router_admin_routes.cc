@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "request/json_fields.h"
+#include "request/turn_record.h"
 #include "router/router_impl.h"
 
 namespace strata::router {
@@ -261,9 +262,8 @@ awaitable<void> relay_session(Router::Impl& r, http::Exchange& ex) {
       session = body["session_id"].get<std::string>();
     }
   }
-  if (session.empty() || session.size() > 256) {
-    co_await ex.respond(
-        router_error(400, "'session_id' (1 to 256 characters) is required", "invalid_argument"));
+  if (Status st = check_session_id(session, "session_id"); !st) {
+    co_await ex.respond(router_error(st.error()));
     co_return;
   }
   // --session-store: a session another replica bound is relayed to its worker too.

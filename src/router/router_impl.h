@@ -1,4 +1,5 @@
-// The router's insides, shared by router.cc (registry, loops, decisions), the API routes
+// The router's insides, shared by router.cc (registry, loops, decisions), router_workers.cc
+// (joins, server info, index rebuilds, load polls), the API routes
 // (router_routes.cc; a generation request's pipeline, generation.cc; stored responses'
 // holders, response_holders.cc; answers in the API's shapes, api_answers.cc),
 // router_admin_routes.cc (/workers, /cache/*, /session/*, /metrics) and
@@ -248,14 +249,7 @@ struct Router::Impl {
   std::shared_ptr<Worker> find_worker(const std::string& url);
   std::vector<std::shared_ptr<Worker>> worker_list();
   nlohmann::json worker_json(const Worker& w);  // caller holds mutex
-  // Joins a worker: reads /server_info (Strata), registers it in the index, subscribes.
-  boost::asio::awaitable<void> join(std::shared_ptr<Worker> w);
-  // Takes a Strata worker's /server_info role and `pd` in (caller holds mutex).
-  void apply_server_info(Worker& w, const nlohmann::json& info);
-  // Reads /server_info again (a worker back after failed polls may have restarted).
-  boost::asio::awaitable<void> refresh_info(std::shared_ptr<Worker> w);
-  // Reads the worker's load the way its kind reports it (worker_kind.h).
-  boost::asio::awaitable<void> poll_load(std::shared_ptr<Worker> w);
+
   // A worker whose instance id changed is another process: forgets its index (blocks,
   // predictions, pins) and marks it to be rebuilt from its tree. `id` "": the report has
   // none (nothing changes). Caller holds mutex.
@@ -270,10 +264,6 @@ struct Router::Impl {
   void learned_turn(const Worker& w, TurnKey kind, const std::string& key,
                     std::optional<ConversationRecord> record,
                     std::optional<std::string> instructions);
-  // Takes a load poll's answers in; true when the worker just stopped being saturated.
-  bool apply_load(Worker& w, const LoadAnswers& a);
-  boost::asio::awaitable<void> rebuild_index(std::shared_ptr<Worker> w);
-  void on_stale(WorkerId id, const std::string& reason);
   // Adds the --workers-file's new entries and removes those no longer listed. At start
   // (`strict`) a bad file or entry is an error naming it; later ones are logged and skipped.
   Status read_workers_file(bool strict);
@@ -285,9 +275,41 @@ struct Router::Impl {
   bool prefill_usable(const Worker& w, int64_t now) const;  // caller holds mutex
   bool policy_uses_cache() const;
 
+  // ---- the workers' life (router_workers.cc) ----
+  // Joins a worker: reads /server_info (Strata), registers it in the index, subscribes.
+  boost::asio::awaitable<void> join(std::shared_ptr<Worker> w);
+  // Takes a Strata worker's /server_info role and `pd` in (caller holds mutex).
+  void apply_server_info(Worker& w, const nlohmann::json& info);
+  // Reads /server_info again (a worker back after failed polls may have restarted).
+  boost::asio::awaitable<void> refresh_info(std::shared_ptr<Worker> w);
+  // Reads the worker's load the way its kind reports it (worker_kind.h).
+  boost::asio::awaitable<void> poll_load(std::shared_ptr<Worker> w);
+  // Takes a load poll's answers in; true when the worker just stopped being saturated.
+  bool apply_load(Worker& w, const LoadAnswers& a);
+  // Reads a Strata worker's tree (GET /cache/state?detail=tree) into its index, then has
+  // its subscriber replay the events from the tree's count; not for a worker that hashes
+  // blocks otherwise than the router (block_hash_algo).
+  boost::asio::awaitable<void> rebuild_index(std::shared_ptr<Worker> w);
+  // The subscriber found the worker's index stale: rebuilds it (on the I/O context).
+  void on_stale(WorkerId id, const std::string& reason);
+
   // ---- decisions (router.cc) ----
   // nullopt: no eligible worker.
   std::optional<RouteChoice> choose(const RouteRequest& req);
+  // choose()'s first phase, without the router's lock: the prompt's block hashes at each
+  // joined worker's block size, and each worker's match (RouteRequest::exact_tokens' for
+  // the exact worker).
+  struct PromptMatches {
+    std::map<int, std::vector<uint64_t>> hashes;  // by block size
+    std::map<WorkerId, WorkerMatch> matches;
+    std::vector<uint64_t> exact_hashes;  // the exact worker's own blocks
+  };
+  PromptMatches match_prompt(const RouteRequest& req);
+  // choose()'s last phase, for a request that is sent: its prefill worker (--pd), the
+  // charges (prefill tokens, active requests, the breaker's probe), the session's binding,
+  // and its blocks predicted on the chosen worker. Caller holds mutex.
+  void charge(RouteChoice& out, const RouteRequest& req,
+              const std::optional<SessionBinding>& binding, const PromptMatches& pm, int64_t now);
   // --pd, after the decode worker `out.worker` was chosen and before it is charged: decides
   // where the prompt is prefilled (pd_choice.h), counts and logs the decision, and for a
   // remote prefill fills out.prefill* and charges the prefill worker. Caller holds mutex.

@@ -1,4 +1,5 @@
 #include "server/request_parsing.h"
+#include "request/turn_record.h"
 
 #include <string>
 
@@ -84,8 +85,8 @@ Result<GenerationParams> parse_generation_params(const nlohmann::json& body, boo
   p.forced_output = std::move(forced);
   STRATA_TRY_ASSIGN(session, get_string(body, "session_id"));
   if (session) {
-    if (session->empty() || session->size() > 256) {
-      return bad_argument("'session_id' must be 1 to 256 characters");
+    if (Status st = check_session_id(*session, "session_id"); !st) {
+      return std::unexpected(st.error());
     }
     p.session_id = *session;
   }

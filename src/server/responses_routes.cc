@@ -31,6 +31,7 @@
 
 #include "common/log.h"
 #include "request/responses_request.h"
+#include "request/turn_record.h"
 #include "server/completion_flow.h"
 #include "server/routes.h"
 #include "server/text_stream.h"
@@ -93,9 +94,8 @@ Result<PreparedResponse> prepare_response(RouteContext& ctx, const http::Request
           : std::string(
                 session_header(req.header(kSessionHeader), req.header(kClaudeCodeSessionHeader)));
   if (!session.empty()) {
-    if (session.size() > 256 || !utf8::is_valid(session)) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "'x-session-id' must be 1 to 256 characters of valid UTF-8");
+    if (Status st = check_session_id(session, "x-session-id"); !st) {
+      return std::unexpected(st.error());
     }
     chat["session_id"] = session;
   }

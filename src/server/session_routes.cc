@@ -6,6 +6,7 @@
 #include <future>
 #include <limits>
 
+#include "request/turn_record.h"
 #include "server/request_parsing.h"
 #include "server/routes.h"
 
@@ -42,10 +43,8 @@ Result<ToolSessionCall> parse_tool_call(const std::string& raw, bool start) {
   }
   auto id = get_string(*body, "session_id");
   if (!id) return std::unexpected(id.error());
-  if (!id->has_value() || (*id)->empty() || (*id)->size() > 256) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "'session_id' (1 to 256 characters) is required");
-  }
+  if (!id->has_value()) return make_error(ErrorCode::kInvalidArgument, "'session_id' is required");
+  if (Status st = check_session_id(**id, "session_id"); !st) return std::unexpected(st.error());
   ToolSessionCall call{.session_id = **id};
   if (!start) {
     auto e = get_int(*body, "epoch", 0, std::numeric_limits<int64_t>::max());
@@ -85,10 +84,7 @@ awaitable<void> tool_session(RouteContext& ctx, http::Exchange& ex, bool start) 
 
 http::Response kv_meta_route(RouteContext& ctx, const http::Request& req) {
   const std::string id = req.query_param("session_id");
-  if (id.empty() || id.size() > 256) {
-    return error_response(400, "'session_id' (1 to 256 characters) is required",
-                          "invalid_argument");
-  }
+  if (Status st = check_session_id(id, "session_id"); !st) return error_response(st.error());
   auto r = kv_meta(ctx, id);
   if (!r) return error_response(r.error());
   return json_response(200, session_json(*r));

@@ -250,6 +250,28 @@ TEST(AnthropicRequest, TheSessionIsTheHeaderElseMetadataUserId) {
   EXPECT_EQ(anthropic_session(*with_user, session_header("", "cc-1")).value_or("?"), "cc-1");
 }
 
+// One rule for a session id, wherever it comes from (issue 52): 1 to 256 bytes of UTF-8.
+TEST(SessionId, OneRuleEverywhere) {
+  EXPECT_TRUE(check_session_id("a", "session_id"));
+  EXPECT_TRUE(check_session_id(std::string(256, 'x'), "session_id"));
+  EXPECT_TRUE(check_session_id("caf\xc3\xa9", "session_id"));
+  for (const std::string& bad :
+       {std::string(), std::string(257, 'x'), std::string("\xff"), std::string("ab\xc3")}) {
+    const Status st = check_session_id(bad, "x-session-id");
+    ASSERT_FALSE(st) << bad;
+    EXPECT_EQ(st.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_EQ(st.error().message, "'x-session-id' must be 1 to 256 bytes of valid UTF-8");
+  }
+  // metadata.user_id is the Messages API's session: empty is none, otherwise the rule.
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  const auto read_user = [&](const std::string& user) {
+    return read(R"({"max_tokens": 8, "metadata": {"user_id": )" + user + "}, " + msgs + "}");
+  };
+  EXPECT_TRUE(read_user(R"("")").has_value());
+  EXPECT_TRUE(read_user(R"("u")").has_value());
+  EXPECT_FALSE(read_user("\"" + std::string(257, 'u') + "\"").has_value());
+}
+
 TEST(AnthropicRequest, ReadsBreakpointsInOrderAndRefusesAFifthOrABadTtl) {
   const std::string cc5 = R"("cache_control": {"type": "ephemeral"})";
   const std::string cc1h = R"("cache_control": {"type": "ephemeral", "ttl": "1h"})";
