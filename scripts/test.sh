@@ -88,8 +88,10 @@ if ((sanitizers)); then
   # arithmetic runs several times faster than at -O0 (the SIMD helpers are inlined), which
   # is most of its test time; every check stays (README, Tests). The modules that do not
   # compute compile at -O0 in both sanitizer trees (CMakeLists.txt,
-  # STRATA_SANITIZER_LIGHT_MODULES).
-  configure build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON \
+  # STRATA_SANITIZER_LIGHT_MODULES). Its GoogleTest programs run as 4 shards each, every
+  # shard one process, rather than one process per test (tests/CMakeLists.txt,
+  # STRATA_GTEST_SHARDS): an ASan process takes ~0.2 s to start, ~1,500 times.
+  configure build-asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON -DSTRATA_GTEST_SHARDS=4 \
             -DSTRATA_BUILD_BENCH=OFF "${flags[@]}" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
   # -O1 for the TSan tree too (ThreadSanitizer's documentation: -O1 or -O2): `http`'s unit
   # compiles in 109 s of CPU instead of 149 s at -O2.

@@ -503,8 +503,10 @@ test('through the router: both agents every turn from the cache, the prediction 
 test("a reply stopped by the context window says so: Messages, Responses, chat", async () => {
   const w = await startServer(['--kv-cache-tokens', '16384']);
   procs.push(w);
-  // A prompt close to the tiny model's 8,192-token context, and a reply asked to go on.
-  const long = words(7900, 77);
+  // A prompt close to the tiny model's 8,192-token context (8,158 tokens: ~34 left for the
+  // reply, so that the decode steps near the full context stay few under the sanitizers),
+  // and a reply asked to go on.
+  const long = words(8150, 77);
   const base = { ignore_eos: true, temperature: 0 };
   const m = await w.post('/v1/messages', { model: 'm', max_tokens: 32000, messages: [{ role: 'user', content: long }], ...base });
   assert.equal(m.status, 200, m.text);
