@@ -144,8 +144,10 @@ Status Scheduler::init_hicache() {
                           " tokens, the engine's pool " + std::to_string(num_pages_) + " of " +
                           std::to_string(options_.page_size));
   }
-  const size_t page_bytes = 2 * static_cast<size_t>(shape.num_layers) * shape.num_kv_heads *
-                            shape.page_size * shape.head_dim * kv_dtype_size_bytes(shape.dtype);
+  const size_t page_bytes = 2 * static_cast<size_t>(shape.num_layers) *
+                            kv_block_bytes(shape.dtype, static_cast<size_t>(shape.num_kv_heads),
+                                           static_cast<size_t>(shape.page_size),
+                                           static_cast<size_t>(shape.head_dim));
   const double host_pages_d = h.size_gb > 0 ? h.size_gb * 1e9 / static_cast<double>(page_bytes)
                                             : h.ratio * static_cast<double>(num_pages_);
   if (host_pages_d <= num_pages_) {

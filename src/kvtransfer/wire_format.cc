@@ -164,7 +164,7 @@ Result<KvPoolShape> WireReader::pool_shape() {
   }
   auto dtype = u8("dtype");
   if (!dtype) return std::unexpected(dtype.error());
-  if (*dtype > static_cast<uint8_t>(KvDtype::kBF16)) {
+  if (*dtype > static_cast<uint8_t>(kLastKvDtype)) {
     return make_error(ErrorCode::kCorrupt, fmt::format("unknown KV dtype {}", *dtype));
   }
   shape.dtype = static_cast<KvDtype>(*dtype);

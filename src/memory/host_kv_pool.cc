@@ -29,7 +29,9 @@ void gather(const std::byte* src, const uint32_t* index, size_t n, std::byte* ds
 
 void gather_elements(size_t element_bytes, const std::byte* src, const uint32_t* index, size_t n,
                      std::byte* dst) {
-  if (element_bytes == 2) {
+  if (element_bytes == 1) {
+    gather<uint8_t>(src, index, n, dst);
+  } else if (element_bytes == 2) {
     gather<uint16_t>(src, index, n, dst);
   } else {
     gather<uint32_t>(src, index, n, dst);
@@ -66,8 +68,9 @@ std::string_view host_layout_name(HostLayout layout) {
 
 HostKvPool::HostKvPool(const KvPoolShape& shape, HostLayout layout, const KvPool& block_layout)
     : shape_(shape), layout_(layout) {
-  element_bytes_ = block_layout.element_size_bytes();
-  block_bytes_ = block_layout.block_elements() * element_bytes_;
+  // The scaled dtypes permute bytes: a code is one, a scale four in a row.
+  element_bytes_ = kv_dtype_is_scaled(shape.dtype) ? 1 : block_layout.element_size_bytes();
+  block_bytes_ = block_layout.block_bytes();
   layer_page_bytes_ = block_layout.layer_page_bytes();
   page_bytes_ = block_layout.page_bytes();
   // validate_kv_pool_shape has checked that this product fits.
@@ -81,19 +84,29 @@ HostKvPool::HostKvPool(const KvPoolShape& shape, HostLayout layout, const KvPool
 }
 
 HostKvPool::BlockMap HostKvPool::make_block_map(const KvPool& block_layout, int kv) const {
+  // Units of element_bytes_: elements, or bytes for the scaled dtypes, whose row for a
+  // slot is [head][dim] codes then [head] scales.
+  const size_t units = block_bytes_ / element_bytes_;
   BlockMap map;
-  map.block_of_row.reserve(block_layout.block_elements());
-  map.row_of_block.resize(block_layout.block_elements());
+  map.block_of_row.reserve(units);
+  map.row_of_block.resize(units);
+  auto add = [&map](size_t block) {
+    map.row_of_block[block] = static_cast<uint32_t>(map.block_of_row.size());
+    map.block_of_row.push_back(static_cast<uint32_t>(block));
+  };
   for (int32_t s = 0; s < shape_.page_size; ++s) {
     for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
       for (int32_t d = 0; d < shape_.head_dim; ++d) {
-        const size_t block =
-            kv == 0 ? block_layout.k_index(h, s, d) : block_layout.v_index(h, s, d);
-        map.row_of_block[block] = static_cast<uint32_t>(map.block_of_row.size());
-        map.block_of_row.push_back(static_cast<uint32_t>(block));
+        add(kv == 0 ? block_layout.k_index(h, s, d) : block_layout.v_index(h, s, d));
+      }
+    }
+    if (kv_dtype_is_scaled(shape_.dtype)) {
+      for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
+        for (size_t b = 0; b < kKvScaleBytes; ++b) add(block_layout.scale_offset_bytes(h, s) + b);
       }
     }
   }
+  STRATA_CHECK(map.block_of_row.size() == units);
   return map;
 }
 
@@ -111,9 +124,9 @@ Result<std::unique_ptr<HostKvPool>> HostKvPool::create(const KvPoolShape& shape,
   auto block_layout = KvPool::create(one_page);
   if (!block_layout) return std::unexpected(block_layout.error());
   if (layout == HostLayout::kPageFirst &&
-      (*block_layout)->block_elements() > std::numeric_limits<uint32_t>::max()) {
+      (*block_layout)->block_bytes() > std::numeric_limits<uint32_t>::max()) {
     return make_error(ErrorCode::kUnsupported,
-                      "the page_first host layout needs blocks of fewer than 2^32 elements");
+                      "the page_first host layout needs blocks of fewer than 2^32 bytes");
   }
   std::unique_ptr<HostKvPool> pool(new HostKvPool(shape, layout, **block_layout));
   // Anonymous mappings arrive zeroed and are only backed when touched.

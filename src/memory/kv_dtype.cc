@@ -4,6 +4,8 @@
 #include <cctype>
 #include <string>
 
+#include "common/check.h"
+
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 // GCC 12's AVX-512 conversion intrinsics start from _mm512_undefined_*() and trip
@@ -37,6 +39,10 @@ std::string_view kv_dtype_name(KvDtype dtype) {
       return "f16";
     case KvDtype::kBF16:
       return "bf16";
+    case KvDtype::kInt8:
+      return "int8";
+    case KvDtype::kFp8E4M3:
+      return "fp8_e4m3";
   }
   return "unknown";
 }
@@ -50,8 +56,11 @@ Result<KvDtype> parse_kv_dtype(std::string_view name) {
     return KvDtype::kF16;
   }
   if (lower == "bf16" || lower == "bfloat16") return KvDtype::kBF16;
-  return make_error(ErrorCode::kInvalidArgument,
-                    "unknown KV dtype '" + std::string(name) + "' (expected f32, f16 or bf16)");
+  if (lower == "int8") return KvDtype::kInt8;
+  if (lower == "fp8_e4m3" || lower == "fp8") return KvDtype::kFp8E4M3;
+  std::string message = "unknown KV dtype '";
+  message.append(name).append("' (expected f32, f16, bf16, int8, fp8_e4m3 or fp8)");
+  return make_error(ErrorCode::kInvalidArgument, message);
 }
 
 float f16_to_f32(uint16_t h) {
@@ -149,7 +158,11 @@ void kv_to_f32_row(KvDtype dtype, const void* src, float* dst, size_t n) {
     case KvDtype::kBF16:
       bf16_to_f32_row(static_cast<const uint16_t*>(src), dst, n);
       return;
+    case KvDtype::kInt8:
+    case KvDtype::kFp8E4M3:
+      break;
   }
+  STRATA_CHECK_MSG(false, "kv_to_f32_row on a scaled KV dtype (use kv_quant.h)");
 }
 
 void f32_to_kv_row(KvDtype dtype, const float* src, void* dst, size_t n) {
@@ -163,7 +176,11 @@ void f32_to_kv_row(KvDtype dtype, const float* src, void* dst, size_t n) {
     case KvDtype::kBF16:
       f32_to_bf16_row(src, static_cast<uint16_t*>(dst), n);
       return;
+    case KvDtype::kInt8:
+    case KvDtype::kFp8E4M3:
+      break;
   }
+  STRATA_CHECK_MSG(false, "f32_to_kv_row on a scaled KV dtype (use kv_quant.h)");
 }
 
 }  // namespace strata

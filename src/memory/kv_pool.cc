@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "memory/kv_quant.h"
 
 namespace strata {
 
@@ -32,9 +33,14 @@ Status validate_kv_pool_shape(const KvPoolShape& shape) {
   if (auto s = positive("head_dim", shape.head_dim); !s) return s;
   if (auto s = positive("num_pages", shape.num_pages); !s) return s;
   if (auto s = positive("page_size", shape.page_size); !s) return s;
-  size_t total = kv_dtype_size_bytes(shape.dtype);
-  for (int32_t factor : {shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.num_pages,
-                         shape.page_size, int32_t{2}}) {
+  // Bytes per (head, slot) row: its codes, and its scale for the scaled dtypes.
+  size_t total = 0;
+  if (!checked_mul(kv_dtype_size_bytes(shape.dtype), static_cast<size_t>(shape.head_dim), total)) {
+    return make_error(ErrorCode::kInvalidArgument, "KV pool size overflows");
+  }
+  if (kv_dtype_is_scaled(shape.dtype)) total += kKvScaleBytes;
+  for (int32_t factor :
+       {shape.num_layers, shape.num_kv_heads, shape.num_pages, shape.page_size, int32_t{2}}) {
     if (!checked_mul(total, static_cast<size_t>(factor), total)) {
       return make_error(ErrorCode::kInvalidArgument, "KV pool size overflows");
     }
@@ -47,8 +53,10 @@ KvPool::KvPool(const KvPoolShape& shape, NoAllocate) : shape_(shape) {
       shape.dtype == KvDtype::kBF16 && shape.page_size % 16 == 0 && shape.head_dim % 2 == 0;
   head_block_elements_ = static_cast<size_t>(shape.page_size) * static_cast<size_t>(shape.head_dim);
   block_elements_ = head_block_elements_ * static_cast<size_t>(shape.num_kv_heads);
-  layer_region_bytes_ =
-      block_elements_ * static_cast<size_t>(shape.num_pages) * kv_dtype_size_bytes(shape.dtype);
+  block_bytes_ = kv_block_bytes(shape.dtype, static_cast<size_t>(shape.num_kv_heads),
+                                static_cast<size_t>(shape.page_size),
+                                static_cast<size_t>(shape.head_dim));
+  layer_region_bytes_ = block_bytes_ * static_cast<size_t>(shape.num_pages);
   total_bytes_ = layer_region_bytes_ * 2 * static_cast<size_t>(shape.num_layers);
 }
 
@@ -94,7 +102,7 @@ std::byte* KvPool::block(int32_t layer, PageId page, int kv) const {
                                             std::to_string(shape_.num_pages));
   const size_t region = static_cast<size_t>(2 * layer + kv);
   return data_ + region * layer_region_bytes_ +
-         static_cast<size_t>(page_index(page)) * block_elements_ * element_size_bytes();
+         static_cast<size_t>(page_index(page)) * block_bytes_;
 }
 
 KvBlockLayout KvPool::block_layout() const {
@@ -102,7 +110,7 @@ KvBlockLayout KvPool::block_layout() const {
   l.base = data_;
   l.num_layers = shape_.num_layers;
   l.num_pages = shape_.num_pages;
-  l.block_bytes = block_elements_ * element_size_bytes();
+  l.block_bytes = block_bytes_;
   l.region_stride = layer_region_bytes_;
   l.page_stride = l.block_bytes;
   return l;
@@ -126,7 +134,11 @@ void store_element(KvDtype dtype, std::byte* block, size_t index, float value) {
       std::memcpy(block + index * 2, &x, 2);
       return;
     }
+    case KvDtype::kInt8:
+    case KvDtype::kFp8E4M3:
+      break;
   }
+  STRATA_CHECK_MSG(false, "store_element on a scaled KV dtype");
 }
 
 float load_element(KvDtype dtype, const std::byte* block, size_t index) {
@@ -145,6 +157,18 @@ void KvPool::write_token(int32_t layer, PageId page, int32_t slot, const float* 
   for (int32_t h = 0; h < shape_.num_kv_heads; ++h) {
     const float* kh = k + static_cast<size_t>(h) * static_cast<size_t>(hd);
     const float* vh = v + static_cast<size_t>(h) * static_cast<size_t>(hd);
+    if (kv_dtype_is_scaled(shape_.dtype)) {
+      // K's codes are dimension-major (page_size apart), V's one contiguous row.
+      const float k_scale =
+          quantize_kv_row(shape_.dtype, kh, static_cast<size_t>(hd),
+                          reinterpret_cast<uint8_t*>(kb + k_index(h, slot, 0)),
+                          static_cast<size_t>(shape_.page_size));
+      const float v_scale = quantize_kv_row(shape_.dtype, vh, static_cast<size_t>(hd),
+                                            reinterpret_cast<uint8_t*>(vb + v_index(h, slot, 0)));
+      std::memcpy(kb + scale_offset_bytes(h, slot), &k_scale, kKvScaleBytes);
+      std::memcpy(vb + scale_offset_bytes(h, slot), &v_scale, kKvScaleBytes);
+      continue;
+    }
     for (int32_t d = 0; d < hd; ++d) store_element(shape_.dtype, kb, k_index(h, slot, d), kh[d]);
     if (paired_bf16_) {
       for (int32_t d = 0; d < hd; ++d) store_element(shape_.dtype, vb, v_index(h, slot, d), vh[d]);
@@ -162,6 +186,17 @@ void KvPool::read_head(int32_t layer, PageId page, int32_t slot, int32_t head, f
   STRATA_CHECK(head >= 0 && head < shape_.num_kv_heads);
   const std::byte* kb = k_block(layer, page);
   const std::byte* vb = v_block(layer, page);
+  if (kv_dtype_is_scaled(shape_.dtype)) {
+    float k_scale, v_scale;
+    std::memcpy(&k_scale, kb + scale_offset_bytes(head, slot), kKvScaleBytes);
+    std::memcpy(&v_scale, vb + scale_offset_bytes(head, slot), kKvScaleBytes);
+    const size_t hd = static_cast<size_t>(shape_.head_dim);
+    dequantize_kv_row(shape_.dtype, reinterpret_cast<const uint8_t*>(kb + k_index(head, slot, 0)),
+                      k_scale, k, hd, static_cast<size_t>(shape_.page_size));
+    dequantize_kv_row(shape_.dtype, reinterpret_cast<const uint8_t*>(vb + v_index(head, slot, 0)),
+                      v_scale, v, hd);
+    return;
+  }
   for (int32_t d = 0; d < shape_.head_dim; ++d) {
     k[d] = load_element(shape_.dtype, kb, k_index(head, slot, d));
     v[d] = load_element(shape_.dtype, vb, v_index(head, slot, d));
@@ -178,14 +213,14 @@ void KvPool::read_token(int32_t layer, PageId page, int32_t slot, float* k, floa
 
 void KvPool::copy_layer_page_out(int32_t layer, PageId page, std::span<std::byte> dst) const {
   STRATA_CHECK_MSG(dst.size() == layer_page_bytes(), "layer page buffer has the wrong size");
-  const size_t block_bytes = block_elements_ * element_size_bytes();
+  const size_t block_bytes = block_bytes_;
   std::memcpy(dst.data(), k_block(layer, page), block_bytes);
   std::memcpy(dst.data() + block_bytes, v_block(layer, page), block_bytes);
 }
 
 void KvPool::copy_layer_page_in(int32_t layer, PageId page, std::span<const std::byte> src) {
   STRATA_CHECK_MSG(src.size() == layer_page_bytes(), "layer page buffer has the wrong size");
-  const size_t block_bytes = block_elements_ * element_size_bytes();
+  const size_t block_bytes = block_bytes_;
   std::memcpy(k_block(layer, page), src.data(), block_bytes);
   std::memcpy(v_block(layer, page), src.data() + block_bytes, block_bytes);
 }

@@ -18,11 +18,17 @@
 //     K in dimension pairs: element d of slot s at  ((d / 2) * page_size + s) * 2 + d % 2
 //     V in slot pairs:      element d of slot s at  ((s / 2) * head_dim + d) * 2 + s % 2
 //
+//   int8, fp8_e4m3 (scaled, kv_quant.h): codes in the F32 order above (one byte each),
+//   then one F32 scale per (head, slot) after all heads' codes, [kv_head][slot]:
+//     scale of slot s of head h at  block_elements() + (h * page_size + s) * 4  bytes
+//   so the block stays one self-contained run of kv_block_bytes() bytes, and the scales
+//   of 16 consecutive keys are one 64-byte vector, like their K codes' dims.
+//
 // Dimension-major K puts dim d of 16 consecutive keys in one 64-byte vector, so scores
 // are computed straight from the page with no transpose (vLLM lays out its K cache for
 // the same reason). The paired BF16 layouts put the two values that one vdpbf16ps lane
 // multiplies side by side (two dims of a key for q.k, two keys of a dim for p.v).
-// Elements are F32, F16 or BF16 (kv_dtype.h). write_token, read_token and the index
+// Elements are F32, F16, BF16 or 8-bit codes (kv_dtype.h). write_token, read_token and the index
 // functions hide the layout from callers that handle single tokens.
 //
 // Page copies to and from a caller's contiguous buffer (host tier, storage) move the
@@ -92,8 +98,10 @@ class KvPool {
   size_t head_block_elements() const { return head_block_elements_; }
   // Elements of one page's K (or V) in one layer: num_kv_heads * page_size * head_dim.
   size_t block_elements() const { return block_elements_; }
+  // Bytes of one page's K (or V) in one layer, scales included (kv_block_bytes).
+  size_t block_bytes() const { return block_bytes_; }
   // Bytes of one page's K and V in one layer (the per-layer copy unit).
-  size_t layer_page_bytes() const { return 2 * block_elements_ * element_size_bytes(); }
+  size_t layer_page_bytes() const { return 2 * block_bytes_; }
   // Bytes of one page's K and V in all layers (the page copy unit).
   size_t page_bytes() const { return layer_page_bytes() * static_cast<size_t>(num_layers()); }
   // Bytes of one layer's K (or V) for all pages.
@@ -123,6 +131,14 @@ class KvPool {
                         : h + static_cast<size_t>(slot) * hd + static_cast<size_t>(d);
   }
 
+  // Scaled dtypes: the byte offset, from the start of a K (or V) block, of the F32 scale
+  // of `slot` of `head`.
+  size_t scale_offset_bytes(int32_t head, int32_t slot) const {
+    return block_elements_ + (static_cast<size_t>(head) * static_cast<size_t>(shape_.page_size) +
+                              static_cast<size_t>(slot)) *
+                                 kKvScaleBytes;
+  }
+
   // The K or V block of `page` in `layer` (all heads), elements of dtype() laid out as
   // described at the top of this file. The layer and page must be valid (checked).
   std::byte* k_block(int32_t layer, PageId page) { return block(layer, page, 0); }
@@ -134,7 +150,7 @@ class KvPool {
   // (kv_block_layout.h).
   KvBlockLayout block_layout() const;
   // Writes one token's keys and values (F32, [num_kv_heads][head_dim] each, converted
-  // to dtype()) into `slot` of `page` in `layer`.
+  // to dtype(); quantized per head for the scaled dtypes) into `slot` of `page` in `layer`.
   void write_token(int32_t layer, PageId page, int32_t slot, const float* k, const float* v);
   // Reads them back (widened to F32).
   void read_token(int32_t layer, PageId page, int32_t slot, float* k, float* v) const;
@@ -159,6 +175,7 @@ class KvPool {
   bool paired_bf16_ = false;
   size_t head_block_elements_ = 0;
   size_t block_elements_ = 0;
+  size_t block_bytes_ = 0;
   size_t layer_region_bytes_ = 0;
   size_t total_bytes_ = 0;
   std::byte* data_ = nullptr;  // owned mapping of total_bytes_

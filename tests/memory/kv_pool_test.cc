@@ -61,7 +61,27 @@ TEST(KvDtypeTest, RowConversionsMatchScalar) {
   }
   EXPECT_EQ(parse_kv_dtype("BF16").value(), KvDtype::kBF16);
   EXPECT_EQ(parse_kv_dtype("float16").value(), KvDtype::kF16);
-  EXPECT_FALSE(parse_kv_dtype("int8").has_value());
+  EXPECT_EQ(parse_kv_dtype("int8").value(), KvDtype::kInt8);
+  EXPECT_EQ(parse_kv_dtype("FP8_E4M3").value(), KvDtype::kFp8E4M3);
+  EXPECT_EQ(parse_kv_dtype("fp8").value(), KvDtype::kFp8E4M3);  // vLLM's alias
+  EXPECT_EQ(kv_dtype_name(KvDtype::kFp8E4M3), "fp8_e4m3");
+  EXPECT_FALSE(parse_kv_dtype("int4").has_value());
+  EXPECT_FALSE(parse_kv_dtype("fp8_e5m2").has_value());
+}
+
+TEST(KvPoolTest, ScaledBlocksCarryTheirScalesAfterTheCodes) {
+  // 3 layers, 2 KV heads, head_dim 8, 10 pages of 4: per block 2 * 4 rows of 8 codes and
+  // one F32 scale each.
+  KvPool pool(3, 2, 8, 10, 4, KvDtype::kInt8);
+  EXPECT_EQ(pool.block_bytes(), 2u * 4u * 8u + 2u * 4u * 4u);
+  EXPECT_EQ(pool.layer_page_bytes(), 2u * 96u);
+  EXPECT_EQ(pool.page_bytes(), 3u * 192u);
+  EXPECT_EQ(pool.total_bytes(), 10u * 3u * 192u);
+  EXPECT_EQ(pool.scale_offset_bytes(1, 2), 64u + (4u + 2u) * 4u);
+  EXPECT_EQ(pool.block_layout().block_bytes, pool.block_bytes());
+  // BF16 of a Qwen3-like head (128 dims, page 16) against int8: 1.94x the tokens.
+  EXPECT_EQ(kv_block_bytes(KvDtype::kBF16, 8, 16, 128), 32768u);
+  EXPECT_EQ(kv_block_bytes(KvDtype::kFp8E4M3, 8, 16, 128), 16384u + 512u);
 }
 
 TEST(KvPoolTest, SizesFollowTheShape) {
@@ -77,10 +97,12 @@ TEST(KvPoolTest, SizesFollowTheShape) {
 }
 
 TEST(KvPoolTest, PageCopiesFollowTheDocumentedLayout) {
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16}) {
+  for (KvDtype dtype :
+       {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kInt8, KvDtype::kFp8E4M3}) {
     KvPool pool(2, 2, 4, 5, 3, dtype);
     // Tag every byte of page 3 with (layer, K/V, position in block).
-    const size_t block_bytes = pool.block_elements() * pool.element_size_bytes();
+    const size_t block_bytes = pool.block_bytes();
+    EXPECT_EQ(block_bytes, kv_block_bytes(dtype, 2, 3, 4));
     for (int32_t layer = 0; layer < 2; ++layer) {
       for (int kv = 0; kv < 2; ++kv) {
         std::byte* block =

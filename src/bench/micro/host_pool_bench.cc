@@ -125,7 +125,7 @@ void BM_Memcpy(benchmark::State& state) {
 void BM_MemcpyBlocks(benchmark::State& state) {
   Fixture& f = fixture();
   const size_t bytes = f.batch_bytes();
-  const size_t block = f.device->block_elements() * f.device->element_size_bytes();
+  const size_t block = f.device->block_bytes();
   Baseline& b = baseline();
   for (auto _ : state) {
     for (size_t off = 0; off < bytes; off += block) {
