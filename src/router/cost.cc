@@ -75,9 +75,16 @@ std::string_view route_reason_name(RouteReason reason) {
   return "unknown";
 }
 
-CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
-                     const CostWeights& weights, bool request_is_sticky, double mean_assigned,
-                     int64_t shared_tokens) {
+namespace {
+
+// cost_terms() itself, inlined into choose()'s loop over the pool: returned through memory
+// from an out-of-line call, the terms' stores and reloads were most of that loop's time at
+// 1,024 workers.
+[[gnu::always_inline]] inline CostTerms terms_of(const RequestFeatures& request,
+                                                 const WorkerCandidate& w,
+                                                 const CostWeights& weights,
+                                                 bool request_is_sticky, double mean_assigned,
+                                                 int64_t shared_tokens) {
   STRATA_CHECK(request.prompt_tokens >= 0);
   STRATA_CHECK(w.cached_device_blocks >= 0 && w.cached_host_blocks >= 0 &&
                w.cached_storage_blocks >= 0);
@@ -124,6 +131,14 @@ CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
   return t;
 }
 
+}  // namespace
+
+CostTerms cost_terms(const RequestFeatures& request, const WorkerCandidate& w,
+                     const CostWeights& weights, bool request_is_sticky, double mean_assigned,
+                     int64_t shared_tokens) {
+  return terms_of(request, w, weights, request_is_sticky, mean_assigned, shared_tokens);
+}
+
 int64_t shared_cached_tokens(const RequestFeatures& request,
                              std::span<const WorkerCandidate> candidates) {
   int64_t longest = 0, second = 0;
@@ -144,25 +159,30 @@ int64_t shared_cached_tokens(const RequestFeatures& request,
 
 namespace {
 
-struct Scored {
-  const WorkerCandidate* worker;
-  CostTerms terms;
+// The pool as choose() scores it: one entry per member, in id order, in arrays of what the
+// choice and its reason read (a whole CostTerms per worker, stored and copied, was most of
+// choose()'s time at 1,024 workers). The chosen worker's terms are computed once more whole.
+struct Pool {
+  std::vector<const WorkerCandidate*> worker;
+  std::vector<double> cost;
+  std::vector<double> floor;   // the floor term (subtracted)
+  std::vector<double> credit;  // the cached credit: credited_tokens * prefill_token
+  std::vector<double> sticky;  // the sticky term (subtracted)
+  size_t size() const { return worker.size(); }
 };
 
-// The index of the lowest value of `cost_of` over `pool` (sorted by id). Equal values go to
-// fewer live sessions, then to the first at or after position `start` in id order (cost.h,
-// Choice).
-template <typename F>
-size_t argmin(const std::vector<Scored>& pool, F cost_of, uint64_t start) {
+// The index of the lowest cost in `pool` (sorted by id). Equal costs go to fewer live
+// sessions, then to the first at or after position `start` in id order (cost.h, Choice).
+size_t argmin(const Pool& pool, uint64_t start) {
   const size_t n = pool.size();
   const auto first = static_cast<size_t>(start % n);
   size_t best = first;
-  double best_cost = cost_of(pool[best]);
+  double best_cost = pool.cost[best];
   for (size_t k = 1; k < n; ++k) {
-    const size_t i = (first + k) % n;
-    const double c = cost_of(pool[i]);
-    if (c < best_cost || (c == best_cost && pool[i].worker->sessions_assigned <
-                                                pool[best].worker->sessions_assigned)) {
+    const size_t i = first + k < n ? first + k : first + k - n;
+    const double c = pool.cost[i];
+    if (c < best_cost ||
+        (c == best_cost && pool.worker[i]->sessions_assigned < pool.worker[best]->sessions_assigned)) {
       best = i;
       best_cost = c;
     }
@@ -176,13 +196,12 @@ double uniform01(std::mt19937_64& rng) {
   return static_cast<double>(rng() >> 11) * 0x1.0p-53;
 }
 
-size_t sample(const std::vector<Scored>& pool, size_t best, double temperature,
-              std::mt19937_64& rng) {
-  const double min_cost = pool[best].terms.cost;
+size_t sample(const Pool& pool, size_t best, double temperature, std::mt19937_64& rng) {
+  const double min_cost = pool.cost[best];
   std::vector<double> weight(pool.size());
   double total = 0.0;
   for (size_t i = 0; i < pool.size(); ++i) {
-    weight[i] = std::exp(-(pool[i].terms.cost - min_cost) / temperature);
+    weight[i] = std::exp(-(pool.cost[i] - min_cost) / temperature);
     total += weight[i];
   }
   double u = uniform01(rng) * total;
@@ -200,86 +219,93 @@ std::optional<Decision> choose(const RequestFeatures& request,
                                const CostWeights& weights, std::mt19937_64& rng) {
   std::vector<const WorkerCandidate*> eligible;
   eligible.reserve(candidates.size());
-  double assigned_sum = 0.0;
+  int64_t assigned_sum = 0;  // exact, then divided once: the same mean as a double sum
   for (const WorkerCandidate& c : candidates) {
     if (!c.eligible || c.prefill_only) continue;
     eligible.push_back(&c);
-    assigned_sum += static_cast<double>(c.sessions_assigned);
+    assigned_sum += c.sessions_assigned;
   }
   if (eligible.empty()) return std::nullopt;
-  std::ranges::sort(eligible, {}, &WorkerCandidate::id);
-  const double mean_assigned = assigned_sum / static_cast<double>(eligible.size());
+  // The router builds its candidates in id order: a sort is then only a check (1,024
+  // candidates: ~10,000 comparisons through two pointers each).
+  if (!std::ranges::is_sorted(eligible, {}, &WorkerCandidate::id)) {
+    std::ranges::sort(eligible, {}, &WorkerCandidate::id);
+  }
+  const double mean_assigned =
+      static_cast<double>(assigned_sum) / static_cast<double>(eligible.size());
 
   Decision d;
-  std::vector<const WorkerCandidate*> members;
+  Pool pool;
+  pool.worker.reserve(eligible.size());
   for (const WorkerCandidate* c : eligible) {
-    if (c->load_fraction <= weights.busy_threshold) members.push_back(c);
+    if (c->load_fraction <= weights.busy_threshold) pool.worker.push_back(c);
   }
-  if (members.empty()) {
-    members = eligible;
+  if (pool.worker.empty()) {
+    pool.worker = std::move(eligible);
     d.all_saturated = true;
   }
   const bool request_is_sticky =
-      std::ranges::any_of(members, [](const WorkerCandidate* c) { return c->sticky; });
+      std::ranges::any_of(pool.worker, [](const WorkerCandidate* c) { return c->sticky; });
   // Only the floor reads it: not computed when no floor applies.
   const int64_t shared = request_is_sticky || weights.load_floor_bonus <= 0.0
                              ? 0
                              : shared_cached_tokens(request, candidates);
 
-  std::vector<Scored> pool;
-  pool.reserve(members.size());
-  for (const WorkerCandidate* c : members) {
-    pool.push_back({c, cost_terms(request, *c, weights, request_is_sticky, mean_assigned, shared)});
+  const size_t n = pool.size();
+  pool.cost.resize(n);
+  pool.floor.resize(n);
+  pool.credit.resize(n);
+  pool.sticky.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const CostTerms t =
+        terms_of(request, *pool.worker[i], weights, request_is_sticky, mean_assigned, shared);
+    pool.cost[i] = t.cost;
+    pool.floor[i] = t.floor;
+    pool.credit[i] = t.credited_tokens * weights.prefill_token;
+    pool.sticky[i] = t.sticky;
   }
 
-  const size_t best = argmin(
-      pool, [](const Scored& s) { return s.terms.cost; }, request.tie_break);
+  const size_t best = argmin(pool, request.tie_break);
   size_t chosen = best;
-  if (weights.temperature > 0.0 && pool.size() > 1) {
-    chosen = sample(pool, best, weights.temperature, rng);
-  }
+  if (weights.temperature > 0.0 && n > 1) chosen = sample(pool, best, weights.temperature, rng);
 
   // A term decided the choice when, without it, a worker that costs more than the chosen
   // one now would cost as little or less (workers tied with the chosen one, the tie broken
   // by sessions and position, do not count: the term did not separate them).
-  const double chosen_cost = pool[chosen].terms.cost;
-  auto decided_by = [&](auto term_of) {
-    const double without = chosen_cost + term_of(pool[chosen]);
-    for (size_t i = 0; i < pool.size(); ++i) {
-      if (pool[i].terms.cost > chosen_cost && pool[i].terms.cost + term_of(pool[i]) <= without) {
-        return true;
-      }
+  const double chosen_cost = pool.cost[chosen];
+  auto decided_by = [&](const std::vector<double>& term) {
+    const double without = chosen_cost + term[chosen];
+    for (size_t i = 0; i < n; ++i) {
+      if (pool.cost[i] > chosen_cost && pool.cost[i] + term[i] <= without) return true;
     }
     return false;
   };
-  if (pool.size() == 1) {
+  if (n == 1) {
     d.reason = RouteReason::kOnly;
   } else if (chosen != best) {
     d.reason = RouteReason::kRandom;
-  } else if (pool[chosen].terms.sticky > 0.0 &&
-             decided_by([](const Scored& s) { return s.terms.sticky; })) {
+  } else if (pool.sticky[chosen] > 0.0 && decided_by(pool.sticky)) {
     d.reason = RouteReason::kSticky;
-  } else if (decided_by([](const Scored& s) { return s.terms.floor; })) {
+  } else if (decided_by(pool.floor)) {
     d.reason = RouteReason::kLoadFloor;
-  } else if (decided_by([&](const Scored& s) {
-               return s.terms.credited_tokens * weights.prefill_token;
-             })) {
+  } else if (decided_by(pool.credit)) {
     d.reason = RouteReason::kCache;
   } else {
     d.reason = RouteReason::kLoad;
   }
 
-  d.worker = pool[chosen].worker->id;
-  d.terms = pool[chosen].terms;
-  d.pool_size = static_cast<int32_t>(pool.size());
+  const WorkerCandidate& w = *pool.worker[chosen];
+  d.worker = w.id;
+  d.terms = cost_terms(request, w, weights, request_is_sticky, mean_assigned, shared);
+  d.pool_size = static_cast<int32_t>(n);
   d.runner_up = d.worker;
   d.runner_up_cost = d.terms.cost;
   bool have_other = false;
-  for (size_t i = 0; i < pool.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (i == chosen) continue;
-    if (!have_other || pool[i].terms.cost < d.runner_up_cost) {
-      d.runner_up = pool[i].worker->id;
-      d.runner_up_cost = pool[i].terms.cost;
+    if (!have_other || pool.cost[i] < d.runner_up_cost) {
+      d.runner_up = pool.worker[i]->id;
+      d.runner_up_cost = pool.cost[i];
       have_other = true;
     }
   }
