@@ -9,8 +9,7 @@
 // Run by CTest: node --test tests/router/hash_modes.test.mjs
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { startServer, waitFor, workerList, allJoined, words, tinyQwen3Model, STRATA } from '../server/server_harness.mjs';
+import { startServer, startRouter, waitFor, workerList, allJoined, words } from '../server/server_harness.mjs';
 
 const KEY = 'router-test-key';
 const ADMIN = { authorization: 'Bearer ' + KEY };
@@ -23,45 +22,13 @@ before(async () => {
       '--kv-events-endpoint', 'tcp://127.0.0.1:*', '--kv-events-replay-endpoint', 'tcp://127.0.0.1:*',
       '--prefix-caching-hash-algo', 'sha256_cbor', '--prefix-caching-hash-seed', '0']));
   }
-  router = await startRouterLogging(['--admin-api-key', KEY, '--load-poll-ms', '50',
-    ...workers.flatMap((w) => ['--worker', w.base])]);
+  router = await startRouter(['--admin-api-key', KEY, '--load-poll-ms', '50',
+    ...workers.flatMap((w) => ['--worker', w.base])], { logLevel: 'info' });
   await allJoined(router, 2);
-  await waitFor(() => [0, 1].every((id) => router.stderr().includes(`worker ${id} (${workers[id].base}): its blocks are hashed with sha256_cbor`)),
+  await waitFor(() => [0, 1].every((id) => router.log().includes(`worker ${id} (${workers[id].base}): its blocks are hashed with sha256_cbor`)),
     'the join to skip both trees');
-  assert.ok(!router.stderr().includes('KV index rebuilt from its tree'), router.stderr());
+  assert.ok(!router.log().includes('KV index rebuilt from its tree'), router.log());
 });
-
-// `strata route` on a free port with its info log kept (the harness's router logs warnings
-// only), stopped by its pid.
-async function startRouterLogging(args) {
-  const proc = spawn(STRATA, ['route', '--model', tinyQwen3Model(), '--port', '0', '--log-level', 'info', ...args],
-    { stdio: ['ignore', 'pipe', 'pipe'] });
-  let stderr = '';
-  let stdout = '';
-  proc.stderr.on('data', (d) => { stderr += d.toString(); });
-  proc.stdout.on('data', (d) => { stdout += d.toString(); });
-  const port = await waitFor(() => stdout.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/)?.[1], 'the router');
-  const base = `http://127.0.0.1:${port}`;
-  const call = async (method, p, body, headers = {}) => {
-    const r = await fetch(base + p, { method, headers: { 'content-type': 'application/json', ...headers },
-      body: body === undefined ? undefined : JSON.stringify(body) });
-    const text = await r.text();
-    let json = null;
-    try { json = JSON.parse(text); } catch { /* not JSON */ }
-    return { status: r.status, json, text, headers: r.headers };
-  };
-  return {
-    base, stderr: () => stderr + stdout,
-    post: (p, body, headers) => call('POST', p, body, headers),
-    get: (p, headers) => call('GET', p, undefined, headers),
-    async stop() {
-      if (proc.exitCode !== null || proc.signalCode !== null) return;
-      const exited = new Promise((r) => proc.on('exit', r));
-      process.kill(proc.pid, 'SIGTERM');
-      await exited;
-    },
-  };
-}
 
 after(async () => {
   if (router) await router.stop();

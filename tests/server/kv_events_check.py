@@ -6,31 +6,16 @@ requests, evictions, pins and a flush, and must rebuild exactly the set of block
 
 usage: kv_events_check.py STRATA_BIN MODEL_DIR
 """
-import json
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import msgpack
 import zmq
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(base, path, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
+from event_check_util import free_port, http
 
 
 def apply(blocks, payload, counts):

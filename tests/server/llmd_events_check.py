@@ -25,35 +25,21 @@ must be what its tokens and the chain before it give.
 usage: llmd_events_check.py STRATA_BIN MODEL_DIR
 """
 import hashlib
-import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import cbor2
 import msgpack
 import zmq
 
+from event_check_util import free_port, http
+
 SEED = "0"  # PYTHONHASHSEED of the fleet
 BLOCK = 16
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(base, path, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
 
 
 # ---- llm-d's decoder, field by field (vllm_adapter.go) ----

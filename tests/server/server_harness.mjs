@@ -111,13 +111,15 @@ export async function startServer(args = []) {
 }
 
 // Starts `strata route` over the tiny model on a free loopback port; stopped by its pid.
-export async function startRouter(args = []) {
-  const proc = spawn(STRATA, ['route', '--model', tinyQwen3Model(), '--port', '0', '--log-level', 'warn',
+// `logLevel`: the router's --log-level ('warn': its warnings and errors only); log() is all
+// it wrote, stdout and stderr, for tests that look for an info line.
+export async function startRouter(args = [], { logLevel = 'warn' } = {}) {
+  const proc = spawn(STRATA, ['route', '--model', tinyQwen3Model(), '--port', '0', '--log-level', logLevel,
     ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
+  let out = '';
   proc.stderr.on('data', (d) => { stderr += d.toString(); });
   const port = await new Promise((resolve, reject) => {
-    let out = '';
     const timer = setTimeout(() => reject(new Error('router did not start: ' + stderr)), 30000);
     proc.stdout.on('data', (d) => {
       out += d.toString();
@@ -136,7 +138,7 @@ export async function startRouter(args = []) {
     return { status: r.status, json, text, headers: r.headers };
   };
   return {
-    base, proc, stderr: () => stderr,
+    base, proc, stderr: () => stderr, log: () => stderr + out,
     post: (p, body, headers) => call('POST', p, body, headers),
     get: (p, headers) => call('GET', p, undefined, headers),
     del: (p, headers) => call('DELETE', p, undefined, headers),
