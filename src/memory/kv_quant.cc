@@ -1,5 +1,6 @@
 #include "memory/kv_quant.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -48,7 +49,9 @@ uint8_t f32_to_fp8_e4m3(float value) {
   return sign | static_cast<uint8_t>(code > 0x7eu ? 0x7eu : code);
 }
 
-float fp8_e4m3_to_f32(uint8_t code) {
+namespace {
+
+float decode_fp8_e4m3(uint8_t code) {
   const uint32_t exponent = (code >> 3) & 0xfu;
   const uint32_t mantissa = code & 0x7u;
   float magnitude;
@@ -61,6 +64,17 @@ float fp8_e4m3_to_f32(uint8_t code) {
                            static_cast<int>(exponent) - 7);
   }
   return (code & 0x80) != 0 ? -magnitude : magnitude;
+}
+
+}  // namespace
+
+float fp8_e4m3_to_f32(uint8_t code) {
+  static const std::array<float, 256> kTable = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = decode_fp8_e4m3(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return kTable[code];
 }
 
 float quantize_kv_row(KvDtype dtype, const float* src, size_t n, uint8_t* codes, size_t stride) {

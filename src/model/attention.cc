@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "common/check.h"
@@ -26,11 +27,55 @@ static_assert(kTile % kBlock == 0);
 // K element (dim 0, first key) — dim d of the block's 16 keys is the 16 elements at
 // k[c] + d * k_stride — and of the first key's V row (the block's rows follow, head_dim
 // apart).
+// Scaled (8-bit) pages add the F32 scales of the block's 16 keys, K's and V's: the
+// kernels multiply codes, and apply K's scales to the 16 scores of a column block and
+// V's to the 16 probabilities that weigh its rows (a per-token scale factors out of both
+// products), so a page is never widened to F32.
 struct TileSource {
   const std::byte* k[kBlocksPerTile];
   const std::byte* v[kBlocksPerTile];
-  size_t k_stride;  // elements
+  const float* k_scale[kBlocksPerTile];  // scaled dtypes only
+  const float* v_scale[kBlocksPerTile];  // scaled dtypes only
+  size_t k_stride;                       // elements
 };
+
+typedef int8_t I8x16 __attribute__((vector_size(16)));
+typedef uint8_t U8x16 __attribute__((vector_size(16)));
+
+// 16 int8 codes widened to F32 (exact).
+F32x16 load_int8(const std::byte* p) {
+  I8x16 b;
+  std::memcpy(&b, p, sizeof b);
+  return __builtin_convertvector(__builtin_convertvector(b, simd::I32x16), F32x16);
+}
+
+// What the F32 value of an E4M3FN code is multiplied by when load_fp8 decodes it.
+constexpr float kFp8Decoded = 0x1p-8f;
+
+// 16 E4M3FN codes decoded to F32 times kFp8Decoded (exact, NaN codes aside, which the
+// quantizer never writes): the code's exponent and mantissa bits, moved into an F16's,
+// are an F16 of the same significand whose exponent bias (15) is 8 more than E4M3's (7),
+// subnormals included.
+F32x16 load_fp8(const std::byte* p) {
+  U8x16 b;
+  std::memcpy(&b, p, sizeof b);
+  const simd::U16x16 w = __builtin_convertvector(b, simd::U16x16);
+  const simd::U16x16 h = ((w & 0x7f) << 7) | ((w & 0x80) << 8);
+#if defined(__AVX512F__)
+  __m256i hv;
+  std::memcpy(&hv, &h, sizeof hv);
+  const __m512 f = _mm512_cvtph_ps(hv);
+  F32x16 v;
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+#else
+  uint16_t lanes[kLanes];
+  std::memcpy(lanes, &h, sizeof lanes);
+  float out[kLanes];
+  f16_to_f32_row(lanes, out, kLanes);
+  return simd::load(out);
+#endif
+}
 
 template <KvDtype D>
 F32x16 load_kv(const std::byte* base, size_t index) {
@@ -38,9 +83,19 @@ F32x16 load_kv(const std::byte* base, size_t index) {
     return simd::load(reinterpret_cast<const float*>(base) + index);
   } else if constexpr (D == KvDtype::kF16) {
     return simd::load_f16(reinterpret_cast<const uint16_t*>(base) + index);
-  } else {
+  } else if constexpr (D == KvDtype::kBF16) {
     return simd::load_bf16(reinterpret_cast<const uint16_t*>(base) + index);
+  } else if constexpr (D == KvDtype::kInt8) {
+    return load_int8(base + index);
+  } else {
+    return load_fp8(base + index);
   }
+}
+
+// The factor that turns load_kv's values times a row's scale into the row's values.
+template <KvDtype D>
+constexpr float scale_unit() {
+  return D == KvDtype::kFp8E4M3 ? 1.0f / kFp8Decoded : 1.0f;
 }
 
 // scores[r][16 c ..] = q[r] . K[block c] for ROWS rows and NB column blocks.
@@ -56,6 +111,12 @@ void score_block(const float* q, int32_t head_dim, const TileSource& src, float*
     for (int r = 0; r < ROWS; ++r) {
       const F32x16 qv = simd::splat(q[r * head_dim + d]);
       for (int c = 0; c < NB; ++c) acc[r][c] += qv * k[c];
+    }
+  }
+  if constexpr (kv_dtype_is_scaled(D)) {
+    for (int c = 0; c < NB; ++c) {
+      const F32x16 scale = simd::load(src.k_scale[c]) * scale_unit<D>();
+      for (int r = 0; r < ROWS; ++r) acc[r][c] *= scale;
     }
   }
   for (int r = 0; r < ROWS; ++r) {
@@ -147,6 +208,20 @@ void pv_rows_fixed(const float* p, const TileSource& src, int32_t head_dim, int3
       default:
         pv_block<D, ROWS, 1>(p, src, head_dim, num_keys, acc, c0);
         break;
+    }
+  }
+}
+
+// Scaled dtypes: P's columns times V's per-key scales (and the decode unit), in place,
+// before pv_rows multiplies them by V's codes. Only pv_rows reads P afterwards (the
+// softmax has already summed it).
+template <KvDtype D>
+void scale_probabilities(float* p, int32_t rows, const TileSource& src, int32_t blocks) {
+  for (int32_t c = 0; c < blocks; ++c) {
+    const F32x16 scale = simd::load(src.v_scale[c]) * scale_unit<D>();
+    for (int32_t r = 0; r < rows; ++r) {
+      float* pr = p + r * kTile + c * kBlock;
+      simd::store(pr, simd::load(pr) * scale);
     }
   }
 }
@@ -477,6 +552,7 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
   const bool vector_pv = hd % kLanes == 0;
   // Paired BF16 pages: q and p rounded to BF16, both products on vdpbf16ps.
   const bool paired = direct && kv.paired_bf16();
+  const bool scaled = kv_dtype_is_scaled(dtype);
   uint16_t* q_bf16 = ws.q_bf16.as<uint16_t>();
   uint16_t* p_bf16 = ws.p_bf16.as<uint16_t>();
   if (paired) f32_to_bf16_row(qs, q_bf16, static_cast<size_t>(rows) * static_cast<size_t>(hd));
@@ -498,6 +574,11 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
         const int32_t slot = static_cast<int32_t>(first % page_size);
         src.k[c] = kv.k_block(layer, page) + kv.k_index(task.kv_head, slot, 0) * elem;
         src.v[c] = kv.v_block(layer, page) + kv.v_index(task.kv_head, slot, 0) * elem;
+        if (scaled) {
+          const size_t scale = kv.scale_offset_bytes(task.kv_head, slot);
+          src.k_scale[c] = reinterpret_cast<const float*>(kv.k_block(layer, page) + scale);
+          src.v_scale[c] = reinterpret_cast<const float*>(kv.v_block(layer, page) + scale);
+        }
       }
       src.k_stride = static_cast<size_t>(page_size);
     } else {
@@ -532,8 +613,12 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
       score_rows<KvDtype::kF32>(qs, rows, hd, src, blocks, scores);
     } else if (tile_dtype == KvDtype::kF16) {
       score_rows<KvDtype::kF16>(qs, rows, hd, src, blocks, scores);
-    } else {
+    } else if (tile_dtype == KvDtype::kBF16) {
       score_rows<KvDtype::kBF16>(qs, rows, hd, src, blocks, scores);
+    } else if (tile_dtype == KvDtype::kInt8) {
+      score_rows<KvDtype::kInt8>(qs, rows, hd, src, blocks, scores);
+    } else {
+      score_rows<KvDtype::kFp8E4M3>(qs, rows, hd, src, blocks, scores);
     }
     // ---- online softmax ----
     for (int32_t r = 0; r < rows; ++r) {
@@ -557,8 +642,14 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
       pv_rows<KvDtype::kF32>(scores, rows, src, hd, kn, acc);
     } else if (tile_dtype == KvDtype::kF16) {
       pv_rows<KvDtype::kF16>(scores, rows, src, hd, kn, acc);
-    } else {
+    } else if (tile_dtype == KvDtype::kBF16) {
       pv_rows<KvDtype::kBF16>(scores, rows, src, hd, kn, acc);
+    } else if (tile_dtype == KvDtype::kInt8) {
+      scale_probabilities<KvDtype::kInt8>(scores, rows, src, blocks);
+      pv_rows<KvDtype::kInt8>(scores, rows, src, hd, kn, acc);
+    } else {
+      scale_probabilities<KvDtype::kFp8E4M3>(scores, rows, src, blocks);
+      pv_rows<KvDtype::kFp8E4M3>(scores, rows, src, hd, kn, acc);
     }
   }
   // ---- normalise and write ----

@@ -378,7 +378,15 @@ INSTANTIATE_TEST_SUITE_P(
                       AttentionCase{8, 4, 64, 16, 0, KvDtype::kF16},
                       AttentionCase{8, 4, 64, 32, 0, KvDtype::kBF16},  // paired BF16
                       AttentionCase{8, 2, 128, 16, 40, KvDtype::kBF16},
-                      AttentionCase{4, 2, 32, 5, 0, KvDtype::kBF16}),  // unpaired BF16
+                      AttentionCase{4, 2, 32, 5, 0, KvDtype::kBF16},   // unpaired BF16
+                      // 8-bit pages, read directly (scales applied to scores and P) ...
+                      AttentionCase{8, 4, 64, 16, 0, KvDtype::kInt8},
+                      AttentionCase{8, 2, 128, 32, 40, KvDtype::kInt8},
+                      AttentionCase{8, 4, 64, 16, 0, KvDtype::kFp8E4M3},
+                      AttentionCase{8, 2, 128, 16, 40, KvDtype::kFp8E4M3},
+                      // ... and through the gather path (odd page size, head_dim not /16)
+                      AttentionCase{4, 4, 48, 7, 0, KvDtype::kInt8},
+                      AttentionCase{6, 2, 20, 5, 0, KvDtype::kFp8E4M3}),
     [](const auto& info) { return ::testing::PrintToString(info.param); });
 
 }  // namespace
