@@ -51,6 +51,21 @@ void for_rows(ThreadPool& pool, int64_t rows, int64_t row_elements, Fn&& fn) {
   });
 }
 
+// A fused projection, or its parts one after another into consecutive columns of c.
+void project(Matmul& matmul, ThreadPool& pool, const float* a, int64_t m, int64_t lda,
+             const WeightMatrix& fused, const std::vector<WeightMatrix>& parts, float* c,
+             int64_t ldc) {
+  if (parts.empty()) {
+    matmul.run(pool, a, m, lda, fused, c, ldc, false);
+    return;
+  }
+  int64_t column = 0;
+  for (const WeightMatrix& part : parts) {
+    matmul.run(pool, a, m, lda, part, c + column, ldc, false);
+    column += part.rows();
+  }
+}
+
 }  // namespace
 
 Status Model::validate(std::span<const ForwardSequence> batch, const KvPool& pool) const {
@@ -195,7 +210,7 @@ Status Model::forward_validated(std::span<const ForwardSequence> batch, KvPool& 
     }
     {
       PhaseTimer timer(prof, pr.qkv_s);
-      matmul_.run(pool_, xn, num_tokens, hidden, lw.qkv, qkv, qkv_stride, false);
+      project(matmul_, pool_, xn, num_tokens, hidden, lw.qkv, lw.qkv_parts, qkv, qkv_stride);
     }
     {
       PhaseTimer timer(prof, pr.rope_store_s);
@@ -249,7 +264,7 @@ Status Model::forward_validated(std::span<const ForwardSequence> batch, KvPool& 
     }
     {
       PhaseTimer timer(prof, pr.gate_up_s);
-      matmul_.run(pool_, xn, num_tokens, hidden, lw.gate_up, gu, 2 * ffn, false);
+      project(matmul_, pool_, xn, num_tokens, hidden, lw.gate_up, lw.gate_up_parts, gu, 2 * ffn);
     }
     {
       PhaseTimer timer(prof, pr.silu_s);

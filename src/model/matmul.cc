@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "memory/kv_dtype.h"
+#include "model/quant_dot.h"
 #include "model/simd.h"
 
 namespace strata {
@@ -192,7 +193,10 @@ void Matmul::use_single_threaded_blas() {
   openblas_set_num_threads(1);
 }
 
-Matmul::Matmul(int num_threads, int64_t blas_min_rows) : blas_min_rows_(blas_min_rows) {
+Matmul::Matmul(int num_threads, int64_t blas_min_rows)
+    : blas_min_rows_(blas_min_rows),
+      panel_f32_(static_cast<size_t>(num_threads)),
+      panel_bf16_(static_cast<size_t>(num_threads)) {
   STRATA_CHECK(num_threads >= 1);
   use_single_threaded_blas();
 }
@@ -201,7 +205,13 @@ void Matmul::run(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const
                  float* c, int64_t ldc, bool accumulate) {
   if (m <= 0 || w.rows() == 0) return;
   STRATA_CHECK(lda >= w.cols() && ldc >= w.rows());
-  if (w.dtype() == WeightDtype::kBF16) {
+  if (is_quantized(w.dtype())) {
+    if (m < kQuantGemvMaxRows) {
+      quant_gemv(pool, a, m, lda, w, c, ldc, accumulate);
+    } else {
+      quant_gemm(pool, a, m, lda, w, c, ldc, accumulate);
+    }
+  } else if (w.dtype() == WeightDtype::kBF16) {
     bf16(pool, a, m, lda, w, c, ldc, accumulate);
   } else if (m >= blas_min_rows_) {
     blas(pool, a, m, lda, w, c, ldc, accumulate);
@@ -245,12 +255,9 @@ void Matmul::blas(ThreadPool& pool, const float* a, int64_t m, int64_t lda, cons
   });
 }
 
-void Matmul::bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
-                  float* c, int64_t ldc, bool accumulate) {
-  const int64_t k = w.cols();
-  const int64_t kp = w.padded_cols();
-  const int64_t pairs = kp / 2;
-  // Activations rounded to BF16 once, rows padded to an even length with zeros.
+const uint16_t* Matmul::round_to_bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda,
+                                      int64_t k, int64_t kp) {
+  // Rows padded to an even length with zeros.
   a_bf16_.reserve(static_cast<size_t>(m * kp) * sizeof(uint16_t));
   uint16_t* ab = a_bf16_.as<uint16_t>();
   const int64_t convert_tasks =
@@ -263,6 +270,15 @@ void Matmul::bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda, cons
       if (kp != k) ab[r * kp + k] = 0;
     }
   });
+  return ab;
+}
+
+void Matmul::bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
+                  float* c, int64_t ldc, bool accumulate) {
+  const int64_t k = w.cols();
+  const int64_t kp = w.padded_cols();
+  const int64_t pairs = kp / 2;
+  const uint16_t* ab = round_to_bf16(pool, a, m, lda, k, kp);
   // Tasks: groups of panels (32 weight rows each). Inside a task, rows of A in blocks
   // that stay in L2 while every panel of the group passes over them.
   const int64_t panels = w.num_panels();
@@ -281,6 +297,82 @@ void Matmul::bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda, cons
         const int64_t columns = std::min<int64_t>(WeightMatrix::kPanelRows, n - n0);
         bf16_rows(ab + m0 * kp, rows, kp, w.packed_bf16() + p * w.panel_elements(), pairs,
                   c + m0 * ldc + n0, ldc, columns, accumulate);
+      }
+    }
+  });
+}
+
+void Matmul::quant_gemv(ThreadPool& pool, const float* a, int64_t m, int64_t lda,
+                        const WeightMatrix& w, float* c, int64_t ldc, bool accumulate) {
+  const GgmlType type = weight_dtype_ggml_type(w.dtype());
+  const QuantKernels kernels = quant_kernels(type);
+  const int64_t n = w.rows();
+  const int64_t k = w.cols();
+  const int64_t a_bytes = quant_activation_bytes(type, k);
+  a_quant_.reserve(static_cast<size_t>(m * a_bytes));
+  std::byte* aq = a_quant_.as<std::byte>();
+  for (int64_t i = 0; i < m; ++i) kernels.quantize(a + i * lda, aq + i * a_bytes, k);
+  // Long contiguous runs of rows per task keep each thread's stream sequential; at least
+  // 4 tasks per thread balance the load.
+  const int64_t rows_per_task = std::clamp<int64_t>(n / (4 * pool.num_threads()), 16, 256);
+  const int64_t num_tasks = (n + rows_per_task - 1) / rows_per_task;
+  pool.run(num_tasks, [&](int64_t task, int) {
+    const int64_t n0 = task * rows_per_task;
+    const int64_t n1 = std::min(n, n0 + rows_per_task);
+    for (int64_t r = n0; r < n1; ++r) {
+      const std::byte* wr = w.quant_row(r);
+      for (int64_t i = 0; i < m; ++i) {
+        const float v = kernels.dot(wr, aq + i * a_bytes, k);
+        float& out = c[i * ldc + r];
+        out = accumulate ? out + v : v;
+      }
+    }
+  });
+}
+
+void Matmul::quant_gemm(ThreadPool& pool, const float* a, int64_t m, int64_t lda,
+                        const WeightMatrix& w, float* c, int64_t ldc, bool accumulate) {
+  constexpr int64_t kPanelRows = WeightMatrix::kPanelRows;
+  const int64_t n = w.rows();
+  const int64_t k = w.cols();
+  const int64_t kp = w.padded_cols();
+  const int64_t pairs = kp / 2;
+  const uint16_t* ab = round_to_bf16(pool, a, m, lda, k, kp);
+  const int64_t panels = (n + kPanelRows - 1) / kPanelRows;
+  const int64_t panels_per_task = std::clamp<int64_t>(panels / (4 * pool.num_threads()), 1, 8);
+  const int64_t num_tasks = (panels + panels_per_task - 1) / panels_per_task;
+  const int64_t a_block_rows =
+      std::max<int64_t>(kBf16TileRows, (256 * 1024) / (kp * 2) / kBf16TileRows * kBf16TileRows);
+  for (size_t t = 0; t < panel_f32_.size(); ++t) {
+    panel_f32_[t].reserve(static_cast<size_t>(kPanelRows * k) * sizeof(float));
+    panel_bf16_[t].reserve(static_cast<size_t>(kPanelRows * kp) * sizeof(uint16_t));
+  }
+  pool.run(num_tasks, [&](int64_t task, int thread) {
+    float* rows = panel_f32_[static_cast<size_t>(thread)].as<float>();
+    uint16_t* panel = panel_bf16_[static_cast<size_t>(thread)].as<uint16_t>();
+    const int64_t p_begin = task * panels_per_task;
+    const int64_t p_end = std::min(panels, p_begin + panels_per_task);
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      const int64_t n0 = p * kPanelRows;
+      const int64_t columns = std::min<int64_t>(kPanelRows, n - n0);
+      w.rows_to_f32(n0, columns, rows);
+      // The packed BF16 layout of weights.h: for each column pair, the 32 rows' pairs.
+      for (int64_t lane = 0; lane < kPanelRows; ++lane) {
+        uint16_t* dst = panel + (lane / 16) * 32 + (lane % 16) * 2;
+        if (lane >= columns) {
+          for (int64_t q = 0; q < pairs; ++q) dst[q * 64] = dst[q * 64 + 1] = 0;
+          continue;
+        }
+        const float* src = rows + lane * k;
+        for (int64_t q = 0; q < pairs; ++q) {
+          dst[q * 64] = f32_to_bf16(src[2 * q]);
+          dst[q * 64 + 1] = 2 * q + 1 < k ? f32_to_bf16(src[2 * q + 1]) : 0;
+        }
+      }
+      for (int64_t m0 = 0; m0 < m; m0 += a_block_rows) {
+        const int64_t block = std::min(a_block_rows, m - m0);
+        bf16_rows(ab + m0 * kp, block, kp, panel, pairs, c + m0 * ldc + n0, ldc, columns,
+                  accumulate);
       }
     }
   });

@@ -19,6 +19,14 @@
 // multiplies 12-row tiles of A by 32-row panels of W with vdpbf16ps (two products per
 // lane and instruction: twice the F32 FMA rate) where the CPU has AVX512-BF16, and an
 // exact F32 emulation elsewhere. Debian's OpenBLAS does not export cblas_sbgemm.
+// Quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K; weights.h):
+// - m < kQuantGemvMaxRows (decode, batched decode): each row of A is quantized once to
+//   8-bit blocks, then model/quant_dot.h's kernels (AVX-512 VNNI, AVX2 or scalar, chosen
+//   at run time) stream W's packed rows, each row of W against every row of A while it
+//   is in L1. Bound by reading W: its bytes are the file's.
+// - larger m (prefill): each task dequantizes 32-row panels of W into the packed BF16
+//   layout in a scratch of its own and runs the BF16 kernel over every row of A (A
+//   rounded to BF16 once): the dequantization is paid once per panel for all m rows.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +45,8 @@ class Matmul {
 #else
   static constexpr int64_t kDefaultBlasMinRows = 4;
 #endif
+  // Quantized weights: products with fewer rows of A use the quantized dot products.
+  static constexpr int64_t kQuantGemvMaxRows = 16;
 
   // F32 products with fewer than blas_min_rows rows of A use our kernel.
   explicit Matmul(int num_threads, int64_t blas_min_rows = kDefaultBlasMinRows);
@@ -57,9 +67,20 @@ class Matmul {
              float* c, int64_t ldc, bool accumulate);
   void bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
             float* c, int64_t ldc, bool accumulate);
+  void quant_gemv(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
+                  float* c, int64_t ldc, bool accumulate);
+  void quant_gemm(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
+                  float* c, int64_t ldc, bool accumulate);
+  // A rounded to BF16 into a_bf16_, rows of kp (k rounded up to even) values.
+  const uint16_t* round_to_bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda,
+                                int64_t k, int64_t kp);
 
   int64_t blas_min_rows_;
-  AlignedBuffer a_bf16_;  // activations rounded to BF16 for the current product
+  AlignedBuffer a_bf16_;   // activations rounded to BF16 for the current product
+  AlignedBuffer a_quant_;  // activations quantized for the current product
+  // Per thread of the pool: a panel of W dequantized (F32, then packed BF16).
+  std::vector<AlignedBuffer> panel_f32_;
+  std::vector<AlignedBuffer> panel_bf16_;
 };
 
 }  // namespace strata

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "common/check.h"
 #include "memory/kv_dtype.h"
@@ -83,7 +84,8 @@ class Loader {
     }
     std::vector<float> row(static_cast<size_t>(cols));
     std::vector<uint16_t> bits(static_cast<size_t>(cols));
-    const bool copy_bits = (*view)->dtype == TensorDtype::kBF16;
+    const bool copy_bits =
+        (*view)->dtype == TensorDtype::kBF16 && matrix.dtype() == WeightDtype::kBF16;
     for (int64_t r = 0; r < rows; ++r) {
       if (copy_bits) {
         // BF16 to BF16: the bits as they are (memcpy: the mapping may be unaligned).
@@ -98,6 +100,15 @@ class Loader {
     return {};
   }
 
+  // The dtype of a matrix of `cols` columns: the one asked for, or for a quantized one
+  // whose block does not divide the row, Q8_0 (K-quants) or F32 (as llama.cpp's
+  // quantizer falls back for such tensors).
+  WeightDtype dtype_for(int64_t cols) const {
+    if (cols % weight_dtype_block(dtype_) == 0) return dtype_;
+    if (cols % weight_dtype_block(WeightDtype::kQ8_0) == 0) return WeightDtype::kQ8_0;
+    return WeightDtype::kF32;
+  }
+
   Result<ModelWeights> load() {
     const ModelConfig& c = config_;
     const int64_t hidden = c.hidden_size;
@@ -105,7 +116,7 @@ class Loader {
     const int64_t kv = c.kv_size();
     const int64_t ffn = c.intermediate_size;
     ModelWeights w;
-    w.embed = WeightMatrix(c.vocab_size, hidden, dtype_);
+    w.embed = WeightMatrix(c.vocab_size, hidden, dtype_for(hidden));
     if (auto s = rows_into("model.embed_tokens.weight", c.vocab_size, w.embed, 0); !s) {
       return std::unexpected(s.error());
     }
@@ -120,7 +131,7 @@ class Loader {
       if (!mlp_norm) return std::unexpected(mlp_norm.error());
       l.mlp_norm = std::move(*mlp_norm);
 
-      l.qkv = WeightMatrix(q + 2 * kv, hidden, dtype_);
+      l.qkv = WeightMatrix(q + 2 * kv, hidden, dtype_for(hidden));
       if (auto s = rows_into(p + "self_attn.q_proj.weight", q, l.qkv, 0); !s) {
         return std::unexpected(s.error());
       }
@@ -146,7 +157,7 @@ class Loader {
         if (!kn) return std::unexpected(kn.error());
         l.k_norm = std::move(*kn);
       }
-      l.o = WeightMatrix(hidden, q, dtype_);
+      l.o = WeightMatrix(hidden, q, dtype_for(q));
       if (auto s = rows_into(p + "self_attn.o_proj.weight", hidden, l.o, 0); !s) {
         return std::unexpected(s.error());
       }
@@ -155,14 +166,14 @@ class Loader {
         if (!bias) return std::unexpected(bias.error());
         l.o_bias = std::move(*bias);
       }
-      l.gate_up = WeightMatrix(2 * ffn, hidden, dtype_);
+      l.gate_up = WeightMatrix(2 * ffn, hidden, dtype_for(hidden));
       if (auto s = rows_into(p + "mlp.gate_proj.weight", ffn, l.gate_up, 0); !s) {
         return std::unexpected(s.error());
       }
       if (auto s = rows_into(p + "mlp.up_proj.weight", ffn, l.gate_up, ffn); !s) {
         return std::unexpected(s.error());
       }
-      l.down = WeightMatrix(hidden, ffn, dtype_);
+      l.down = WeightMatrix(hidden, ffn, dtype_for(ffn));
       if (auto s = rows_into(p + "mlp.down_proj.weight", hidden, l.down, 0); !s) {
         return std::unexpected(s.error());
       }
@@ -171,7 +182,7 @@ class Loader {
     if (!final_norm) return std::unexpected(final_norm.error());
     w.final_norm = std::move(*final_norm);
     if (!c.tie_word_embeddings) {
-      w.lm_head = WeightMatrix(c.vocab_size, hidden, dtype_);
+      w.lm_head = WeightMatrix(c.vocab_size, hidden, dtype_for(hidden));
       if (auto s = rows_into("lm_head.weight", c.vocab_size, w.lm_head, 0); !s) {
         return std::unexpected(s.error());
       }
@@ -187,8 +198,64 @@ class Loader {
 
 }  // namespace
 
+namespace {
+
+constexpr std::pair<WeightDtype, GgmlType> kDtypeTypes[] = {
+    {WeightDtype::kF32, GgmlType::kF32},   {WeightDtype::kBF16, GgmlType::kBF16},
+    {WeightDtype::kQ8_0, GgmlType::kQ8_0}, {WeightDtype::kQ4_0, GgmlType::kQ4_0},
+    {WeightDtype::kQ4_K, GgmlType::kQ4_K}, {WeightDtype::kQ5_K, GgmlType::kQ5_K},
+    {WeightDtype::kQ6_K, GgmlType::kQ6_K},
+};
+
+}  // namespace
+
+GgmlType weight_dtype_ggml_type(WeightDtype dtype) {
+  for (const auto& [d, t] : kDtypeTypes) {
+    if (d == dtype) return t;
+  }
+  return GgmlType::kF32;
+}
+
+std::optional<WeightDtype> weight_dtype_of_ggml(GgmlType type) {
+  for (const auto& [d, t] : kDtypeTypes) {
+    if (t == type) return d;
+  }
+  return std::nullopt;
+}
+
 std::string_view weight_dtype_name(WeightDtype dtype) {
-  return dtype == WeightDtype::kF32 ? "f32" : "bf16";
+  switch (dtype) {
+    case WeightDtype::kF32:
+      return "f32";
+    case WeightDtype::kBF16:
+      return "bf16";
+    case WeightDtype::kQ8_0:
+      return "q8_0";
+    case WeightDtype::kQ4_0:
+      return "q4_0";
+    case WeightDtype::kQ4_K:
+      return "q4_k";
+    case WeightDtype::kQ5_K:
+      return "q5_k";
+    case WeightDtype::kQ6_K:
+      return "q6_k";
+  }
+  return "?";
+}
+
+std::optional<WeightDtype> parse_weight_dtype(std::string_view name) {
+  for (const auto& [d, t] : kDtypeTypes) {
+    if (weight_dtype_name(d) == name) return d;
+  }
+  return std::nullopt;
+}
+
+bool is_quantized(WeightDtype dtype) {
+  return dtype != WeightDtype::kF32 && dtype != WeightDtype::kBF16;
+}
+
+int64_t weight_dtype_block(WeightDtype dtype) {
+  return ggml_type_info(static_cast<uint32_t>(weight_dtype_ggml_type(dtype)))->block_values;
 }
 
 WeightMatrix::WeightMatrix(int64_t rows, int64_t cols, WeightDtype dtype)
@@ -196,8 +263,12 @@ WeightMatrix::WeightMatrix(int64_t rows, int64_t cols, WeightDtype dtype)
   STRATA_CHECK(rows >= 0 && cols >= 0);
   if (dtype == WeightDtype::kF32) {
     buffer_.resize(static_cast<size_t>(rows) * static_cast<size_t>(cols) * sizeof(float));
-  } else {
+  } else if (dtype == WeightDtype::kBF16) {
     buffer_.resize(static_cast<size_t>(num_panels() * panel_elements()) * sizeof(uint16_t));
+  } else {
+    STRATA_CHECK(cols % weight_dtype_block(dtype) == 0);
+    row_bytes_ = ggml_row_bytes(weight_dtype_ggml_type(dtype), cols);
+    buffer_.resize(static_cast<size_t>(rows * row_bytes_));
   }
 }
 
@@ -205,6 +276,10 @@ void WeightMatrix::set_row(int64_t r, const float* values) {
   STRATA_CHECK(r >= 0 && r < rows_);
   if (dtype_ == WeightDtype::kF32) {
     std::memcpy(f32() + r * cols_, values, static_cast<size_t>(cols_) * sizeof(float));
+    return;
+  }
+  if (is_quantized(dtype_)) {
+    quantize_row(weight_dtype_ggml_type(dtype_), values, quant_row(r), cols_);
     return;
   }
   uint16_t* data = buffer_.as<uint16_t>();
@@ -217,11 +292,22 @@ void WeightMatrix::set_row_bf16(int64_t r, const uint16_t* values) {
     bf16_to_f32_row(values, f32() + r * cols_, static_cast<size_t>(cols_));
     return;
   }
+  if (is_quantized(dtype_)) {
+    std::vector<float> row(static_cast<size_t>(cols_));
+    bf16_to_f32_row(values, row.data(), row.size());
+    set_row(r, row.data());
+    return;
+  }
   uint16_t* data = buffer_.as<uint16_t>();
   for (int64_t c = 0; c < cols_; ++c) data[packed_index(r, c)] = values[c];
 }
 
 float WeightMatrix::at(int64_t r, int64_t c) const {
+  if (is_quantized(dtype_)) {
+    std::vector<float> row(static_cast<size_t>(cols_));
+    row_to_f32(r, row.data());
+    return row[static_cast<size_t>(c)];
+  }
   return dtype_ == WeightDtype::kF32 ? f32()[r * cols_ + c]
                                      : bf16_to_f32(packed_bf16()[packed_index(r, c)]);
 }
@@ -236,6 +322,13 @@ void WeightMatrix::rows_to_f32(int64_t row_begin, int64_t num_rows, float* out) 
                 static_cast<size_t>(num_rows * cols_) * sizeof(float));
     return;
   }
+  if (is_quantized(dtype_)) {
+    for (int64_t r = 0; r < num_rows; ++r) {
+      dequantize_row(weight_dtype_ggml_type(dtype_), quant_row(row_begin + r), out + r * cols_,
+                     cols_);
+    }
+    return;
+  }
   const uint16_t* data = packed_bf16();
   for (int64_t r = 0; r < num_rows; ++r) {
     for (int64_t c = 0; c < cols_; ++c) {
@@ -247,6 +340,8 @@ void WeightMatrix::rows_to_f32(int64_t row_begin, int64_t num_rows, float* out) 
 size_t ModelWeights::size_bytes() const {
   size_t total = embed.size_bytes() + lm_head.size_bytes() + final_norm.size() * 4;
   for (const LayerWeights& l : layers) {
+    for (const WeightMatrix& m : l.qkv_parts) total += m.size_bytes();
+    for (const WeightMatrix& m : l.gate_up_parts) total += m.size_bytes();
     total += l.qkv.size_bytes() + l.o.size_bytes() + l.gate_up.size_bytes() + l.down.size_bytes() +
              (l.attn_norm.size() + l.mlp_norm.size() + l.qkv_bias.size() + l.o_bias.size() +
               l.q_norm.size() + l.k_norm.size()) *
