@@ -539,8 +539,7 @@ void GgufWriter::add_tensor(std::string name, std::vector<int64_t> ne, GgmlType 
   tensors_.push_back(Tensor{std::move(name), std::move(ne), type, std::move(data)});
 }
 
-std::vector<std::byte> GgufWriter::bytes() const {
-  constexpr uint64_t kAlign = 32;
+std::vector<std::byte> GgufWriter::header() const {
   std::vector<std::byte> out;
   put<uint32_t>(out, kMagic);
   put<uint32_t>(out, 3);
@@ -557,6 +556,11 @@ std::vector<std::byte> GgufWriter::bytes() const {
     offset += (t.data.size() + kAlign - 1) / kAlign * kAlign;
   }
   out.resize((out.size() + kAlign - 1) / kAlign * kAlign);
+  return out;
+}
+
+std::vector<std::byte> GgufWriter::bytes() const {
+  std::vector<std::byte> out = header();
   for (const Tensor& t : tensors_) {
     out.insert(out.end(), t.data.begin(), t.data.end());
     out.resize((out.size() + kAlign - 1) / kAlign * kAlign);
@@ -565,10 +569,19 @@ std::vector<std::byte> GgufWriter::bytes() const {
 }
 
 Status GgufWriter::write(const std::filesystem::path& path) const {
-  const std::vector<std::byte> data = bytes();
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return make_error(ErrorCode::kIoError, "cannot create " + path.string());
-  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  auto put_bytes = [&](const std::byte* p, size_t n) {
+    out.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n));
+  };
+  const std::vector<std::byte> head = header();
+  put_bytes(head.data(), head.size());
+  const std::byte zeros[kAlign] = {};
+  for (const Tensor& t : tensors_) {
+    put_bytes(t.data.data(), t.data.size());
+    put_bytes(zeros, (kAlign - t.data.size() % kAlign) % kAlign);
+  }
+  out.flush();
   if (!out) return make_error(ErrorCode::kIoError, "cannot write " + path.string());
   return {};
 }

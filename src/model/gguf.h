@@ -140,9 +140,14 @@ class GgufWriter {
                   std::vector<std::byte> data);
 
   std::vector<std::byte> bytes() const;
+  // Streams the file (the tensors are not copied again).
   Status write(const std::filesystem::path& path) const;
 
  private:
+  static constexpr uint64_t kAlign = 32;
+  // Everything before the tensors' data, padded to the alignment.
+  std::vector<std::byte> header() const;
+
   struct Tensor {
     std::string name;
     std::vector<int64_t> ne;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "model/gguf_model.h"
 
 namespace strata {
 
@@ -78,8 +79,39 @@ Result<std::unique_ptr<Model>> Model::from_tensors(const ModelConfig& config,
   }
 }
 
+Result<std::unique_ptr<Model>> Model::load_gguf(const std::filesystem::path& path,
+                                                const ModelOptions& options) {
+  auto file = GgufFile::open(path);
+  if (!file) return std::unexpected(file.error());
+  auto config = gguf_model_config(**file);
+  if (!config) return std::unexpected(config.error());
+  auto weights = load_gguf_weights(**file, *config, options.weight_dtype);
+  if (!weights) return std::unexpected(weights.error());
+  const double mb = static_cast<double>(weights->size_bytes()) / 1e6;
+  std::string types;
+  for (const WeightMatrix* m : std::initializer_list<const WeightMatrix*>{
+           &weights->layers[0].qkv, &weights->layers[0].down,
+                                &weights->output()}) {
+    if (!types.empty()) types.append("/");
+    types.append(m->empty() ? "parts" : weight_dtype_name(m->dtype()));
+  }
+  try {
+    std::unique_ptr<Model> model(
+        new Model(*config, std::move(*weights), resolve_threads(options.num_threads)));
+    STRATA_LOG_INFO(
+        "loaded {} from {} (GGUF v{}): {} layers, hidden {}, vocab {}, weights qkv/down/output "
+        "{} ({:.1f} MB)",
+        architecture_class_name(config->architecture), path.string(), (*file)->version(),
+        config->num_layers, config->hidden_size, config->vocab_size, types, mb);
+    return model;
+  } catch (const std::bad_alloc&) {
+    return make_error(ErrorCode::kResourceExhausted, "out of memory creating the model");
+  }
+}
+
 Result<std::unique_ptr<Model>> Model::load(const std::filesystem::path& dir,
                                            const ModelOptions& options) {
+  if (is_gguf_file(dir)) return load_gguf(dir, options);
   auto config = load_model_config(dir);
   if (!config) return std::unexpected(config.error());
   auto tensors = SafetensorsModel::open(dir);

@@ -29,17 +29,23 @@ struct ModelOptions {
   // Compute threads; 0: one per hardware thread.
   int num_threads = 0;
   // In-memory dtype of the weight matrices. Empty: the checkpoint's (BF16 stays BF16;
-  // F32 and F16 become F32). BF16 halves the memory traffic of decoding; forcing it on
-  // an F32 checkpoint rounds the weights.
+  // F32 and F16 become F32; a GGUF file's types stay). BF16 halves the memory traffic of
+  // decoding; forcing it on an F32 checkpoint rounds the weights. Q8_0, Q4_0, Q4_K
+  // quantize at load (round to nearest; matrices whose rows are not whole blocks fall
+  // back to Q8_0 or F32).
   std::optional<WeightDtype> weight_dtype;
 };
 
 // The CPU engine's ForwardModel.
 class Model final : public ForwardModel {
  public:
-  // Loads a Hugging Face folder: config.json, then model.safetensors or its shards.
+  // Loads a Hugging Face folder (config.json, then model.safetensors or its shards) or a
+  // GGUF file (model/gguf_model.h).
   static Result<std::unique_ptr<Model>> load(const std::filesystem::path& dir,
                                              const ModelOptions& options = {});
+  // Loads a GGUF file: its weights keep their types unless options.weight_dtype is set.
+  static Result<std::unique_ptr<Model>> load_gguf(const std::filesystem::path& path,
+                                                  const ModelOptions& options = {});
   // A model over weights already in memory (tests, benchmarks, make-model).
   static Result<std::unique_ptr<Model>> from_tensors(const ModelConfig& config,
                                                      const TensorSource& tensors,
