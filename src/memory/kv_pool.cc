@@ -49,8 +49,7 @@ Status validate_kv_pool_shape(const KvPoolShape& shape) {
 }
 
 KvPool::KvPool(const KvPoolShape& shape, NoAllocate) : shape_(shape) {
-  paired_bf16_ =
-      shape.dtype == KvDtype::kBF16 && shape.page_size % 16 == 0 && shape.head_dim % 2 == 0;
+  paired_bf16_ = kv_paired_bf16(shape);
   head_block_elements_ = static_cast<size_t>(shape.page_size) * static_cast<size_t>(shape.head_dim);
   block_elements_ = head_block_elements_ * static_cast<size_t>(shape.num_kv_heads);
   block_bytes_ = kv_block_bytes(shape.dtype, static_cast<size_t>(shape.num_kv_heads),
@@ -165,8 +164,10 @@ void KvPool::write_token(int32_t layer, PageId page, int32_t slot, const float* 
                           static_cast<size_t>(shape_.page_size));
       const float v_scale = quantize_kv_row(shape_.dtype, vh, static_cast<size_t>(hd),
                                             reinterpret_cast<uint8_t*>(vb + v_index(h, slot, 0)));
-      std::memcpy(kb + scale_offset_bytes(h, slot), &k_scale, kKvScaleBytes);
-      std::memcpy(vb + scale_offset_bytes(h, slot), &v_scale, kKvScaleBytes);
+      // Scales are BF16 values already (kv_quant.h): the conversion is exact.
+      const uint16_t k_bits = f32_to_bf16(k_scale), v_bits = f32_to_bf16(v_scale);
+      std::memcpy(kb + scale_offset_bytes(h, slot), &k_bits, kKvScaleBytes);
+      std::memcpy(vb + scale_offset_bytes(h, slot), &v_bits, kKvScaleBytes);
       continue;
     }
     for (int32_t d = 0; d < hd; ++d) store_element(shape_.dtype, kb, k_index(h, slot, d), kh[d]);
@@ -187,9 +188,10 @@ void KvPool::read_head(int32_t layer, PageId page, int32_t slot, int32_t head, f
   const std::byte* kb = k_block(layer, page);
   const std::byte* vb = v_block(layer, page);
   if (kv_dtype_is_scaled(shape_.dtype)) {
-    float k_scale, v_scale;
-    std::memcpy(&k_scale, kb + scale_offset_bytes(head, slot), kKvScaleBytes);
-    std::memcpy(&v_scale, vb + scale_offset_bytes(head, slot), kKvScaleBytes);
+    uint16_t k_bits, v_bits;
+    std::memcpy(&k_bits, kb + scale_offset_bytes(head, slot), kKvScaleBytes);
+    std::memcpy(&v_bits, vb + scale_offset_bytes(head, slot), kKvScaleBytes);
+    const float k_scale = bf16_to_f32(k_bits), v_scale = bf16_to_f32(v_bits);
     const size_t hd = static_cast<size_t>(shape_.head_dim);
     dequantize_kv_row(shape_.dtype, reinterpret_cast<const uint8_t*>(kb + k_index(head, slot, 0)),
                       k_scale, k, hd, static_cast<size_t>(shape_.page_size));

@@ -19,10 +19,10 @@
 //     V in slot pairs:      element d of slot s at  ((s / 2) * head_dim + d) * 2 + s % 2
 //
 //   int8, fp8_e4m3 (scaled, kv_quant.h): codes in the F32 order above (one byte each),
-//   then one F32 scale per (head, slot) after all heads' codes, [kv_head][slot]:
-//     scale of slot s of head h at  block_elements() + (h * page_size + s) * 4  bytes
+//   then one BF16 scale per (head, slot) after all heads' codes, [kv_head][slot]:
+//     scale of slot s of head h at  block_elements() + (h * page_size + s) * 2  bytes
 //   so the block stays one self-contained run of kv_block_bytes() bytes, and the scales
-//   of 16 consecutive keys are one 64-byte vector, like their K codes' dims.
+//   of 16 consecutive keys are one 32-byte vector, like their K codes' dims.
 //
 // Dimension-major K puts dim d of 16 consecutive keys in one 64-byte vector, so scores
 // are computed straight from the page with no transpose (vLLM lays out its K cache for
@@ -68,6 +68,28 @@ struct KvPoolShape {
 
 // Returns an error naming the first invalid field, or a size that overflows.
 Status validate_kv_pool_shape(const KvPoolShape& shape);
+
+// Whether pages of `shape` use the paired BF16 block order (the top of this file).
+constexpr bool kv_paired_bf16(const KvPoolShape& shape) {
+  return shape.dtype == KvDtype::kBF16 && shape.page_size % 16 == 0 && shape.head_dim % 2 == 0;
+}
+
+// What the bytes of a page buffer of `shape` are, as the one number that storage frames
+// carry (storage_backend.h, StorageConfig::page_format): bits 0..7 the dtype + 1, bit 8
+// the paired BF16 block order, bit 9 a model's own block order (`external`: a GPU's
+// pages), bits 16..23 the page buffer's format family (1: copy_page_out's).
+constexpr uint32_t kv_page_format(const KvPoolShape& shape, bool external) {
+  return (static_cast<uint32_t>(shape.dtype) + 1) | (kv_paired_bf16(shape) ? 1u << 8 : 0u) |
+         (external ? 1u << 9 : 0u) | (1u << 16);
+}
+
+// Bytes of one page of `shape` (all layers, K and V, scales included): KvPool::page_bytes()
+// without a pool. The shape's num_pages is not read.
+inline size_t kv_page_bytes(const KvPoolShape& shape) {
+  return 2 * static_cast<size_t>(shape.num_layers) *
+         kv_block_bytes(shape.dtype, static_cast<size_t>(shape.num_kv_heads),
+                        static_cast<size_t>(shape.page_size), static_cast<size_t>(shape.head_dim));
+}
 
 class KvPool {
  public:
@@ -131,7 +153,7 @@ class KvPool {
                         : h + static_cast<size_t>(slot) * hd + static_cast<size_t>(d);
   }
 
-  // Scaled dtypes: the byte offset, from the start of a K (or V) block, of the F32 scale
+  // Scaled dtypes: the byte offset, from the start of a K (or V) block, of the BF16 scale
   // of `slot` of `head`.
   size_t scale_offset_bytes(int32_t head, int32_t slot) const {
     return block_elements_ + (static_cast<size_t>(head) * static_cast<size_t>(shape_.page_size) +

@@ -19,6 +19,17 @@ float amax_finite(const float* src, size_t n) {
   return amax;
 }
 
+// The smallest BF16 value >= x (x finite, >= 0).
+float round_up_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0xffffu) != 0) u = (u & 0xffff0000u) + 0x10000u;
+  else u &= 0xffff0000u;
+  float out;
+  std::memcpy(&out, &u, sizeof out);
+  return out;
+}
+
 uint8_t int8_code(float x, float scale) {
   if (std::isnan(x) || scale == 0.0f) return 0;
   float q = std::nearbyint(x / scale);  // the default rounding mode: nearest, ties to even
@@ -81,11 +92,11 @@ float quantize_kv_row(KvDtype dtype, const float* src, size_t n, uint8_t* codes,
   STRATA_CHECK_MSG(kv_dtype_is_scaled(dtype), "quantize_kv_row on an unscaled KV dtype");
   const float amax = amax_finite(src, n);
   if (dtype == KvDtype::kInt8) {
-    const float scale = amax / kInt8MaxCode;
+    const float scale = round_up_bf16(amax / kInt8MaxCode);
     for (size_t i = 0; i < n; ++i) codes[i * stride] = int8_code(src[i], scale);
     return scale;
   }
-  const float scale = amax / kFp8E4M3Max;
+  const float scale = round_up_bf16(amax / kFp8E4M3Max);
   for (size_t i = 0; i < n; ++i) {
     const float x = src[i];
     codes[i * stride] = std::isnan(x) || scale == 0.0f ? uint8_t{0} : f32_to_fp8_e4m3(x / scale);

@@ -27,16 +27,16 @@ static_assert(kTile % kBlock == 0);
 // K element (dim 0, first key) — dim d of the block's 16 keys is the 16 elements at
 // k[c] + d * k_stride — and of the first key's V row (the block's rows follow, head_dim
 // apart).
-// Scaled (8-bit) pages add the F32 scales of the block's 16 keys, K's and V's: the
+// Scaled (8-bit) pages add the BF16 scales of the block's 16 keys, K's and V's: the
 // kernels multiply codes, and apply K's scales to the 16 scores of a column block and
 // V's to the 16 probabilities that weigh its rows (a per-token scale factors out of both
 // products), so a page is never widened to F32.
 struct TileSource {
   const std::byte* k[kBlocksPerTile];
   const std::byte* v[kBlocksPerTile];
-  const float* k_scale[kBlocksPerTile];  // scaled dtypes only
-  const float* v_scale[kBlocksPerTile];  // scaled dtypes only
-  size_t k_stride;                       // elements
+  const uint16_t* k_scale[kBlocksPerTile];  // scaled dtypes only (BF16)
+  const uint16_t* v_scale[kBlocksPerTile];  // scaled dtypes only (BF16)
+  size_t k_stride;                          // elements
 };
 
 typedef int8_t I8x16 __attribute__((vector_size(16)));
@@ -115,7 +115,7 @@ void score_block(const float* q, int32_t head_dim, const TileSource& src, float*
   }
   if constexpr (kv_dtype_is_scaled(D)) {
     for (int c = 0; c < NB; ++c) {
-      const F32x16 scale = simd::load(src.k_scale[c]) * scale_unit<D>();
+      const F32x16 scale = simd::load_bf16(src.k_scale[c]) * scale_unit<D>();
       for (int r = 0; r < ROWS; ++r) acc[r][c] *= scale;
     }
   }
@@ -218,7 +218,7 @@ void pv_rows_fixed(const float* p, const TileSource& src, int32_t head_dim, int3
 template <KvDtype D>
 void scale_probabilities(float* p, int32_t rows, const TileSource& src, int32_t blocks) {
   for (int32_t c = 0; c < blocks; ++c) {
-    const F32x16 scale = simd::load(src.v_scale[c]) * scale_unit<D>();
+    const F32x16 scale = simd::load_bf16(src.v_scale[c]) * scale_unit<D>();
     for (int32_t r = 0; r < rows; ++r) {
       float* pr = p + r * kTile + c * kBlock;
       simd::store(pr, simd::load(pr) * scale);
@@ -576,8 +576,8 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
         src.v[c] = kv.v_block(layer, page) + kv.v_index(task.kv_head, slot, 0) * elem;
         if (scaled) {
           const size_t scale = kv.scale_offset_bytes(task.kv_head, slot);
-          src.k_scale[c] = reinterpret_cast<const float*>(kv.k_block(layer, page) + scale);
-          src.v_scale[c] = reinterpret_cast<const float*>(kv.v_block(layer, page) + scale);
+          src.k_scale[c] = reinterpret_cast<const uint16_t*>(kv.k_block(layer, page) + scale);
+          src.v_scale[c] = reinterpret_cast<const uint16_t*>(kv.v_block(layer, page) + scale);
         }
       }
       src.k_stride = static_cast<size_t>(page_size);

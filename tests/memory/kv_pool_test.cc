@@ -71,17 +71,17 @@ TEST(KvDtypeTest, RowConversionsMatchScalar) {
 
 TEST(KvPoolTest, ScaledBlocksCarryTheirScalesAfterTheCodes) {
   // 3 layers, 2 KV heads, head_dim 8, 10 pages of 4: per block 2 * 4 rows of 8 codes and
-  // one F32 scale each.
+  // one BF16 scale each.
   KvPool pool(3, 2, 8, 10, 4, KvDtype::kInt8);
-  EXPECT_EQ(pool.block_bytes(), 2u * 4u * 8u + 2u * 4u * 4u);
-  EXPECT_EQ(pool.layer_page_bytes(), 2u * 96u);
-  EXPECT_EQ(pool.page_bytes(), 3u * 192u);
-  EXPECT_EQ(pool.total_bytes(), 10u * 3u * 192u);
-  EXPECT_EQ(pool.scale_offset_bytes(1, 2), 64u + (4u + 2u) * 4u);
+  EXPECT_EQ(pool.block_bytes(), 2u * 4u * 8u + 2u * 4u * 2u);
+  EXPECT_EQ(pool.layer_page_bytes(), 2u * 80u);
+  EXPECT_EQ(pool.page_bytes(), 3u * 160u);
+  EXPECT_EQ(pool.total_bytes(), 10u * 3u * 160u);
+  EXPECT_EQ(pool.scale_offset_bytes(1, 2), 64u + (4u + 2u) * 2u);
   EXPECT_EQ(pool.block_layout().block_bytes, pool.block_bytes());
-  // BF16 of a Qwen3-like head (128 dims, page 16) against int8: 1.94x the tokens.
+  // BF16 of a Qwen3-like head (128 dims, page 16) against int8: 1.97x the tokens.
   EXPECT_EQ(kv_block_bytes(KvDtype::kBF16, 8, 16, 128), 32768u);
-  EXPECT_EQ(kv_block_bytes(KvDtype::kFp8E4M3, 8, 16, 128), 16384u + 512u);
+  EXPECT_EQ(kv_block_bytes(KvDtype::kFp8E4M3, 8, 16, 128), 16384u + 256u);
 }
 
 TEST(KvPoolTest, SizesFollowTheShape) {

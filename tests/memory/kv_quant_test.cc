@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -48,13 +50,20 @@ struct Quantized {
   float scale;
 };
 
+// The smallest BF16 value >= x >= 0, by stepping through BF16 values from x's truncation.
+float bf16_at_least(float x) {
+  float t = bf16_to_f32(static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16));
+  while (t < x) t = bf16_to_f32(static_cast<uint16_t>((std::bit_cast<uint32_t>(t) >> 16) + 1));
+  return t;
+}
+
 Quantized reference_quantize(KvDtype dtype, const std::vector<float>& x) {
   float amax = 0.0f;
   for (float v : x) {
     if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
   }
   Quantized q;
-  q.scale = amax / (dtype == KvDtype::kInt8 ? 127.0f : 448.0f);
+  q.scale = bf16_at_least(amax / (dtype == KvDtype::kInt8 ? 127.0f : 448.0f));
   for (float v : x) {
     if (dtype == KvDtype::kInt8) {
       q.codes.push_back(static_cast<uint8_t>(int8_reference(v, q.scale)));
@@ -131,7 +140,7 @@ TEST(KvQuantTest, RowsMatchTheReferenceOnRandomRows) {
           // int8: half a step of amax / 127; fp8: 2^-4 relative (3 mantissa bits), or half
           // the smallest subnormal step.
           const float bound = dtype == KvDtype::kInt8
-                                  ? amax / 254.0f * 1.0001f
+                                  ? amax / 254.0f * 1.005f
                                   : std::max(std::fabs(x[i]) / 16.0f, scale * 0x1p-10f) * 1.0001f;
           ASSERT_LE(std::fabs(back[i] - x[i]), bound) << kv_dtype_name(dtype) << " " << x[i];
         }
@@ -154,21 +163,26 @@ TEST(KvQuantTest, EdgesZerosOutliersAndNonFinite) {
     // what a shared scale costs (all within amax / 254 for int8).
     std::vector<float> outlier = {0.5f, -0.25f, 1000.0f, 0.75f, -1.0f, 0.0f, 0.125f, -0.5f};
     const float scale = quantize_kv_row(dtype, outlier.data(), 8, codes.data());
-    EXPECT_EQ(scale, 1000.0f / max_code);
+    EXPECT_EQ(scale, bf16_at_least(1000.0f / max_code));
+    EXPECT_EQ(scale, bf16_to_f32(f32_to_bf16(scale)));  // a BF16 value
+    EXPECT_LE(1000.0f / max_code, scale);
+    EXPECT_LE(scale, 1000.0f / max_code * (1.0f + 0x1p-7f));
     EXPECT_EQ(codes, reference_quantize(dtype, outlier).codes);
     dequantize_kv_row(dtype, codes.data(), scale, back.data(), 8);
-    EXPECT_NEAR(back[2], 1000.0f, 1e-3f);
-    for (size_t i = 0; i < 8; ++i) EXPECT_LE(std::fabs(back[i] - outlier[i]), 1000.0f / 254.0f);
+    // Kept to the format's precision (the scale's rounding up moves amax off the top code).
+    EXPECT_NEAR(back[2], 1000.0f, dtype == KvDtype::kInt8 ? scale / 2 : 1000.0f / 16);
+    for (size_t i = 0; i < 8; ++i) EXPECT_LE(std::fabs(back[i] - outlier[i]), 1000.0f / 250.0f);
     // NaN stores 0; +-inf saturate to the row's finite amax.
     const float inf = std::numeric_limits<float>::infinity();
     std::vector<float> odd = {std::nanf(""), inf, -inf, 2.0f, -1.0f, 0.0f, 0.5f, 1.0f};
     const float s2 = quantize_kv_row(dtype, odd.data(), 8, codes.data());
-    EXPECT_EQ(s2, 2.0f / max_code);
+    EXPECT_EQ(s2, bf16_at_least(2.0f / max_code));
     dequantize_kv_row(dtype, codes.data(), s2, back.data(), 8);
     EXPECT_EQ(back[0], 0.0f);
-    EXPECT_FLOAT_EQ(back[1], 2.0f);
-    EXPECT_FLOAT_EQ(back[2], -2.0f);
-    EXPECT_FLOAT_EQ(back[3], 2.0f);
+    // +-inf take the largest code: max_code * scale, a hair above amax.
+    EXPECT_EQ(back[1], max_code * s2);
+    EXPECT_EQ(back[2], -max_code * s2);
+    EXPECT_NEAR(back[3], 2.0f, dtype == KvDtype::kInt8 ? s2 / 2 : 2.0f / 16);
     // Only non-finite values: scale 0, all decode to 0.
     std::vector<float> none = {inf, -inf, std::nanf(""), inf, inf, inf, inf, inf};
     EXPECT_EQ(quantize_kv_row(dtype, none.data(), 8, codes.data()), 0.0f);
@@ -209,11 +223,11 @@ TEST(KvQuantTest, PoolPagesHoldTheReferenceCodesAndScales) {
           const std::vector<float> kh(ks[i].begin() + h * 16, ks[i].begin() + h * 16 + 16);
           const std::vector<float> vh(vs[i].begin() + h * 16, vs[i].begin() + h * 16 + 16);
           const Quantized kq = reference_quantize(dtype, kh), vq = reference_quantize(dtype, vh);
-          float k_scale, v_scale;
-          std::memcpy(&k_scale, kb + pool.scale_offset_bytes(h, slot), 4);
-          std::memcpy(&v_scale, vb + pool.scale_offset_bytes(h, slot), 4);
-          ASSERT_EQ(k_scale, kq.scale);
-          ASSERT_EQ(v_scale, vq.scale);
+          uint16_t k_scale, v_scale;
+          std::memcpy(&k_scale, kb + pool.scale_offset_bytes(h, slot), 2);
+          std::memcpy(&v_scale, vb + pool.scale_offset_bytes(h, slot), 2);
+          ASSERT_EQ(bf16_to_f32(k_scale), kq.scale);
+          ASSERT_EQ(bf16_to_f32(v_scale), vq.scale);
           for (int32_t d = 0; d < 16; ++d) {
             ASSERT_EQ(kb[pool.k_index(h, slot, d)], kq.codes[static_cast<size_t>(d)]);
             ASSERT_EQ(vb[pool.v_index(h, slot, d)], vq.codes[static_cast<size_t>(d)]);
