@@ -26,13 +26,13 @@
 
 #include <cstdint>
 #include <deque>
-#include <list>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/result.h"
+#include "router/worker_lru.h"
 
 namespace strata::router {
 
@@ -81,26 +81,14 @@ class ResponseTable {
 
   // Bindings to `worker`.
   int64_t responses_on(uint32_t worker) const;
-  int64_t size() const { return static_cast<int64_t>(lru_.size()); }
+  int64_t size() const { return table_.size(); }
   const ResponseTableStats& stats() const { return stats_; }
   const ResponseTableOptions& options() const { return options_; }
 
  private:
-  struct Entry {
-    std::string id;
-    uint32_t worker = 0;
-  };
-  using List = std::list<Entry>;  // most recently used first
-  struct IdHash {
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
-
-  void drop(List::iterator it);
-
+  struct None {};
   ResponseTableOptions options_;
-  List lru_;
-  absl::flat_hash_map<std::string_view, List::iterator, IdHash> index_;  // keys view Entry::id
-  absl::flat_hash_map<uint32_t, int64_t> per_worker_;
+  WorkerLru<None> table_;  // response id -> its worker
   // Misses: id -> until when, and the order they were remembered in (their ends are in that
   // order, the TTL being one); an order entry whose id was remembered again or bound since
   // is skipped when it reaches the front.

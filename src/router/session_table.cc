@@ -27,8 +27,9 @@ SessionTable::SessionTable(SessionTableOptions options) : options_(options) {
 }
 
 int32_t SessionTable::rejections_in_window(const Entry& e, int64_t now_ms) const {
-  return static_cast<int32_t>(std::ranges::count_if(
-      e.rejections_ms, [&](int64_t t) { return now_ms - t < options_.rejection_window_ms; }));
+  return static_cast<int32_t>(std::ranges::count_if(e.value.rejections_ms, [&](int64_t t) {
+    return now_ms - t < options_.rejection_window_ms;
+  }));
 }
 
 SessionBinding SessionTable::binding_of(const Entry& e, int64_t now_ms) const {
@@ -36,21 +37,9 @@ SessionBinding SessionTable::binding_of(const Entry& e, int64_t now_ms) const {
   b.worker = e.worker;
   b.rejections = rejections_in_window(e, now_ms);
   b.migrate = b.rejections >= options_.migrate_after_rejections;
-  b.bound_at_ms = e.bound_at_ms;
-  b.last_used_ms = e.last_used_ms;
+  b.bound_at_ms = e.value.bound_at_ms;
+  b.last_used_ms = e.value.last_used_ms;
   return b;
-}
-
-void SessionTable::decrement(uint32_t worker) {
-  auto it = per_worker_.find(worker);
-  STRATA_CHECK(it != per_worker_.end() && it->second > 0);
-  if (--it->second == 0) per_worker_.erase(it);
-}
-
-void SessionTable::erase(List::iterator it) {
-  decrement(it->worker);
-  index_.erase(std::string_view(it->id));
-  lru_.erase(it);
 }
 
 Status SessionTable::bind(std::string_view session, uint32_t worker, int64_t now_ms) {
@@ -62,48 +51,38 @@ Status SessionTable::bind(std::string_view session, uint32_t worker, int64_t now
   }
   ++stats_.binds;
   expire(now_ms);
-  if (auto found = index_.find(session); found != index_.end()) {
-    List::iterator it = found->second;
-    if (it->worker != worker) {
-      ++stats_.moves;
-      decrement(it->worker);
-      ++per_worker_[worker];
-      it->worker = worker;
-    }
-    it->bound_at_ms = now_ms;
-    it->last_used_ms = now_ms;
-    it->rejections_ms.clear();
-    lru_.splice(lru_.begin(), lru_, it);
+  if (auto it = table_.find(session); it != table_.end()) {
+    if (it->worker != worker) ++stats_.moves;
+    table_.set_worker(it, worker);
+    it->value = Binding{.bound_at_ms = now_ms, .last_used_ms = now_ms, .rejections_ms = {}};
+    table_.touch(it);
     return {};
   }
-  while (static_cast<int64_t>(lru_.size()) >= options_.max_sessions) {
+  while (table_.size() >= options_.max_sessions) {
     ++stats_.lru_drops;
-    erase(std::prev(lru_.end()));
+    table_.erase(table_.oldest());
   }
-  lru_.push_front(Entry{std::string(session), worker, now_ms, now_ms, {}});
-  index_.emplace(std::string_view(lru_.front().id), lru_.begin());
-  ++per_worker_[worker];
+  table_.insert(session, worker, Binding{.bound_at_ms = now_ms, .last_used_ms = now_ms});
   return {};
 }
 
 std::optional<SessionBinding> SessionTable::lookup(std::string_view session, int64_t now_ms) {
-  auto found = index_.find(session);
-  if (found == index_.end()) return std::nullopt;
-  List::iterator it = found->second;
+  auto it = table_.find(session);
+  if (it == table_.end()) return std::nullopt;
   if (expired(*it, now_ms)) {
     ++stats_.expirations;
-    erase(it);
+    table_.erase(it);
     return std::nullopt;
   }
-  it->last_used_ms = now_ms;
-  lru_.splice(lru_.begin(), lru_, it);
+  it->value.last_used_ms = now_ms;
+  table_.touch(it);
   return binding_of(*it, now_ms);
 }
 
 std::optional<SessionBinding> SessionTable::peek(std::string_view session, int64_t now_ms) const {
-  auto found = index_.find(session);
-  if (found == index_.end() || expired(*found->second, now_ms)) return std::nullopt;
-  return binding_of(*found->second, now_ms);
+  auto it = table_.find(session);
+  if (it == table_.end() || expired(*it, now_ms)) return std::nullopt;
+  return binding_of(*it, now_ms);
 }
 
 bool SessionTable::touch(std::string_view session, int64_t now_ms) {
@@ -111,18 +90,17 @@ bool SessionTable::touch(std::string_view session, int64_t now_ms) {
 }
 
 bool SessionTable::record_rejection(std::string_view session, uint32_t worker, int64_t now_ms) {
-  auto found = index_.find(session);
-  if (found == index_.end()) return false;
-  Entry& e = *found->second;
+  auto it = table_.find(session);
+  if (it == table_.end()) return false;
+  Entry& e = *it;
   if (expired(e, now_ms) || e.worker != worker) return false;
   ++stats_.rejections;
   const int32_t threshold = options_.migrate_after_rejections;
   const bool before = rejections_in_window(e, now_ms) >= threshold;
   // Only the latest `threshold` rejections can matter for a sliding window.
-  if (static_cast<int32_t>(e.rejections_ms.size()) == threshold) {
-    e.rejections_ms.erase(e.rejections_ms.begin());
-  }
-  e.rejections_ms.push_back(now_ms);
+  std::vector<int64_t>& times = e.value.rejections_ms;
+  if (static_cast<int32_t>(times.size()) == threshold) times.erase(times.begin());
+  times.push_back(now_ms);
   const bool after = rejections_in_window(e, now_ms) >= threshold;
   if (after && !before) ++stats_.migrations;
   return after;
@@ -134,23 +112,13 @@ bool SessionTable::should_migrate(std::string_view session, int64_t now_ms) cons
 }
 
 bool SessionTable::unbind(std::string_view session) {
-  auto found = index_.find(session);
-  if (found == index_.end()) return false;
+  if (!table_.erase(session)) return false;
   ++stats_.unbound;
-  erase(found->second);
   return true;
 }
 
 int64_t SessionTable::unbind_worker(uint32_t worker) {
-  int64_t n = 0;
-  for (auto it = lru_.begin(); it != lru_.end();) {
-    auto next = std::next(it);
-    if (it->worker == worker) {
-      erase(it);
-      ++n;
-    }
-    it = next;
-  }
+  const int64_t n = table_.erase_worker(worker);
   stats_.unbound += static_cast<uint64_t>(n);
   return n;
 }
@@ -158,8 +126,8 @@ int64_t SessionTable::unbind_worker(uint32_t worker) {
 int64_t SessionTable::expire(int64_t now_ms) {
   // Every binding has the same TTL, so the least recently used expires first.
   int64_t n = 0;
-  while (!lru_.empty() && expired(lru_.back(), now_ms)) {
-    erase(std::prev(lru_.end()));
+  while (!table_.empty() && expired(*table_.oldest(), now_ms)) {
+    table_.erase(table_.oldest());
     ++n;
   }
   stats_.expirations += static_cast<uint64_t>(n);
@@ -168,13 +136,13 @@ int64_t SessionTable::expire(int64_t now_ms) {
 
 int64_t SessionTable::sessions_on(uint32_t worker, int64_t now_ms) {
   expire(now_ms);
-  auto it = per_worker_.find(worker);
-  return it == per_worker_.end() ? 0 : it->second;
+  return table_.count_on(worker);
 }
 
 std::vector<std::pair<uint32_t, int64_t>> SessionTable::sessions_per_worker(int64_t now_ms) {
   expire(now_ms);
-  std::vector<std::pair<uint32_t, int64_t>> out(per_worker_.begin(), per_worker_.end());
+  std::vector<std::pair<uint32_t, int64_t>> out(table_.per_worker().begin(),
+                                                 table_.per_worker().end());
   std::ranges::sort(out);
   return out;
 }

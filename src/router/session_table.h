@@ -25,15 +25,13 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <list>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "common/result.h"
+#include "router/worker_lru.h"
 
 namespace strata::router {
 
@@ -97,37 +95,29 @@ class SessionTable {
   // Live bindings per worker, every worker with at least one (expire(now_ms) first).
   std::vector<std::pair<uint32_t, int64_t>> sessions_per_worker(int64_t now_ms);
 
-  int64_t size() const { return static_cast<int64_t>(lru_.size()); }
+  int64_t size() const { return table_.size(); }
   const SessionTableStats& stats() const { return stats_; }
   const SessionTableOptions& options() const { return options_; }
 
  private:
-  struct Entry {
-    std::string id;
-    uint32_t worker = 0;
+  struct Binding {
     int64_t bound_at_ms = 0;
     int64_t last_used_ms = 0;
     // The latest rejections by the bound worker, oldest first, at most
     // migrate_after_rejections of them.
     std::vector<int64_t> rejections_ms;
   };
-  using List = std::list<Entry>;  // most recently used first
-  struct IdHash {
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
+  using Table = WorkerLru<Binding>;
+  using Entry = Table::Entry;
 
   bool expired(const Entry& e, int64_t now_ms) const {
-    return now_ms - e.last_used_ms >= options_.ttl_ms;
+    return now_ms - e.value.last_used_ms >= options_.ttl_ms;
   }
   int32_t rejections_in_window(const Entry& e, int64_t now_ms) const;
   SessionBinding binding_of(const Entry& e, int64_t now_ms) const;
-  void erase(List::iterator it);
-  void decrement(uint32_t worker);
 
   SessionTableOptions options_;
-  List lru_;
-  absl::flat_hash_map<std::string_view, List::iterator, IdHash> index_;  // keys view Entry::id
-  absl::flat_hash_map<uint32_t, int64_t> per_worker_;
+  Table table_;
   SessionTableStats stats_;
 };
 

@@ -28,15 +28,14 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include "absl/container/flat_hash_map.h"
 #include "common/result.h"
 #include "request/turn_record.h"
+#include "router/worker_lru.h"
 
 namespace strata::router {
 
@@ -82,7 +81,7 @@ class TurnRecordTable {
   // Drops every record held by `worker`; returns how many.
   int64_t forget_worker(uint32_t worker);
 
-  int64_t size() const { return static_cast<int64_t>(lru_.size()); }
+  int64_t size() const { return table_.size(); }
   int64_t bytes() const { return bytes_; }
   int64_t records_on(uint32_t worker) const;
   const TurnRecordStats& stats() const { return stats_; }
@@ -93,19 +92,16 @@ class TurnRecordTable {
 
  private:
   struct Slot {
-    std::string key;  // the kind's tag, then the key
     std::shared_ptr<const TurnEntry> entry;
     int64_t bytes = 0;
   };
-  using List = std::list<Slot>;  // most recently used first
+  using Table = WorkerLru<Slot>;  // keyed by slot_key: the kind's tag, then the key
 
   static std::string slot_key(TurnKey kind, std::string_view key);
-  void drop(List::iterator it);
+  void drop(Table::iterator it);
 
   TurnRecordOptions options_;
-  List lru_;
-  absl::flat_hash_map<std::string, List::iterator> index_;
-  absl::flat_hash_map<uint32_t, int64_t> per_worker_;
+  Table table_;
   int64_t bytes_ = 0;
   TurnRecordStats stats_;
 };
