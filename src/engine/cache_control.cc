@@ -13,15 +13,20 @@ CacheState read_state(const EngineState& s, const StateQuery& query) {
   CacheState out;
   out.tree = s.tree.stats();
   out.engine = s.counters;
+  // Host pages have the device pool's shape (host_kv_pool.h).
+  const auto page_bytes = static_cast<int64_t>(s.kv_pool.page_bytes());
+  out.kv_dtype = std::string(kv_dtype_name(s.kv_pool.dtype()));
   out.device = CacheState::Pool{.capacity_pages = s.device_pages.num_pages(),
                                 .free_pages = s.device_pages.num_free(),
-                                .used_pages = s.device_pages.num_allocated()};
+                                .used_pages = s.device_pages.num_allocated(),
+                                .page_bytes = page_bytes};
   out.request_pages = s.request_private_pages;
   if (s.host_pages != nullptr) {
     out.host = CacheState::Host{
         .pool = CacheState::Pool{.capacity_pages = s.host_pages->num_pages(),
                                  .free_pages = s.host_pages->num_free(),
-                                 .used_pages = s.host_pages->num_allocated()},
+                                 .used_pages = s.host_pages->num_allocated(),
+                                 .page_bytes = page_bytes},
         .write_policy = std::string(write_policy_name(s.options.hicache.write_policy)),
         .mem_layout = std::string(host_layout_name(s.options.hicache.layout))};
   }
@@ -36,7 +41,8 @@ CacheState read_state(const EngineState& s, const StateQuery& query) {
                                       .set_skipped_existing = st.set_skipped_existing,
                                       .set_errors = st.set_errors,
                                       .bytes_read = st.bytes_read,
-                                      .bytes_written = st.bytes_written};
+                                      .bytes_written = st.bytes_written,
+                                      .foreign_format_values = st.foreign_format_values};
   }
   if (query.with_tree) out.nodes = s.tree.snapshot();
   return out;

@@ -81,6 +81,7 @@ struct EvictLruOutcome {
 struct CacheState {
   struct Pool {  // a page pool (device or host)
     int64_t capacity_pages = 0, free_pages = 0, used_pages = 0;
+    int64_t page_bytes = 0;  // one page, all layers, K and V, scales included
   };
   struct Host {
     Pool pool;
@@ -93,11 +94,13 @@ struct CacheState {
     uint64_t get_hits = 0, get_misses = 0, get_errors = 0, corrupt_values = 0;
     uint64_t set_written = 0, set_skipped_existing = 0, set_errors = 0;
     uint64_t bytes_read = 0, bytes_written = 0;
+    uint64_t foreign_format_values = 0;  // values of another KV dtype or block order, kept
   };
   using Node = NodeSnapshot;
 
   TreeStats tree;
   EngineCounters engine;
+  std::string kv_dtype;  // the pages' element type (kv_dtype_name)
   Pool device;
   int64_t request_pages = 0;               // device pages held privately by running requests
   std::optional<Host> host;                // with the hierarchical cache

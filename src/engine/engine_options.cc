@@ -1,5 +1,6 @@
 #include "engine/engine_options.h"
 
+#include <cctype>
 #include <cstdlib>
 
 #include <CLI/CLI.hpp>
@@ -7,6 +8,8 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+
+#include "common/check.h"
 
 namespace strata {
 
@@ -173,6 +176,57 @@ Status validate(const EngineOptions& o) {
   return validate_pd(o.pd);
 }
 
+Result<int64_t> parse_byte_size(std::string_view text) {
+  auto bad = [&text]() {
+    std::string m = "'";
+    m.append(text).append("' is not a size in bytes (e.g. 512MiB, 2GB, 1073741824)");
+    return make_error(ErrorCode::kInvalidArgument, std::move(m));
+  };
+  size_t digits = 0;
+  while (digits < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[digits])) != 0 || text[digits] == '.')) {
+    ++digits;
+  }
+  if (digits == 0) return bad();
+  const std::string number(text.substr(0, digits));
+  char* end = nullptr;
+  const double value = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size()) return bad();
+  std::string unit(text.substr(digits));
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  struct Unit {
+    std::string_view name;
+    double bytes;
+  };
+  constexpr Unit kUnits[] = {{"", 1.0},         {"b", 1.0},           {"kb", 1e3},
+                             {"mb", 1e6},       {"gb", 1e9},          {"tb", 1e12},
+                             {"kib", 0x1p10},   {"mib", 0x1p20},      {"gib", 0x1p30},
+                             {"tib", 0x1p40},   {"k", 0x1p10},        {"m", 0x1p20},
+                             {"g", 0x1p30},     {"t", 0x1p40}};
+  for (const Unit& u : kUnits) {
+    if (unit != u.name) continue;
+    const double bytes = value * u.bytes;
+    if (!(bytes >= 1.0 && bytes <= 0x1p62)) return bad();
+    return static_cast<int64_t>(bytes);
+  }
+  return bad();
+}
+
+Status size_pool_by_memory(EngineOptions& o, size_t page_bytes) {
+  if (o.kv_cache_memory_bytes <= 0) return {};
+  STRATA_CHECK(page_bytes > 0);
+  const int64_t pages = o.kv_cache_memory_bytes / static_cast<int64_t>(page_bytes);
+  if (pages < 4) {
+    return bad_argument("--kv-cache-memory " + std::to_string(o.kv_cache_memory_bytes) +
+                        " bytes holds " + std::to_string(pages) + " pages of " +
+                        std::to_string(page_bytes) + " bytes; the pool needs at least 4");
+  }
+  const int64_t max_pages = (int64_t{1} << 30) / o.page_size;
+  o.kv_cache_tokens = static_cast<int32_t>(std::min(pages, max_pages) * o.page_size);
+  return {};
+}
+
 Result<BlockHasher> block_hasher_for(const EngineOptions& o) {
   std::string seed = o.prefix_caching_hash_seed;
   if (seed.empty() && o.prefix_caching_hash_algo == BlockHashAlgo::kSha256Cbor) {
@@ -243,8 +297,24 @@ void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
       ->check(CLI::Range(64, 1 << 30))
       ->capture_default_str()
       ->group(group);
+  CLI::Option* memory =
+      cmd.add_option_function<std::string>(
+             "--kv-cache-memory",
+             [&o](const std::string& v) { o.kv_cache_memory_bytes = *parse_byte_size(v); },
+             "Device KV pool size in bytes, with a unit (512MiB, 2GB, ...), instead of "
+             "--kv-cache-tokens: the pages of the model's shape and --kv-cache-dtype that fit "
+             "(8-bit pages hold about twice the tokens of bf16 ones)")
+          ->group(group);
+  memory->check(CLI::Validator(
+      [](std::string& v) {
+        auto parsed = parse_byte_size(v);
+        return parsed ? std::string() : parsed.error().message;
+      },
+      ""));
+  memory->excludes("--kv-cache-tokens");
   add_enum_flag(cmd, "--kv-cache-dtype", o.kv_dtype, parse_kv_dtype, kv_dtype_name(o.kv_dtype),
-                "KV pool dtype: f32 | f16 | bf16")
+                "KV pool dtype: f32 | f16 | bf16 | int8 | fp8_e4m3 (alias fp8); the 8-bit ones "
+                "keep a scale per token and KV head in the page (docs/model.md)")
       ->group(group);
   cmd.add_option("--max-running-requests", o.max_running_requests, "Requests in the running batch")
       ->check(CLI::Range(1, 4096))

@@ -120,7 +120,12 @@ struct PdInfo {
 struct EngineOptions {
   int32_t page_size = 16;                // tokens per KV page, in [1, 256]
   int32_t kv_cache_tokens = 65'536;      // device pool size in tokens (rounded down to pages)
-  KvDtype kv_dtype = KvDtype::kF32;      // device pool dtype
+  // --kv-cache-memory: the device pool's size in bytes instead (> 0; 0: kv_cache_tokens).
+  // Scheduler::create turns it into kv_cache_tokens with the bytes of one page of the
+  // model's shape and kv_dtype (scales included), so 8-bit pages hold about twice the
+  // tokens of BF16 ones in the same memory (size_pool_by_memory).
+  int64_t kv_cache_memory_bytes = 0;
+  KvDtype kv_dtype = KvDtype::kF32;  // device pool dtype (--kv-cache-dtype)
   int32_t max_running_requests = 32;     // requests in the running batch, >= 1
   int32_t chunked_prefill_size = 2'048;  // prefill tokens per step at most, >= page_size
   // Step budgeting (engine/step_budget.h, docs/scheduling.md): a step that decodes carries
@@ -163,6 +168,16 @@ struct EngineOptions {
 };
 
 Status validate(const EngineOptions& options);
+
+// A size in bytes: a number (a fraction allowed) with an optional unit, case-insensitive:
+// B; KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB and K, M, G, T (powers of 1024).
+// kInvalidArgument for anything else, a size below one byte or above 2^62 bytes.
+Result<int64_t> parse_byte_size(std::string_view text);
+
+// With kv_cache_memory_bytes set: kv_cache_tokens = the whole pages of `page_bytes` (one
+// page, all layers, K and V, scales included) that fit, times the page size. A budget
+// below 4 pages is kInvalidArgument naming --kv-cache-memory. Nothing changes otherwise.
+Status size_pool_by_memory(EngineOptions& options, size_t page_bytes);
 
 // The hasher `options` choose. sha256_cbor's seed is prefix_caching_hash_seed, else the
 // PYTHONHASHSEED environment variable, as vLLM reads it; kInvalidArgument without either,

@@ -88,6 +88,7 @@ Result<std::unique_ptr<PdLink>> PdLink::create(const PdOptions& options, KvPool&
         ns, sizeof ns, "pd-%016llx",
         static_cast<unsigned long long>(XXH3_64bits(o.kv_layout.data(), o.kv_layout.size())));
     cfg->name_space = ns;
+    cfg->page_format = kv_page_format(pool.shape(), false);
     auto backend = make_storage_backend(*cfg, clock);
     if (!backend) return std::unexpected(backend.error());
     link->storage_ = std::move(*backend);

@@ -63,6 +63,22 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(
     ForwardModel* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
     const Clock* clock) {
   STRATA_CHECK(model != nullptr);
+  if (options.kv_cache_memory_bytes > 0) {
+    // The pages of the model's shape: its memory's own for a model that keeps it (a GPU's);
+    // else the config's, so that a simulated worker (whose pages hold hashes) is sized as
+    // the model it stands for.
+    const std::optional<ExternalKv> external = model->external_kv();
+    const ModelConfig& c = model->config();
+    KvPoolShape shape = external ? external->shape
+                                 : KvPoolShape{c.num_layers, c.num_kv_heads, c.head_dim, 1,
+                                               options.page_size, options.kv_dtype};
+    shape.num_pages = 1;
+    shape.page_size = options.page_size;
+    if (auto st = validate_kv_pool_shape(shape); !st) return std::unexpected(st.error());
+    if (auto st = size_pool_by_memory(options, kv_page_bytes(shape)); !st) {
+      return std::unexpected(st.error());
+    }
+  }
   if (auto st = validate(options); !st) return std::unexpected(st.error());
   std::unique_ptr<Scheduler> engine(new Scheduler(model, options, std::move(publish), clock));
   auto pool = model->make_kv_pool(engine->num_pages_, options.page_size, options.kv_dtype);
@@ -144,10 +160,7 @@ Status Scheduler::init_hicache() {
                           " tokens, the engine's pool " + std::to_string(num_pages_) + " of " +
                           std::to_string(options_.page_size));
   }
-  const size_t page_bytes = 2 * static_cast<size_t>(shape.num_layers) *
-                            kv_block_bytes(shape.dtype, static_cast<size_t>(shape.num_kv_heads),
-                                           static_cast<size_t>(shape.page_size),
-                                           static_cast<size_t>(shape.head_dim));
+  const size_t page_bytes = kv_page_bytes(shape);
   const double host_pages_d = h.size_gb > 0 ? h.size_gb * 1e9 / static_cast<double>(page_bytes)
                                             : h.ratio * static_cast<double>(num_pages_);
   if (host_pages_d <= num_pages_) {
@@ -189,6 +202,7 @@ Status Scheduler::init_hicache() {
     if (!cfg) return std::unexpected(cfg.error());
     storage_config_ = std::move(*cfg);
     if (storage_config_.name_space.empty()) storage_config_.name_space = h.storage_namespace;
+    storage_config_.page_format = kv_page_format(shape, external.has_value());
     auto backend = make_storage_backend(storage_config_);
     if (!backend) return std::unexpected(backend.error());
     storage_ = std::move(*backend);

@@ -80,6 +80,7 @@ FileBackend::FileBackend(const StorageConfig& config, const Clock& clock, std::s
     : root_(std::move(root)),
       capacity_bytes_(config.capacity_bytes),
       namespace_hash_(storage_namespace_hash(config.name_space)),
+      page_format_(config.page_format),
       log_throttle_(clock) {}
 
 Result<std::unique_ptr<FileBackend>> FileBackend::open(const StorageConfig& config,
@@ -231,14 +232,15 @@ Status FileBackend::get_one(uint64_t key, std::span<std::byte> dst) {
         FrameCheck{make_error(ErrorCode::kCorrupt, "stored value is shorter than a header"), true};
   } else {
     check = check_frame_header(header, key, namespace_hash_, file_bytes - kFrameHeaderBytes,
-                               dst.size());
+                               dst.size(), page_format_);
     if (check.status && !read_exact(fd, dst, kFrameHeaderBytes)) {
       check = FrameCheck{make_error(ErrorCode::kCorrupt, "stored value shrank while read"), true};
     }
     if (check.status) check = check_frame_payload(header, dst);
   }
   if (!check.status) {
-    StorageCounters::add(counters_.corrupt_values);
+    StorageCounters::add(check.foreign_format ? counters_.foreign_format_values
+                                              : counters_.corrupt_values);
     log_failure("file storage: '" + path + "': " + check.status.error().message);
     if (check.damaged) drop_damaged(key);
     return check.status;
@@ -321,7 +323,7 @@ Status FileBackend::write_atomically(uint64_t key, std::span<const std::byte> va
   }
 
   std::array<std::byte, kFrameHeaderBytes> header;
-  encode_frame_header(key, namespace_hash_, value, header);
+  encode_frame_header(key, namespace_hash_, value, header, page_format_);
   int err = 0;
   if (!write_all(fd, header) || !write_all(fd, value)) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;

@@ -90,6 +90,7 @@ class FileBackend final : public StorageBackend {
   const std::string root_;
   const int64_t capacity_bytes_;
   const uint64_t namespace_hash_;
+  const uint32_t page_format_;  // StorageConfig::page_format
   StorageCounters counters_;
   LogThrottle log_throttle_;
   std::atomic<uint64_t> temp_counter_{0};

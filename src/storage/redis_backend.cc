@@ -34,6 +34,7 @@ RedisBackend::RedisBackend(const StorageConfig& config, const Clock& clock)
       clock_(clock),
       key_prefix_("strata:" + config.name_space + ":"),
       namespace_hash_(storage_namespace_hash(config.name_space)),
+      page_format_(config.page_format),
       log_throttle_(clock),
       conn_(RedisEndpoint{.host = config.host,
                           .port = config.port,
@@ -133,12 +134,14 @@ std::vector<Status> RedisBackend::get(std::span<const uint64_t> keys,
             results[i] = make_error(ErrorCode::kCorrupt, "redis value is not a string");
           } else {
             const auto stored = std::as_bytes(std::span<const char>(r.str, r.len));
-            FrameCheck check = unframe_value(stored, keys[i], namespace_hash_, dst[i]);
+            FrameCheck check =
+                unframe_value(stored, keys[i], namespace_hash_, dst[i], page_format_);
             if (check.status) {
               StorageCounters::add(counters_.get_hits);
               StorageCounters::add(counters_.bytes_read, dst[i].size());
             } else {
-              StorageCounters::add(counters_.corrupt_values);
+              StorageCounters::add(check.foreign_format ? counters_.foreign_format_values
+                                                        : counters_.corrupt_values);
               log_failure("redis storage: " + redis_key(keys[i]) + ": " +
                           check.status.error().message);
               if (check.damaged) damaged.push_back(keys[i]);
@@ -234,7 +237,8 @@ std::vector<Status> RedisBackend::set(std::span<const uint64_t> keys,
 void RedisBackend::frame_into_scratch(uint64_t key, std::span<const std::byte> value) {
   scratch_.resize(kFrameHeaderBytes + value.size());
   encode_frame_header(key, namespace_hash_, value,
-                      std::span<std::byte, kFrameHeaderBytes>(scratch_.data(), kFrameHeaderBytes));
+                      std::span<std::byte, kFrameHeaderBytes>(scratch_.data(), kFrameHeaderBytes),
+                      page_format_);
   if (!value.empty()) std::memcpy(scratch_.data() + kFrameHeaderBytes, value.data(), value.size());
 }
 

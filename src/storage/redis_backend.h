@@ -76,6 +76,7 @@ class RedisBackend final : public StorageBackend {
   const Clock& clock_;
   const std::string key_prefix_;  // "strata:<name_space>:"
   const uint64_t namespace_hash_;
+  const uint32_t page_format_;  // StorageConfig::page_format
   StorageCounters counters_;
   LogThrottle log_throttle_;
 

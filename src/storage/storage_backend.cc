@@ -22,8 +22,9 @@ static_assert(std::endian::native == std::endian::little,
               "the frame header is written in host order, which must be little-endian");
 
 constexpr uint32_t kFrameMagic = 0x564B5453;  // "STKV" read as a little-endian u32
-constexpr uint16_t kFrameVersion = 1;
-constexpr size_t kHeaderChecksumOffset = 40;
+constexpr uint16_t kFrameVersion = 2;
+constexpr size_t kHeaderChecksumOffset = 48;
+constexpr uint16_t kFrameVersion1 = 1;  // 48 bytes, no page format
 
 // ---- config parsing ----
 
@@ -251,7 +252,7 @@ uint64_t storage_namespace_hash(std::string_view name_space) {
 }
 
 void encode_frame_header(uint64_t key, uint64_t namespace_hash, std::span<const std::byte> payload,
-                         std::span<std::byte, kFrameHeaderBytes> header) {
+                         std::span<std::byte, kFrameHeaderBytes> header, uint32_t page_format) {
   std::byte* h = header.data();
   const uint32_t magic = kFrameMagic;
   const uint16_t version = kFrameVersion;
@@ -263,14 +264,18 @@ void encode_frame_header(uint64_t key, uint64_t namespace_hash, std::span<const 
   store_u64(h + 16, namespace_hash);
   store_u64(h + 24, payload.size());
   store_u64(h + 32, XXH3_64bits(payload.data(), payload.size()));
+  const uint32_t zero = 0;
+  std::memcpy(h + 40, &page_format, 4);
+  std::memcpy(h + 44, &zero, 4);
   store_u64(h + kHeaderChecksumOffset, XXH3_64bits(h, kHeaderChecksumOffset));
 }
 
 std::vector<std::byte> frame_value(uint64_t key, uint64_t namespace_hash,
-                                   std::span<const std::byte> payload) {
+                                   std::span<const std::byte> payload, uint32_t page_format) {
   std::vector<std::byte> stored(kFrameHeaderBytes + payload.size());
   encode_frame_header(key, namespace_hash, payload,
-                      std::span<std::byte, kFrameHeaderBytes>(stored.data(), kFrameHeaderBytes));
+                      std::span<std::byte, kFrameHeaderBytes>(stored.data(), kFrameHeaderBytes),
+                      page_format);
   if (!payload.empty()) {
     std::memcpy(stored.data() + kFrameHeaderBytes, payload.data(), payload.size());
   }
@@ -279,7 +284,7 @@ std::vector<std::byte> frame_value(uint64_t key, uint64_t namespace_hash,
 
 FrameCheck check_frame_header(std::span<const std::byte, kFrameHeaderBytes> header, uint64_t key,
                               uint64_t namespace_hash, uint64_t stored_payload_bytes,
-                              size_t dst_bytes) {
+                              size_t dst_bytes, uint32_t page_format) {
   const std::byte* h = header.data();
   uint32_t magic;
   uint16_t version, header_bytes;
@@ -287,6 +292,11 @@ FrameCheck check_frame_header(std::span<const std::byte, kFrameHeaderBytes> head
   std::memcpy(&version, h + 4, 2);
   std::memcpy(&header_bytes, h + 6, 2);
   if (magic != kFrameMagic) return corrupt(true, "stored value has no frame header");
+  if (version == kFrameVersion1) {
+    FrameCheck c = corrupt(false, "stored value has frame version 1, without a page format");
+    c.foreign_format = true;
+    return c;
+  }
   if (version != kFrameVersion || header_bytes != kFrameHeaderBytes) {
     return corrupt(true, "stored value has frame version " + std::to_string(version) +
                              ", expected " + std::to_string(kFrameVersion));
@@ -297,6 +307,15 @@ FrameCheck check_frame_header(std::span<const std::byte, kFrameHeaderBytes> head
   if (load_u64(h + 8) != key) return corrupt(true, "stored value belongs to another key");
   if (load_u64(h + 16) != namespace_hash) {
     return corrupt(true, "stored value belongs to another namespace");
+  }
+  uint32_t stored_format;
+  std::memcpy(&stored_format, h + 40, 4);
+  if (stored_format != page_format) {
+    FrameCheck c = corrupt(false, "stored value holds pages of format " +
+                                      std::to_string(stored_format) + ", this server's are " +
+                                      std::to_string(page_format));
+    c.foreign_format = true;
+    return c;
   }
   const uint64_t declared = load_u64(h + 24);
   if (declared != stored_payload_bytes) {
@@ -320,13 +339,14 @@ FrameCheck check_frame_payload(std::span<const std::byte, kFrameHeaderBytes> hea
 }
 
 FrameCheck unframe_value(std::span<const std::byte> stored, uint64_t key, uint64_t namespace_hash,
-                         std::span<std::byte> dst) {
+                         std::span<std::byte> dst, uint32_t page_format) {
   if (stored.size() < kFrameHeaderBytes) {
     return corrupt(true, "stored value is shorter than a frame header");
   }
   const auto header = stored.first<kFrameHeaderBytes>();
   const auto payload = stored.subspan(kFrameHeaderBytes);
-  FrameCheck check = check_frame_header(header, key, namespace_hash, payload.size(), dst.size());
+  FrameCheck check =
+      check_frame_header(header, key, namespace_hash, payload.size(), dst.size(), page_format);
   if (check.status) check = check_frame_payload(header, payload);
   if (check.status && !payload.empty()) std::memcpy(dst.data(), payload.data(), payload.size());
   return check;
@@ -336,7 +356,8 @@ StorageStats StorageCounters::snapshot() const {
   auto v = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
   return StorageStats{v(exists_calls), v(exists_errors),  v(get_hits),      v(get_misses),
                       v(get_errors),   v(corrupt_values), v(set_written),   v(set_skipped_existing),
-                      v(set_errors),   v(bytes_read),     v(bytes_written), v(evicted)};
+                      v(set_errors),   v(bytes_read),     v(bytes_written), v(evicted),
+                      v(foreign_format_values)};
 }
 
 bool LogThrottle::allow(uint64_t& suppressed) {

@@ -35,6 +35,10 @@ struct StorageConfig {
   std::string backend;     // "file" or "redis"
   std::string name_space;  // required, set by the server (not the JSON); [A-Za-z0-9._-],
                            // 1..128 chars, not starting with '.'
+  // What a value's bytes are (kv_page_format: the KV dtype and block order), set by the
+  // server (not the JSON), written into every frame and checked on every read: a value of
+  // another format is never read as this server's (issue 54). 0: unspecified.
+  uint32_t page_format = 0;
   // file
   std::string dir = "./strata-kv-store";  // root directory; values under dir/<name_space>/
   int64_t capacity_bytes = 0;  // cap on stored bytes (framing included), >= 0; 0: unbounded
@@ -71,6 +75,10 @@ struct StorageStats {
   uint64_t bytes_read = 0;            // payload bytes of get_hits
   uint64_t bytes_written = 0;         // payload bytes of set_written
   uint64_t evicted = 0;               // values removed to keep under capacity
+  // Intact values of the key asked for whose frame names another page format (another KV
+  // dtype or block order, or an older frame version): answered kCorrupt, kept (they are
+  // another server's), never read as this one's.
+  uint64_t foreign_format_values = 0;
 };
 
 class StorageBackend {  // thread-safe: every call may come from any thread
@@ -108,29 +116,35 @@ Status validate_storage_namespace(std::string_view name_space);
 
 // ---- Framing ----
 //
-// A stored value is a 48-byte header followed by the payload. Header fields are
+// A stored value is a 56-byte header followed by the payload. Header fields are
 // little-endian:
 //
 //   offset  0  u32  magic "STKV"
-//   offset  4  u16  format version (1)
-//   offset  6  u16  header bytes (48)
+//   offset  4  u16  format version (2)
+//   offset  6  u16  header bytes (56)
 //   offset  8  u64  key
 //   offset 16  u64  namespace hash (storage_namespace_hash)
 //   offset 24  u64  payload bytes
 //   offset 32  u64  XXH3-64 of the payload
-//   offset 40  u64  XXH3-64 of bytes 0..39 (so a damaged header is never trusted)
+//   offset 40  u32  page format (StorageConfig::page_format: the payload's KV dtype and
+//                   block order)
+//   offset 44  u32  0
+//   offset 48  u64  XXH3-64 of bytes 0..47 (so a damaged header is never trusted)
+//
+// Version 1 (48 bytes, no page format; before issue 54) is read as a foreign format: kept,
+// counted, never used.
 
-inline constexpr size_t kFrameHeaderBytes = 48;
+inline constexpr size_t kFrameHeaderBytes = 56;
 
 uint64_t storage_namespace_hash(std::string_view name_space);
 
 // The header of `payload` stored under `key` in the namespace with `namespace_hash`.
 void encode_frame_header(uint64_t key, uint64_t namespace_hash, std::span<const std::byte> payload,
-                         std::span<std::byte, kFrameHeaderBytes> header);
+                         std::span<std::byte, kFrameHeaderBytes> header, uint32_t page_format = 0);
 
 // Header then payload, in one buffer (what the redis backend stores).
 std::vector<std::byte> frame_value(uint64_t key, uint64_t namespace_hash,
-                                   std::span<const std::byte> payload);
+                                   std::span<const std::byte> payload, uint32_t page_format = 0);
 
 // The outcome of checking a value read back. `damaged` tells the store to drop the value:
 // it is not an intact value of this key and namespace. A kCorrupt status with `damaged`
@@ -138,6 +152,9 @@ std::vector<std::byte> frame_value(uint64_t key, uint64_t namespace_hash,
 struct FrameCheck {
   Status status;
   bool damaged = false;
+  // An intact value of this key and namespace in another page format (or frame version):
+  // kCorrupt, not damaged, counted as StorageStats::foreign_format_values.
+  bool foreign_format = false;
 };
 
 // Checks a header read back against the key and namespace asked for, and its declared
@@ -145,7 +162,7 @@ struct FrameCheck {
 // and `dst_bytes` (the caller's buffer).
 FrameCheck check_frame_header(std::span<const std::byte, kFrameHeaderBytes> header, uint64_t key,
                               uint64_t namespace_hash, uint64_t stored_payload_bytes,
-                              size_t dst_bytes);
+                              size_t dst_bytes, uint32_t page_format = 0);
 
 // Checks the payload against the checksum of a header that check_frame_header accepted.
 FrameCheck check_frame_payload(std::span<const std::byte, kFrameHeaderBytes> header,
@@ -153,7 +170,7 @@ FrameCheck check_frame_payload(std::span<const std::byte, kFrameHeaderBytes> hea
 
 // Checks a whole stored value (header then payload) and copies its payload into dst.
 FrameCheck unframe_value(std::span<const std::byte> stored, uint64_t key, uint64_t namespace_hash,
-                         std::span<std::byte> dst);
+                         std::span<std::byte> dst, uint32_t page_format = 0);
 
 // ---- Shared by the backends ----
 
@@ -161,7 +178,7 @@ FrameCheck unframe_value(std::span<const std::byte> stored, uint64_t key, uint64
 struct StorageCounters {
   std::atomic<uint64_t> exists_calls{0}, exists_errors{0}, get_hits{0}, get_misses{0},
       get_errors{0}, corrupt_values{0}, set_written{0}, set_skipped_existing{0}, set_errors{0},
-      bytes_read{0}, bytes_written{0}, evicted{0};
+      bytes_read{0}, bytes_written{0}, evicted{0}, foreign_format_values{0};
 
   static void add(std::atomic<uint64_t>& counter, uint64_t n = 1) {
     counter.fetch_add(n, std::memory_order_relaxed);

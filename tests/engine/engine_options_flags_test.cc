@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/engine_options.h"
@@ -123,6 +124,13 @@ TEST(EngineOptionsFlagsTest, EnumsAreParsedOnce) {
 TEST(EngineOptionsFlagsTest, BadValuesAreRefusedWithTheFlagsName) {
   const std::vector<std::vector<std::string>> bad = {
       {"--kv-cache-dtype", "f64"},
+      {"--kv-cache-dtype", "int4"},
+      {"--kv-cache-memory", "lots"},
+      {"--kv-cache-memory", "12XB"},
+      {"--kv-cache-memory", "0"},
+      {"--kv-cache-memory", "-1GB"},
+      {"--kv-cache-memory", "0.5"},
+      {"--kv-cache-memory", "1e30"},
       {"--hicache-write-policy", "sometimes"},
       {"--hicache-mem-layout", "sideways"},
       {"--hicache-storage-prefetch-policy", "never"},
@@ -144,6 +152,56 @@ TEST(EngineOptionsFlagsTest, BadValuesAreRefusedWithTheFlagsName) {
       EXPECT_NE(std::string(e.what()).find(args[0]), std::string::npos) << e.what();
     }
   }
+}
+
+// 8-bit pages and a pool sized in bytes (issue 54).
+TEST(EngineOptionsFlagsTest, KvCacheMemoryTakesBytesWithUnits) {
+  const std::vector<std::pair<std::string, int64_t>> sizes = {
+      {"512MiB", int64_t{512} << 20}, {"2GB", 2'000'000'000},      {"2gb", 2'000'000'000},
+      {"1.5GiB", int64_t{3} << 29},   {"4096", 4096},              {"64KB", 64'000},
+      {"3G", int64_t{3} << 30},       {"1TiB", int64_t{1} << 40},  {"100B", 100}};
+  for (const auto& [text, bytes] : sizes) {
+    auto parsed = parse_byte_size(text);
+    ASSERT_TRUE(parsed) << text << ": " << parsed.error().message;
+    EXPECT_EQ(*parsed, bytes) << text;
+  }
+  for (const char* bad : {"", "GB", "1.2.3GB", "5 GB", "-5MB", "5PB", "0", "0.25", "1e3"}) {
+    EXPECT_FALSE(parse_byte_size(bad)) << bad;
+  }
+  Parsed p;
+  p.parse({"--kv-cache-memory", "512MiB", "--kv-cache-dtype", "fp8"});
+  EXPECT_EQ(p.options.kv_cache_memory_bytes, int64_t{512} << 20);
+  EXPECT_EQ(p.options.kv_dtype, KvDtype::kFp8E4M3);
+  Parsed q;
+  q.parse({"--kv-cache-dtype", "int8"});
+  EXPECT_EQ(q.options.kv_dtype, KvDtype::kInt8);
+  EXPECT_EQ(q.options.kv_cache_memory_bytes, 0);
+}
+
+TEST(EngineOptionsFlagsTest, KvCacheMemoryAndTokensExcludeEachOther) {
+  Parsed p;
+  try {
+    p.parse({"--kv-cache-memory", "1GB", "--kv-cache-tokens", "4096"});
+    ADD_FAILURE() << "both were accepted";
+  } catch (const CLI::ParseError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--kv-cache-memory"), std::string::npos) << what;
+    EXPECT_NE(what.find("--kv-cache-tokens"), std::string::npos) << what;
+  }
+}
+
+TEST(EngineOptionsFlagsTest, SizePoolByMemoryCountsWholePages) {
+  EngineOptions o;
+  o.page_size = 16;
+  EXPECT_TRUE(size_pool_by_memory(o, 1000));  // unset: nothing changes
+  EXPECT_EQ(o.kv_cache_tokens, EngineOptions{}.kv_cache_tokens);
+  o.kv_cache_memory_bytes = 10'500;
+  ASSERT_TRUE(size_pool_by_memory(o, 1000));
+  EXPECT_EQ(o.kv_cache_tokens, 10 * 16);
+  o.kv_cache_memory_bytes = 3'999;
+  const Status small = size_pool_by_memory(o, 1000);
+  ASSERT_FALSE(small);
+  EXPECT_NE(small.error().message.find("--kv-cache-memory"), std::string::npos);
 }
 
 TEST(EngineOptionsFlagsTest, PrefetchPolicyNamesRoundTrip) {

@@ -71,6 +71,43 @@ TEST_F(EngineTest, RepeatedPromptIsServedFromCacheWithTheSameGreedyOutput) {
   expect_pages_accounted(*engine);
 }
 
+// --kv-cache-memory sizes the pool by its pages' bytes, scales included: the same budget
+// holds more int8 pages than BF16 ones, and an int8 pool serves a repeated prompt from its
+// cache with the same greedy output (issue 54).
+TEST_F(EngineTest, KvCacheMemorySizesThePoolByThePagesBytes) {
+  const ModelConfig& c = model_.config();
+  const int64_t budget = 3'000'000;
+  auto pages_of = [&](KvDtype dtype) {
+    return budget / static_cast<int64_t>(kv_page_bytes(
+                        KvPoolShape{c.num_layers, c.num_kv_heads, c.head_dim, 1, 4, dtype}));
+  };
+  auto bf16 = start(EngineOptions{.page_size = 4, .kv_cache_memory_bytes = budget,
+                                  .kv_dtype = KvDtype::kBF16});
+  auto int8 = start(EngineOptions{.page_size = 4, .kv_cache_memory_bytes = budget,
+                                  .kv_dtype = KvDtype::kInt8});
+  ASSERT_TRUE(bf16 && int8);
+  EXPECT_EQ(bf16->num_pages(), pages_of(KvDtype::kBF16));
+  EXPECT_EQ(int8->num_pages(), pages_of(KvDtype::kInt8));
+  EXPECT_GT(int8->num_pages(), bf16->num_pages() * 3 / 2);
+  auto state = int8->cache().state().get();
+  ASSERT_TRUE(state);
+  EXPECT_EQ(state->kv_dtype, "int8");
+  EXPECT_EQ(state->device.page_bytes,
+            static_cast<int64_t>(kv_page_bytes(
+                KvPoolShape{c.num_layers, c.num_kv_heads, c.head_dim, 1, 4, KvDtype::kInt8})));
+  const auto p = prompt(37, 2);
+  Outcome first = drain(**int8->submit(greedy(p, 8)));
+  Outcome second = drain(**int8->submit(greedy(p, 8)));
+  EXPECT_EQ(first.tokens.size(), 8u);
+  EXPECT_EQ(second.tokens, first.tokens);
+  EXPECT_EQ(second.usage.cached_tokens, 36);
+  expect_pages_accounted(*int8);
+  // A budget below 4 pages is refused, naming the flag.
+  auto tiny = create_test_engine(model_, EngineOptions{.page_size = 4, .kv_cache_memory_bytes = 1000});
+  ASSERT_FALSE(tiny);
+  EXPECT_NE(tiny.error().message.find("--kv-cache-memory"), std::string::npos);
+}
+
 TEST_F(EngineTest, OutputTokensAreCachedForTheNextTurn) {
   auto engine = start(EngineOptions{.page_size = 4, .kv_cache_tokens = 1024});
   auto p = prompt(20, 2);

@@ -127,9 +127,17 @@ class TestModel {
   std::vector<std::unique_ptr<ForwardModel>> models_;
 };
 
-// Engine::create on the test model's device.
+// Engine::create on the test model's device. STRATA_TEST_KV_DTYPE (e.g. int8) sets the
+// pool's dtype of engines on the CPU model (tests/CMakeLists.txt runs the tier suites once
+// more with 8-bit pages, issue 54); the own-kv and cuda models keep their own.
 inline Result<std::unique_ptr<Engine>> create_test_engine(
     TestModel& model, EngineOptions o, std::function<void(std::vector<KvEvent>)> publish = {}) {
+  if (const char* dtype = std::getenv("STRATA_TEST_KV_DTYPE");
+      dtype != nullptr && test_device().value_or(TestDevice::kCpu) == TestDevice::kCpu) {
+    auto parsed = parse_kv_dtype(dtype);
+    if (!parsed) return std::unexpected(parsed.error());
+    o.kv_dtype = *parsed;
+  }
   auto forward = model.forward_model(o);
   if (!forward) return std::unexpected(forward.error());
   return Engine::create(*forward, std::move(o), std::move(publish));

@@ -121,6 +121,31 @@ TEST_F(FileBackendTest, BatchRoundTrip) {
   EXPECT_EQ(backend->used_bytes(), int64_t{4} * int64_t{kFrameHeaderBytes + kPageBytes});
 }
 
+// A server whose pages are of another KV dtype (issue 54) sharing the store: it never reads
+// the other's values as its own, counts them, and leaves them for their owner.
+TEST_F(FileBackendTest, ValuesOfAnotherPageFormatAreCountedAndKept) {
+  config_.page_format = 0x10004;  // as kv_page_format names int8 pages
+  auto int8_backend = open();
+  config_.page_format = 0x10103;  // paired BF16 pages
+  auto bf16_backend = open();
+  ASSERT_TRUE(int8_backend && bf16_backend);
+  const Batch batch({7, 8});
+  expect_all_ok(int8_backend->set(batch.keys, batch.views));
+  ReadBuffers read(batch.keys.size());
+  const std::vector<Status> foreign = bf16_backend->get(batch.keys, read.views);
+  for (const Status& s : foreign) {
+    ASSERT_FALSE(s);
+    EXPECT_EQ(s.error().code, ErrorCode::kCorrupt);
+    EXPECT_NE(s.error().message.find("format"), std::string::npos) << s.error().message;
+  }
+  EXPECT_EQ(bf16_backend->stats().foreign_format_values, 2u);
+  EXPECT_EQ(bf16_backend->stats().corrupt_values, 0u);
+  EXPECT_EQ(bf16_backend->stats().get_hits, 0u);
+  // Kept: their owner still reads them.
+  expect_all_ok(int8_backend->get(batch.keys, read.views));
+  for (size_t i = 0; i < batch.keys.size(); ++i) EXPECT_EQ(read.bufs[i], batch.values[i]) << i;
+}
+
 TEST_F(FileBackendTest, MissingKeys) {
   auto backend = open();
   ASSERT_TRUE(backend);

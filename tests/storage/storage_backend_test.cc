@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -83,6 +84,32 @@ TEST_F(FramingTest, ValueOfAnotherKeyOrNamespaceIsCorrupt) {
   check = unframe(foreign, payload_.size());
   ASSERT_FALSE(check.status);
   EXPECT_EQ(check.status.error().code, ErrorCode::kCorrupt);
+}
+
+TEST_F(FramingTest, ValueOfAnotherPageFormatIsForeignNotDamaged) {
+  const std::vector<std::byte> int8 = frame_value(kKey, ns_, payload_, 0x10004);
+  dst_.assign(payload_.size(), std::byte{0});
+  EXPECT_TRUE(unframe_value(int8, kKey, ns_, dst_, 0x10004).status);
+  EXPECT_EQ(dst_, payload_);
+  for (uint32_t other : {0u, 0x10003u, 0x10103u, 0x10005u}) {
+    const FrameCheck check = unframe_value(int8, kKey, ns_, dst_, other);
+    ASSERT_FALSE(check.status) << other;
+    EXPECT_EQ(check.status.error().code, ErrorCode::kCorrupt);
+    EXPECT_FALSE(check.damaged);
+    EXPECT_TRUE(check.foreign_format);
+  }
+}
+
+TEST_F(FramingTest, VersionOneFrameIsForeignNotDamaged) {
+  // A 48-byte version 1 header (before page formats), then the payload.
+  std::vector<std::byte> v1 = stored_;
+  const uint16_t version = 1, header_bytes = 48;
+  std::memcpy(v1.data() + 4, &version, 2);
+  std::memcpy(v1.data() + 6, &header_bytes, 2);
+  const FrameCheck check = unframe(v1, payload_.size());
+  ASSERT_FALSE(check.status);
+  EXPECT_FALSE(check.damaged);
+  EXPECT_TRUE(check.foreign_format);
 }
 
 TEST_F(FramingTest, WrongBufferSizeIsCorruptButNotDamaged) {
