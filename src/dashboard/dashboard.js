@@ -489,6 +489,11 @@ async function pollWorkerGauges() {
   const dev = s.device ?? {};
   g.device.push(t, { used: dev.used_pages, pinned: dev.pinned_blocks, evictable: dev.evictable_pages, protected: dev.protected_pages });
   g.device.minMax = dev.capacity_pages ?? 1;
+  // The pages' dtype and what a GB of them holds (8-bit pages: about twice BF16's tokens).
+  if (dev.page_bytes > 0) {
+    $('#kv-info').textContent = `KV ${s.kv_dtype ?? '?'} · ${dev.page_bytes.toLocaleString()} B/page · ` +
+      `${(dev.tokens_per_gb ?? 0).toLocaleString()} tokens/GB`;
+  }
   if (s.host) {
     g.host.push(t, { used: s.host.used_pages, protected: s.host.protected_pages, evictable: s.host.evictable_pages });
     g.host.minMax = s.host.capacity_pages ?? 1;

@@ -199,11 +199,10 @@ Result<int64_t> parse_byte_size(std::string_view text) {
     std::string_view name;
     double bytes;
   };
-  constexpr Unit kUnits[] = {{"", 1.0},         {"b", 1.0},           {"kb", 1e3},
-                             {"mb", 1e6},       {"gb", 1e9},          {"tb", 1e12},
-                             {"kib", 0x1p10},   {"mib", 0x1p20},      {"gib", 0x1p30},
-                             {"tib", 0x1p40},   {"k", 0x1p10},        {"m", 0x1p20},
-                             {"g", 0x1p30},     {"t", 0x1p40}};
+  constexpr Unit kUnits[] = {{"", 1.0},       {"b", 1.0},      {"kb", 1e3},     {"mb", 1e6},
+                             {"gb", 1e9},     {"tb", 1e12},    {"kib", 0x1p10}, {"mib", 0x1p20},
+                             {"gib", 0x1p30}, {"tib", 0x1p40}, {"k", 0x1p10},   {"m", 0x1p20},
+                             {"g", 0x1p30},   {"t", 0x1p40}};
   for (const Unit& u : kUnits) {
     if (unit != u.name) continue;
     const double bytes = value * u.bytes;

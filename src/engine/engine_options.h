@@ -118,14 +118,14 @@ struct PdInfo {
 };
 
 struct EngineOptions {
-  int32_t page_size = 16;                // tokens per KV page, in [1, 256]
-  int32_t kv_cache_tokens = 65'536;      // device pool size in tokens (rounded down to pages)
+  int32_t page_size = 16;            // tokens per KV page, in [1, 256]
+  int32_t kv_cache_tokens = 65'536;  // device pool size in tokens (rounded down to pages)
   // --kv-cache-memory: the device pool's size in bytes instead (> 0; 0: kv_cache_tokens).
   // Scheduler::create turns it into kv_cache_tokens with the bytes of one page of the
   // model's shape and kv_dtype (scales included), so 8-bit pages hold about twice the
   // tokens of BF16 ones in the same memory (size_pool_by_memory).
   int64_t kv_cache_memory_bytes = 0;
-  KvDtype kv_dtype = KvDtype::kF32;  // device pool dtype (--kv-cache-dtype)
+  KvDtype kv_dtype = KvDtype::kF32;      // device pool dtype (--kv-cache-dtype)
   int32_t max_running_requests = 32;     // requests in the running batch, >= 1
   int32_t chunked_prefill_size = 2'048;  // prefill tokens per step at most, >= page_size
   // Step budgeting (engine/step_budget.h, docs/scheduling.md): a step that decodes carries

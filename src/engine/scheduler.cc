@@ -63,15 +63,27 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(
     ForwardModel* model, EngineOptions options, std::function<void(std::vector<KvEvent>)> publish,
     const Clock* clock) {
   STRATA_CHECK(model != nullptr);
+  if (const std::optional<ExternalKv> external = model->external_kv();
+      external && kv_dtype_is_scaled(options.kv_dtype) &&
+      external->shape.dtype != options.kv_dtype) {
+    // A model with KV memory of its own (a GPU's) keeps its pages in its own dtype; its
+    // kernels read no 8-bit pages (issue 54).
+    std::string m = "--kv-cache-dtype ";
+    m.append(kv_dtype_name(options.kv_dtype))
+        .append(": this model keeps its KV pages in memory of its own, as ")
+        .append(kv_dtype_name(external->shape.dtype))
+        .append("; 8-bit pages run on the CPU engine (--device cpu)");
+    return bad_argument(std::move(m));
+  }
   if (options.kv_cache_memory_bytes > 0) {
     // The pages of the model's shape: its memory's own for a model that keeps it (a GPU's);
     // else the config's, so that a simulated worker (whose pages hold hashes) is sized as
     // the model it stands for.
     const std::optional<ExternalKv> external = model->external_kv();
     const ModelConfig& c = model->config();
-    KvPoolShape shape = external ? external->shape
-                                 : KvPoolShape{c.num_layers, c.num_kv_heads, c.head_dim, 1,
-                                               options.page_size, options.kv_dtype};
+    KvPoolShape shape =
+        external ? external->shape : KvPoolShape{c.num_layers,      c.num_kv_heads,  c.head_dim, 1,
+                                                 options.page_size, options.kv_dtype};
     shape.num_pages = 1;
     shape.page_size = options.page_size;
     if (auto st = validate_kv_pool_shape(shape); !st) return std::unexpected(st.error());

@@ -35,9 +35,9 @@ Status check_page_compatible(const KvPoolShape& src, const KvPoolShape& dst) {
 
 KvPoolGeometry kv_pool_geometry(const KvPoolShape& shape) {
   KvPoolGeometry g;
-  g.block_bytes = kv_block_bytes(shape.dtype, static_cast<size_t>(shape.num_kv_heads),
-                                 static_cast<size_t>(shape.page_size),
-                                 static_cast<size_t>(shape.head_dim));
+  g.block_bytes =
+      kv_block_bytes(shape.dtype, static_cast<size_t>(shape.num_kv_heads),
+                     static_cast<size_t>(shape.page_size), static_cast<size_t>(shape.head_dim));
   g.region_bytes = g.block_bytes * static_cast<uint64_t>(shape.num_pages);
   g.num_regions = 2 * shape.num_layers;
   g.num_pages = shape.num_pages;

@@ -52,9 +52,9 @@ KvPool::KvPool(const KvPoolShape& shape, NoAllocate) : shape_(shape) {
   paired_bf16_ = kv_paired_bf16(shape);
   head_block_elements_ = static_cast<size_t>(shape.page_size) * static_cast<size_t>(shape.head_dim);
   block_elements_ = head_block_elements_ * static_cast<size_t>(shape.num_kv_heads);
-  block_bytes_ = kv_block_bytes(shape.dtype, static_cast<size_t>(shape.num_kv_heads),
-                                static_cast<size_t>(shape.page_size),
-                                static_cast<size_t>(shape.head_dim));
+  block_bytes_ =
+      kv_block_bytes(shape.dtype, static_cast<size_t>(shape.num_kv_heads),
+                     static_cast<size_t>(shape.page_size), static_cast<size_t>(shape.head_dim));
   layer_region_bytes_ = block_bytes_ * static_cast<size_t>(shape.num_pages);
   total_bytes_ = layer_region_bytes_ * 2 * static_cast<size_t>(shape.num_layers);
 }
@@ -158,10 +158,9 @@ void KvPool::write_token(int32_t layer, PageId page, int32_t slot, const float* 
     const float* vh = v + static_cast<size_t>(h) * static_cast<size_t>(hd);
     if (kv_dtype_is_scaled(shape_.dtype)) {
       // K's codes are dimension-major (page_size apart), V's one contiguous row.
-      const float k_scale =
-          quantize_kv_row(shape_.dtype, kh, static_cast<size_t>(hd),
-                          reinterpret_cast<uint8_t*>(kb + k_index(h, slot, 0)),
-                          static_cast<size_t>(shape_.page_size));
+      const float k_scale = quantize_kv_row(shape_.dtype, kh, static_cast<size_t>(hd),
+                                            reinterpret_cast<uint8_t*>(kb + k_index(h, slot, 0)),
+                                            static_cast<size_t>(shape_.page_size));
       const float v_scale = quantize_kv_row(shape_.dtype, vh, static_cast<size_t>(hd),
                                             reinterpret_cast<uint8_t*>(vb + v_index(h, slot, 0)));
       // Scales are BF16 values already (kv_quant.h): the conversion is exact.

@@ -23,8 +23,10 @@ float amax_finite(const float* src, size_t n) {
 float round_up_bf16(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
-  if ((u & 0xffffu) != 0) u = (u & 0xffff0000u) + 0x10000u;
-  else u &= 0xffff0000u;
+  if ((u & 0xffffu) != 0)
+    u = (u & 0xffff0000u) + 0x10000u;
+  else
+    u &= 0xffff0000u;
   float out;
   std::memcpy(&out, &u, sizeof out);
   return out;
@@ -71,8 +73,8 @@ float decode_fp8_e4m3(uint8_t code) {
   } else if (exponent == 0) {
     magnitude = static_cast<float>(mantissa) * 0x1p-9f;
   } else {
-    magnitude = std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f,
-                           static_cast<int>(exponent) - 7);
+    magnitude =
+        std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, static_cast<int>(exponent) - 7);
   }
   return (code & 0x80) != 0 ? -magnitude : magnitude;
 }
@@ -82,7 +84,8 @@ float decode_fp8_e4m3(uint8_t code) {
 float fp8_e4m3_to_f32(uint8_t code) {
   static const std::array<float, 256> kTable = [] {
     std::array<float, 256> t{};
-    for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = decode_fp8_e4m3(static_cast<uint8_t>(c));
+    for (int c = 0; c < 256; ++c)
+      t[static_cast<size_t>(c)] = decode_fp8_e4m3(static_cast<uint8_t>(c));
     return t;
   }();
   return kTable[code];

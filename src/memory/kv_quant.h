@@ -13,9 +13,9 @@
 //
 // up() rounds up to a BF16 value (the scale is stored as BF16; rounding up keeps
 // amax / scale within the largest code, so only +-inf ever saturates); it costs at most
-// 2^-8 of the code range. amax is the largest |x| over the row's finite values. An all-zero row (or one with no
-// finite value) has scale 0 and decodes to zeros. Non-finite inputs are not representable:
-// NaN stores code 0, +-inf saturates to the largest code of its sign (so decodes to
+// 2^-8 of the code range. amax is the largest |x| over the row's finite values. An all-zero row (or
+// one with no finite value) has scale 0 and decodes to zeros. Non-finite inputs are not
+// representable: NaN stores code 0, +-inf saturates to the largest code of its sign (so decodes to
 // +-amax of the row's finite values). Every scale written is finite and >= 0.
 //
 // Everything here is a pure function of its inputs; the scalar code is the reference that
@@ -40,8 +40,7 @@ float fp8_e4m3_to_f32(uint8_t code);
 
 // Quantizes n values of `src` to `dtype` (int8 or fp8_e4m3, checked): codes[i * stride]
 // for i in [0, n), and returns the row's scale (a BF16 value, exactly).
-float quantize_kv_row(KvDtype dtype, const float* src, size_t n, uint8_t* codes,
-                      size_t stride = 1);
+float quantize_kv_row(KvDtype dtype, const float* src, size_t n, uint8_t* codes, size_t stride = 1);
 // Decodes n codes (codes[i * stride]) with `scale` into dst.
 void dequantize_kv_row(KvDtype dtype, const uint8_t* codes, float scale, float* dst, size_t n,
                        size_t stride = 1);

@@ -28,6 +28,22 @@
 namespace strata::pd {
 namespace {
 
+// The value of `name` in a KV layout of ';'-separated name=value fields (cmd_serve's
+// kv_layout: "<namespace>;layers=..;kv_heads=..;head_dim=..;dtype=.."); "" without it.
+std::string_view layout_field(std::string_view layout, std::string_view name) {
+  size_t at = 0;
+  while (at <= layout.size()) {
+    const size_t end = std::min(layout.find(';', at), layout.size());
+    const std::string_view field = layout.substr(at, end - at);
+    if (field.size() > name.size() && field.substr(0, name.size()) == name &&
+        field[name.size()] == '=') {
+      return field.substr(name.size() + 1);
+    }
+    at = end + 1;
+  }
+  return {};
+}
+
 // Messages read from one socket per loop turn, so that one chatty peer cannot keep the
 // thread from the others and from the heartbeats.
 constexpr int kMaxReadsPerTurn = 256;
@@ -455,6 +471,13 @@ struct Channel::Impl {
     if (h.role != want) {
       refusal = fmt::format("it is a {} worker, a {} worker needs {} peers", role_name(h.role),
                             role_name(options.role), role_name(want));
+    } else if (const std::string_view theirs = layout_field(h.kv_layout, "dtype"),
+               ours = layout_field(options.kv_layout, "dtype");
+               theirs != ours) {
+      // Pages of another element type are other bytes (issue 54): said first and plainly.
+      refusal = fmt::format(
+          "its KV pages are {} and ours {} (--kv-cache-dtype must be the same on both sides)",
+          theirs.empty() ? "unnamed" : theirs, ours.empty() ? "unnamed" : ours);
     } else if (h.kv_layout != options.kv_layout) {
       refusal = fmt::format("its KV layout '{}' is not ours '{}'", h.kv_layout, options.kv_layout);
     } else if (h.worker_id == options.worker_id) {

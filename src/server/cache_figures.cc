@@ -88,6 +88,10 @@ CacheFigureValue cache_figure_value(const CacheState& state, const CacheFigure& 
       return state.tree.cached_pages - state.tree.protected_pages;
     case CacheDerivation::kLessHostRoom:
       return state.engine.auto_unpinned_blocks - state.engine.auto_unpinned_host_blocks;
+    case CacheDerivation::kTokensPerGb:
+      return pool.page_bytes > 0 ? static_cast<int64_t>(1e9 / static_cast<double>(pool.page_bytes) *
+                                                        state.tree.page_size)
+                                 : int64_t{0};
   }
   return read;
 }
@@ -110,6 +114,7 @@ nlohmann::json cache_state_json(const CacheState& state) {
     out["host"]["mem_layout"] = state.host->mem_layout;
   }
   if (state.storage) out["storage"]["backend"] = state.storage->backend;
+  out["kv_dtype"] = state.kv_dtype;
   return out;
 }
 

@@ -47,6 +47,8 @@ enum class CacheMetric : uint8_t {
   kHostKvPages,
   kTierEvents,
   kRecomputedPages,
+  kKvPageBytes,
+  kKvTokensPerGb,
   kNone,  // no metric
 };
 
@@ -59,7 +61,7 @@ struct CacheMetricFamily {
 
 // Indexed by CacheMetric (kNone excluded). Every one is a gauge: the engine's counts are
 // read whole at each scrape.
-inline constexpr std::array<CacheMetricFamily, 9> kCacheMetricFamilies = {{
+inline constexpr std::array<CacheMetricFamily, 11> kCacheMetricFamilies = {{
     {"strata_kv_pages",
      "Device KV pages by state (total, free, used, cached, pinned, protected, evictable)", "state",
      MetricKind::kGauge},
@@ -83,6 +85,11 @@ inline constexpr std::array<CacheMetricFamily, 9> kCacheMetricFamilies = {{
      "Device pages computed again after eviction for want of room had removed them (the pool "
      "too small for its working set)",
      "", MetricKind::kGauge},
+    {"strata_kv_page_bytes",
+     "Bytes of one KV page (all layers, K and V, the 8-bit dtypes' scales included), by tier",
+     "tier", MetricKind::kGauge},
+    {"strata_kv_tokens_per_gb", "Tokens whose KV one GB (1e9 bytes) of pages holds, by tier",
+     "tier", MetricKind::kGauge},
 }};
 
 // The member a figure reads. A Pool member reads the pool of the figure's section (the
@@ -99,6 +106,7 @@ enum class CacheDerivation : uint8_t {
   kTokens,         // pages times the page size
   kLessProtected,  // TreeStats::cached_pages less TreeStats::protected_pages
   kLessHostRoom,   // EngineCounters::auto_unpinned_blocks less auto_unpinned_host_blocks
+  kTokensPerGb,    // the page size times 1e9 / Pool::page_bytes (0 for an empty pool)
 };
 
 struct CacheFigure {
@@ -179,6 +187,17 @@ inline constexpr auto kCacheFigures = std::to_array<CacheFigure>({
      .label = "evictable",
      .derivation = CacheDerivation::kLessProtected},
     {.source = &TreeStats::locked_nodes, .section = CacheSection::kDevice, .key = "locked_nodes"},
+    {.source = &CacheState::Pool::page_bytes,
+     .section = CacheSection::kDevice,
+     .key = "page_bytes",
+     .metric = CacheMetric::kKvPageBytes,
+     .label = "device"},
+    {.source = &CacheState::Pool::page_bytes,
+     .section = CacheSection::kDevice,
+     .key = "tokens_per_gb",
+     .metric = CacheMetric::kKvTokensPerGb,
+     .label = "device",
+     .derivation = CacheDerivation::kTokensPerGb},
     // The host pool (hierarchical cache).
     {.source = &CacheState::Pool::capacity_pages,
      .section = CacheSection::kHost,
@@ -195,6 +214,17 @@ inline constexpr auto kCacheFigures = std::to_array<CacheFigure>({
      .metric = CacheMetric::kHostKvPages,
      .label = "free"},
     {.source = &CacheState::Pool::used_pages, .section = CacheSection::kHost, .key = "used_pages"},
+    {.source = &CacheState::Pool::page_bytes,
+     .section = CacheSection::kHost,
+     .key = "page_bytes",
+     .metric = CacheMetric::kKvPageBytes,
+     .label = "host"},
+    {.source = &CacheState::Pool::page_bytes,
+     .section = CacheSection::kHost,
+     .key = "tokens_per_gb",
+     .metric = CacheMetric::kKvTokensPerGb,
+     .label = "host",
+     .derivation = CacheDerivation::kTokensPerGb},
     {.source = &TreeStats::host_cached_pages,
      .section = CacheSection::kHost,
      .key = "cached_pages",
@@ -357,6 +387,13 @@ inline constexpr auto kCacheFigures = std::to_array<CacheFigure>({
     {.source = &CacheState::Storage::corrupt_values,
      .section = CacheSection::kStorage,
      .key = "corrupt_values"},
+    // Values stored by a server whose pages are of another KV dtype or block order (a fleet
+    // mid-upgrade sharing a store): kept, never read as this server's (issue 54).
+    {.source = &CacheState::Storage::foreign_format_values,
+     .section = CacheSection::kStorage,
+     .key = "foreign_format_values",
+     .metric = CacheMetric::kTierEvents,
+     .label = "storage_foreign_format_values"},
     {.source = &CacheState::Storage::set_written,
      .section = CacheSection::kStorage,
      .key = "set_written"},

@@ -29,6 +29,7 @@ VllmGaugeValues vllm_gauge_values(const CacheState& state, BlockHashAlgo hash_al
   v.num_gpu_blocks = total;
   v.num_cpu_blocks = state.host ? state.host->pool.capacity_pages : 0;
   v.prefix_caching_hash_algo = std::string(block_hash_algo_name(hash_algo));
+  v.cache_dtype = state.kv_dtype == "bf16" ? std::string("bfloat16") : state.kv_dtype;
   return v;
 }
 
@@ -311,6 +312,7 @@ void Metrics::set_vllm(const VllmGaugeValues& v, const std::string& model_name) 
   // vLLM writes its CacheConfig's fields as strings, booleans as Python's "True").
   vllm_cache_config_family_
       ->Add({{"block_size", std::to_string(v.block_size)},
+             {"cache_dtype", v.cache_dtype},
              {"num_gpu_blocks", std::to_string(v.num_gpu_blocks)},
              {"num_cpu_blocks", std::to_string(v.num_cpu_blocks)},
              {"enable_prefix_caching", "True"},

@@ -57,6 +57,10 @@ struct VllmGaugeValues {
   int64_t num_gpu_blocks = 0;
   int64_t num_cpu_blocks = 0;
   std::string prefix_caching_hash_algo;
+  // The pages' dtype under vLLM's CacheConfig.cache_dtype names where they exist
+  // (bfloat16, fp8_e4m3), Strata's otherwise (f32, f16, int8): a router tells a worker with
+  // 8-bit pages apart (issue 54).
+  std::string cache_dtype;
 };
 
 // The protocol's figures of one consistent snapshot of the engine and the cache's hasher.

@@ -82,6 +82,7 @@ json server_info(RouteContext& ctx, const http::Request& req, const CacheState& 
       {"role", worker_role_name(pd_info.role)},
       {"pd", pd},
       {"page_size", s.tree.page_size},
+      {"kv_cache_dtype", s.kv_dtype},
       {"block_hash_algo", block_hash_algo_name(ctx.engine.options().prefix_caching_hash_algo)},
       {"max_model_len", ctx.engine.model_config().max_position_embeddings},
       {"max_prompt_tokens", ctx.options.max_prompt_tokens},
@@ -89,7 +90,8 @@ json server_info(RouteContext& ctx, const http::Request& req, const CacheState& 
       {"kv_events", kv_events},
       {"device",
        {{"capacity_pages", s.device.capacity_pages},
-        {"capacity_tokens", s.device.capacity_pages * s.tree.page_size}}},
+        {"capacity_tokens", s.device.capacity_pages * s.tree.page_size},
+        {"page_bytes", s.device.page_bytes}}},
       {"host", host},
       {"storage", storage},
       {"admin_key_required", !ctx.options.admin_api_key.empty()}};

@@ -311,9 +311,9 @@ FrameCheck check_frame_header(std::span<const std::byte, kFrameHeaderBytes> head
   uint32_t stored_format;
   std::memcpy(&stored_format, h + 40, 4);
   if (stored_format != page_format) {
-    FrameCheck c = corrupt(false, "stored value holds pages of format " +
-                                      std::to_string(stored_format) + ", this server's are " +
-                                      std::to_string(page_format));
+    FrameCheck c =
+        corrupt(false, "stored value holds pages of format " + std::to_string(stored_format) +
+                           ", this server's are " + std::to_string(page_format));
     c.foreign_format = true;
     return c;
   }
@@ -354,9 +354,10 @@ FrameCheck unframe_value(std::span<const std::byte> stored, uint64_t key, uint64
 
 StorageStats StorageCounters::snapshot() const {
   auto v = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
-  return StorageStats{v(exists_calls), v(exists_errors),  v(get_hits),      v(get_misses),
-                      v(get_errors),   v(corrupt_values), v(set_written),   v(set_skipped_existing),
-                      v(set_errors),   v(bytes_read),     v(bytes_written), v(evicted),
+  return StorageStats{v(exists_calls),         v(exists_errors),        v(get_hits),
+                      v(get_misses),           v(get_errors),           v(corrupt_values),
+                      v(set_written),          v(set_skipped_existing), v(set_errors),
+                      v(bytes_read),           v(bytes_written),        v(evicted),
                       v(foreign_format_values)};
 }
 

@@ -156,10 +156,15 @@ TEST(EngineOptionsFlagsTest, BadValuesAreRefusedWithTheFlagsName) {
 
 // 8-bit pages and a pool sized in bytes (issue 54).
 TEST(EngineOptionsFlagsTest, KvCacheMemoryTakesBytesWithUnits) {
-  const std::vector<std::pair<std::string, int64_t>> sizes = {
-      {"512MiB", int64_t{512} << 20}, {"2GB", 2'000'000'000},      {"2gb", 2'000'000'000},
-      {"1.5GiB", int64_t{3} << 29},   {"4096", 4096},              {"64KB", 64'000},
-      {"3G", int64_t{3} << 30},       {"1TiB", int64_t{1} << 40},  {"100B", 100}};
+  const std::vector<std::pair<std::string, int64_t>> sizes = {{"512MiB", int64_t{512} << 20},
+                                                              {"2GB", 2'000'000'000},
+                                                              {"2gb", 2'000'000'000},
+                                                              {"1.5GiB", int64_t{3} << 29},
+                                                              {"4096", 4096},
+                                                              {"64KB", 64'000},
+                                                              {"3G", int64_t{3} << 30},
+                                                              {"1TiB", int64_t{1} << 40},
+                                                              {"100B", 100}};
   for (const auto& [text, bytes] : sizes) {
     auto parsed = parse_byte_size(text);
     ASSERT_TRUE(parsed) << text << ": " << parsed.error().message;

@@ -81,10 +81,10 @@ TEST_F(EngineTest, KvCacheMemorySizesThePoolByThePagesBytes) {
     return budget / static_cast<int64_t>(kv_page_bytes(
                         KvPoolShape{c.num_layers, c.num_kv_heads, c.head_dim, 1, 4, dtype}));
   };
-  auto bf16 = start(EngineOptions{.page_size = 4, .kv_cache_memory_bytes = budget,
-                                  .kv_dtype = KvDtype::kBF16});
-  auto int8 = start(EngineOptions{.page_size = 4, .kv_cache_memory_bytes = budget,
-                                  .kv_dtype = KvDtype::kInt8});
+  auto bf16 = start(
+      EngineOptions{.page_size = 4, .kv_cache_memory_bytes = budget, .kv_dtype = KvDtype::kBF16});
+  auto int8 = start(
+      EngineOptions{.page_size = 4, .kv_cache_memory_bytes = budget, .kv_dtype = KvDtype::kInt8});
   ASSERT_TRUE(bf16 && int8);
   EXPECT_EQ(bf16->num_pages(), pages_of(KvDtype::kBF16));
   EXPECT_EQ(int8->num_pages(), pages_of(KvDtype::kInt8));
@@ -103,7 +103,8 @@ TEST_F(EngineTest, KvCacheMemorySizesThePoolByThePagesBytes) {
   EXPECT_EQ(second.usage.cached_tokens, 36);
   expect_pages_accounted(*int8);
   // A budget below 4 pages is refused, naming the flag.
-  auto tiny = create_test_engine(model_, EngineOptions{.page_size = 4, .kv_cache_memory_bytes = 1000});
+  auto tiny =
+      create_test_engine(model_, EngineOptions{.page_size = 4, .kv_cache_memory_bytes = 1000});
   ASSERT_FALSE(tiny);
   EXPECT_NE(tiny.error().message.find("--kv-cache-memory"), std::string::npos);
 }

@@ -230,6 +230,18 @@ TEST_F(ExternalKvTest, TheIoBackendReachesTheDeviceAndIsRefusedOnTheCpuEngine) {
       << refused.error().message;
 }
 
+// A model with KV memory of its own (a GPU's) keeps its pages in its own dtype: 8-bit pages
+// are refused at start, with the reason (issue 54).
+TEST_F(ExternalKvTest, EightBitPagesAreRefusedForAModelWithItsOwnKv) {
+  EngineOptions o = options();
+  o.kv_dtype = KvDtype::kInt8;
+  const auto refused = Engine::create(model_.get(), o, {});
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.error().message.find("--kv-cache-dtype int8"), std::string::npos)
+      << refused.error().message;
+  EXPECT_NE(refused.error().message.find("--device cpu"), std::string::npos);
+}
+
 // A model that draws decode rows itself (as the GPU model does, sending back a token instead
 // of a vocabulary of floats) is given every decode row with its rules and the number its
 // Sampler drew; its logits are then NaN. Every output equals the CPU engine's: greedy, at a

@@ -33,7 +33,7 @@ void fill_random_bytes(KvPool& pool, uint64_t seed) {
 // The reference: one page at a time through the pool's own per-layer block accessors.
 void reference_copy(const KvPool& src, KvPool& dst, const std::vector<PageId>& src_pages,
                     const std::vector<PageId>& dst_pages) {
-  const size_t block = src.block_elements() * src.element_size_bytes();
+  const size_t block = src.block_bytes();
   for (size_t i = 0; i < src_pages.size(); ++i) {
     for (int32_t l = 0; l < src.num_layers(); ++l) {
       std::memcpy(dst.k_block(l, dst_pages[i]), src.k_block(l, src_pages[i]), block);
@@ -43,11 +43,12 @@ void reference_copy(const KvPool& src, KvPool& dst, const std::vector<PageId>& s
 }
 
 TEST(PageRunsTest, GeometryMatchesThePool) {
-  for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16}) {
+  for (KvDtype dtype :
+       {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kInt8, KvDtype::kFp8E4M3}) {
     const KvPoolShape s = shape(7, dtype, 2, 3, 8, 16);
     KvPool pool(s);
     const KvPoolGeometry g = kv_pool_geometry(s);
-    EXPECT_EQ(g.block_bytes, pool.block_elements() * pool.element_size_bytes());
+    EXPECT_EQ(g.block_bytes, pool.block_bytes());
     EXPECT_EQ(g.region_bytes, pool.layer_region_bytes());
     EXPECT_EQ(g.total_bytes(), pool.total_bytes());
     EXPECT_EQ(kv_pool_base(pool) + g.region_bytes * 3 + g.block_bytes * 5,
@@ -114,7 +115,8 @@ TEST(PageRunsTest, RefusesBadInput) {
 TEST(PageRunsTest, RandomPageListsMatchPerPageCopies) {
   std::mt19937 gen(1234);
   for (int trial = 0; trial < 300; ++trial) {
-    const KvDtype dtype = std::array{KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16}[trial % 3];
+    const KvDtype dtype = std::array{KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kInt8,
+                                     KvDtype::kFp8E4M3}[trial % 5];
     const int32_t src_pages_n = 1 + static_cast<int32_t>(gen() % 40);
     const int32_t dst_pages_n = 1 + static_cast<int32_t>(gen() % 40);
     const int32_t layers = 1 + static_cast<int32_t>(gen() % 4);

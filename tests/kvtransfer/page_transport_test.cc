@@ -48,11 +48,12 @@ void fill_random_words(KvPool& pool, uint64_t seed) {
 }
 
 // Pools of the same page shape and different sizes, and a reference copy of the decode
-// pool that per-page copies keep up to date.
+// pool that per-page copies keep up to date. Int8 pages (issue 54): blocks of codes and
+// their scales, which P/D moves as they are.
 struct Pools {
-  KvPool prefill{KvPoolShape{4, 2, 32, 40, 16, KvDtype::kF16}};
-  KvPool decode{KvPoolShape{4, 2, 32, 56, 16, KvDtype::kF16}};
-  KvPool reference{KvPoolShape{4, 2, 32, 56, 16, KvDtype::kF16}};
+  KvPool prefill{KvPoolShape{4, 2, 32, 40, 16, KvDtype::kInt8}};
+  KvPool decode{KvPoolShape{4, 2, 32, 56, 16, KvDtype::kInt8}};
+  KvPool reference{KvPoolShape{4, 2, 32, 56, 16, KvDtype::kInt8}};
 
   Pools() {
     fill_random_words(prefill, 1);
@@ -166,7 +167,7 @@ TEST(UcxPageTransportTest, RoundTripsOverTcpAndSharedMemory) {
 }
 
 TEST(UcxPageTransportTest, RefusesAnotherPageShape) {
-  KvPool prefill_pool(KvPoolShape{4, 2, 32, 8, 16, KvDtype::kF16});
+  KvPool prefill_pool(KvPoolShape{4, 2, 32, 8, 16, KvDtype::kInt8});
   KvPool decode_pool(KvPoolShape{4, 2, 32, 8, 16, KvDtype::kBF16});
   UcxTransportOptions options;
   options.transports = "tcp";

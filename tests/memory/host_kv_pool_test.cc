@@ -58,8 +58,8 @@ std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (HostLayout layout :
        {HostLayout::kLayerFirst, HostLayout::kPageFirst, HostLayout::kPageFirstDirect}) {
-    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kInt8,
-                          KvDtype::kFp8E4M3}) {
+    for (KvDtype dtype :
+         {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kInt8, KvDtype::kFp8E4M3}) {
       for (int32_t page_size : {1, 16, 32}) out.push_back({layout, dtype, page_size});
     }
   }

@@ -104,8 +104,8 @@ TEST(Fp8E4M3Test, RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(f32_to_fp8_e4m3(1e6f), 0x7e);
   EXPECT_EQ(f32_to_fp8_e4m3(std::numeric_limits<float>::infinity()), 0x7e);
   EXPECT_EQ(f32_to_fp8_e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
-  EXPECT_EQ(f32_to_fp8_e4m3(0x1p-10f), 0x00);       // ties to even: 0
-  EXPECT_EQ(f32_to_fp8_e4m3(3 * 0x1p-10f), 0x02);   // ties to even: 2
+  EXPECT_EQ(f32_to_fp8_e4m3(0x1p-10f), 0x00);      // ties to even: 0
+  EXPECT_EQ(f32_to_fp8_e4m3(3 * 0x1p-10f), 0x02);  // ties to even: 2
   EXPECT_EQ(f32_to_fp8_e4m3(1e-30f), 0x00);
   EXPECT_EQ(f32_to_fp8_e4m3(-0.0f), 0x80);
   EXPECT_EQ(f32_to_fp8_e4m3(std::nanf("")) & 0x7f, 0x7f);

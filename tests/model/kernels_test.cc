@@ -378,7 +378,7 @@ INSTANTIATE_TEST_SUITE_P(
                       AttentionCase{8, 4, 64, 16, 0, KvDtype::kF16},
                       AttentionCase{8, 4, 64, 32, 0, KvDtype::kBF16},  // paired BF16
                       AttentionCase{8, 2, 128, 16, 40, KvDtype::kBF16},
-                      AttentionCase{4, 2, 32, 5, 0, KvDtype::kBF16},   // unpaired BF16
+                      AttentionCase{4, 2, 32, 5, 0, KvDtype::kBF16},  // unpaired BF16
                       // 8-bit pages, read directly (scales applied to scores and P) ...
                       AttentionCase{8, 4, 64, 16, 0, KvDtype::kInt8},
                       AttentionCase{8, 2, 128, 32, 40, KvDtype::kInt8},

@@ -330,6 +330,23 @@ TEST(PdChannel, ADifferentKvLayoutIsRefused) {
   EXPECT_NE(prefill->stats().last_error.find("layout"), std::string::npos);
 }
 
+// A peer whose pages are of another KV dtype (issue 54) is refused with that reason.
+TEST(PdChannel, AnotherKvDtypeIsRefusedWithTheReason) {
+  ChannelOptions po = prefill_options("p0");
+  po.kv_layout = "int8-p16-abc;layers=2;kv_heads=2;head_dim=64;dtype=int8";
+  auto prefill = start(po);
+  ChannelOptions o = decode_options("d0");
+  o.kv_layout = "bf16-p16-abc;layers=2;kv_heads=2;head_dim=64;dtype=bf16";
+  auto decode = start(o);
+  ASSERT_TRUE(decode->connect(prefill->endpoint()).has_value());
+  Collector p{prefill.get(), {}, {}};
+  ASSERT_TRUE(p.until([&] { return prefill->stats().bad_handshakes > 0; }));
+  EXPECT_FALSE(prefill->peer_alive("d0"));
+  const std::string error = prefill->stats().last_error;
+  EXPECT_NE(error.find("KV pages are bf16 and ours int8"), std::string::npos) << error;
+  EXPECT_NE(error.find("--kv-cache-dtype"), std::string::npos) << error;
+}
+
 // Frames from a raw DEALER: another protocol version, garbage, a Hello that names another
 // worker than its identity, and (after a proper handshake) an order naming another decode
 // worker. Each is refused and counted; the channel keeps serving a well-behaved peer.

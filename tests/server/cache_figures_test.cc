@@ -158,6 +158,11 @@ TEST(CacheFiguresTest, EveryShownFigureIsInTheJsonAndTheMetricsWithItsValue) {
   // The derived figures, as the API always said them.
   EXPECT_EQ(j["device"]["capacity_tokens"], s.device.capacity_pages * 16);
   EXPECT_EQ(j["host"]["capacity_tokens"], s.host->pool.capacity_pages * 16);
+  EXPECT_EQ(j["device"]["tokens_per_gb"],
+            static_cast<int64_t>(1e9 / static_cast<double>(s.device.page_bytes) * 16));
+  EXPECT_EQ(j["host"]["tokens_per_gb"],
+            static_cast<int64_t>(1e9 / static_cast<double>(s.host->pool.page_bytes) * 16));
+  EXPECT_TRUE(j.contains("kv_dtype"));
   EXPECT_EQ(j["hits"]["matched_tokens_total"], s.tree.matched_pages_total * 16);
   EXPECT_EQ(j["device"]["evictable_pages"], s.tree.cached_pages - s.tree.protected_pages);
   EXPECT_EQ(j["evictions"]["auto_unpinned_blocks_by_reason"]["device_room"],

@@ -75,7 +75,8 @@ TEST(VllmMetricsTest, TheHostPoolIsTheCpuBlocks) {
 }
 
 TEST(VllmMetricsTest, TheSamplesCarryVllmsNamesAndLabelsBesideStratasOwn) {
-  const CacheState s = busy_state();
+  CacheState s = busy_state();
+  s.kv_dtype = "fp8_e4m3";
   Metrics metrics;
   metrics.set_cache(s);
   metrics.set_vllm(vllm_gauge_values(s, BlockHashAlgo::kSha256Cbor), "tiny-qwen3");
@@ -86,7 +87,8 @@ TEST(VllmMetricsTest, TheSamplesCarryVllmsNamesAndLabelsBesideStratasOwn) {
   EXPECT_EQ(sample(text, "vllm:kv_cache_usage_perc" + labels), 0.6) << text;
   EXPECT_EQ(
       sample(text,
-             R"(vllm:cache_config_info{block_size="16",enable_prefix_caching="True",)"
+             R"(vllm:cache_config_info{block_size="16",cache_dtype="fp8_e4m3",)"
+             R"(enable_prefix_caching="True",)"
              R"(num_cpu_blocks="0",num_gpu_blocks="100",prefix_caching_hash_algo="sha256_cbor"})"),
       1)
       << text;
