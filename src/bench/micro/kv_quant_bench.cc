@@ -10,10 +10,15 @@
 //             of 64 are 10x the rest (the outlier channels reported for trained models'
 //             keys, KIVI), the case that favours per-channel scales;
 //   decode    one decode step's attention (one layer, Qwen3-0.6B's 16 heads, 8 KV heads,
-//             head_dim 128) over 16K and 32K tokens of context, batch 1 and 4, per dtype:
-//             the median of 15 calls, in ms.
+//             head_dim 128) over 16K and 32K tokens of context, batch 1 and 4, per dtype,
+//             the dtypes taking turns call by call (a shared machine's noise falls on all):
+//             the fastest and the median of 21 calls, in ms.
 //
-// Run: build-kv8/src/bench/micro/bench_kv_quant [capacity|k_scales|decode ...]
+//   logits    teacher-forced logits with 8-bit (and F32) pages against BF16 pages: mean and
+//             max KL and top-1 agreement, on the bench-size models and Qwen3-0.6B's shape
+//             (random weights, LM head scale 8), prompt then BF16's greedy tokens.
+//
+// Run: build-kv8/src/bench/micro/bench_kv_quant [capacity|k_scales|logits|decode ...]
 // Threads: STRATA_BENCH_THREADS (default 2).
 #include <algorithm>
 #include <chrono>
@@ -134,7 +139,8 @@ void k_scales() {
       "K from", "dtype", "K token", "K channel", "q.k token", "q.k channel");
   Rng rng(7);
   for (Architecture arch : {Architecture::kLlama, Architecture::kQwen3}) {
-    auto model = make_preset_model(ModelPreset::kBench, arch, 0, ModelOptions{bench_threads(), {}});
+    auto model = make_preset_model(ModelPreset::kBench, arch, 0,
+                                   ModelOptions{.num_threads = bench_threads()});
     if (!model) {
       std::fprintf(stderr, "cannot make the bench model: %s\n", model.error().message.c_str());
       std::exit(1);
@@ -181,6 +187,111 @@ void k_scales() {
   report_k("synthetic, 4 of 64 channels 10x", synthetic, 64, rng);
 }
 
+// ---- teacher-forced logits ----
+
+// Logits after the prompt and after each forced token, with pages of `dtype`.
+std::vector<std::vector<float>> forced_logits(Model& model, KvDtype dtype,
+                                              const std::vector<int32_t>& prompt,
+                                              const std::vector<int32_t>& forced) {
+  const int64_t total = static_cast<int64_t>(prompt.size() + forced.size());
+  auto pool = model.make_kv_pool(static_cast<int32_t>(total / 16 + 1), 16, dtype);
+  if (!pool) std::exit(1);
+  std::vector<PageId> table;
+  for (int64_t p = 0; p * 16 < total; ++p) table.push_back(make_page_id(static_cast<int32_t>(p)));
+  std::vector<std::vector<float>> out(1);
+  ForwardSequence first{prompt, 0, table, true};
+  if (!model.forward(std::span(&first, 1), **pool, out.back())) std::exit(1);
+  for (size_t i = 0; i < forced.size(); ++i) {
+    out.emplace_back();
+    ForwardSequence seq{std::span(&forced[i], 1), static_cast<int64_t>(prompt.size() + i), table,
+                        true};
+    if (!model.forward(std::span(&seq, 1), **pool, out.back())) std::exit(1);
+  }
+  return out;
+}
+
+std::vector<double> log_softmax(const std::vector<float>& logits) {
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp(x - mx);
+  std::vector<double> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - mx - std::log(sum);
+  return out;
+}
+
+// KL(BF16 pages || 8-bit pages) and top-1 agreement over a prompt and the tokens BF16 pages
+// choose greedily after it, fed to every run (teacher forcing); a peaky LM head
+// (make-model's --lm-head-scale 8: logits of standard deviation about 16).
+void logits() {
+  struct Case {
+    const char* name;
+    ModelPreset preset;
+    Architecture arch;
+    int32_t prompt, steps;
+  };
+  const Case cases[] = {
+      {"bench, Llama", ModelPreset::kBench, Architecture::kLlama, 512, 64},
+      {"bench, Qwen3", ModelPreset::kBench, Architecture::kQwen3, 512, 64},
+      {"qwen3-0.6b shape", ModelPreset::kQwen3_0_6B, Architecture::kQwen3, 256, 32}};
+  std::printf(
+      "== logits: teacher-forced against BF16 pages, LM head scale 8 ==\n"
+      "  %-18s %-9s %6s %12s %12s %10s\n",
+      "model", "dtype", "steps", "mean KL", "max KL", "top-1");
+  for (const Case& c : cases) {
+    const ModelConfig config = preset_config(c.preset, c.arch);
+    const TensorStore tensors = make_random_tensors(config, 5, TensorDtype::kF32, 8.0);
+    auto model = Model::from_tensors(config, tensors, ModelOptions{.num_threads = bench_threads()});
+    if (!model) {
+      std::fprintf(stderr, "%s: %s\n", c.name, model.error().message.c_str());
+      std::exit(1);
+    }
+    std::vector<int32_t> prompt(static_cast<size_t>(c.prompt));
+    for (int32_t i = 0; i < c.prompt; ++i) {
+      prompt[static_cast<size_t>(i)] = (i * 7919 + 13) % config.vocab_size;
+    }
+    // BF16's greedy continuation.
+    std::vector<int32_t> forced;
+    {
+      const int64_t total = c.prompt + c.steps;
+      auto pool = (*model)->make_kv_pool(static_cast<int32_t>(total / 16 + 1), 16, KvDtype::kBF16);
+      if (!pool) std::exit(1);
+      std::vector<PageId> table;
+      for (int64_t p = 0; p * 16 < total; ++p) {
+        table.push_back(make_page_id(static_cast<int32_t>(p)));
+      }
+      std::vector<float> l;
+      ForwardSequence first{prompt, 0, table, true};
+      if (!(*model)->forward(std::span(&first, 1), **pool, l)) std::exit(1);
+      for (int32_t s = 0; s + 1 < c.steps; ++s) {
+        forced.push_back(static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+        ForwardSequence seq{std::span(&forced.back(), 1), c.prompt + s, table, true};
+        if (!(*model)->forward(std::span(&seq, 1), **pool, l)) std::exit(1);
+      }
+    }
+    const auto want = forced_logits(**model, KvDtype::kBF16, prompt, forced);
+    for (KvDtype dtype : {KvDtype::kInt8, KvDtype::kFp8E4M3, KvDtype::kF32}) {
+      const auto got = forced_logits(**model, dtype, prompt, forced);
+      double kl_sum = 0, kl_max = 0;
+      int agree = 0;
+      for (size_t step = 0; step < want.size(); ++step) {
+        const std::vector<double> p = log_softmax(want[step]), q = log_softmax(got[step]);
+        double kl = 0;
+        for (size_t i = 0; i < p.size(); ++i) kl += std::exp(p[i]) * (p[i] - q[i]);
+        kl_sum += kl;
+        kl_max = std::max(kl_max, kl);
+        const auto top = [](const std::vector<float>& l) {
+          return std::max_element(l.begin(), l.end()) - l.begin();
+        };
+        agree += top(want[step]) == top(got[step]) ? 1 : 0;
+      }
+      std::printf("  %-18s %-9s %6zu %12.3e %12.3e %9.1f%%\n", c.name,
+                  std::string(kv_dtype_name(dtype)).c_str(), want.size(),
+                  kl_sum / static_cast<double>(want.size()), kl_max,
+                  100.0 * agree / static_cast<double>(want.size()));
+    }
+  }
+}
+
 // ---- decode attention ----
 
 void decode() {
@@ -188,49 +299,56 @@ void decode() {
   const int threads = bench_threads();
   ThreadPool pool(threads);
   PagedAttention attention(shape, threads);
-  std::printf("== decode: one layer's attention for one new token per sequence (16 heads, 8 KV "
-              "heads, head_dim 128, page 16), %d threads, median of 15 calls ==\n"
-              "  %-8s %-6s %-9s %10s %12s %9s\n",
-              threads, "context", "batch", "dtype", "ms", "GB/s of KV", "vs bf16");
+  constexpr KvDtype kDtypes[] = {KvDtype::kBF16, KvDtype::kInt8, KvDtype::kFp8E4M3, KvDtype::kF32};
+  constexpr int kReps = 21;
+  std::printf(
+      "== decode: one layer's attention for one new token per sequence (16 heads, 8 KV "
+      "heads, head_dim 128, page 16), %d threads; the dtypes take turns, %d calls each "
+      "==\n  %-8s %-6s %-9s %9s %9s %12s %12s\n",
+      threads, kReps, "context", "batch", "dtype", "min ms", "median ms", "min vs bf16",
+      "med vs bf16");
   for (int64_t context : {int64_t{16384}, int64_t{32768}}) {
     for (int32_t batch : {1, 4}) {
-      double bf16_ms = 0;
-      for (KvDtype dtype : {KvDtype::kBF16, KvDtype::kInt8, KvDtype::kFp8E4M3, KvDtype::kF32}) {
-        const int32_t per_seq = static_cast<int32_t>(context / 16);
-        KvPool kv(1, 8, 128, per_seq * batch, 16, dtype);
-        Rng rng(3);
-        std::vector<float> k(8 * 128), v(8 * 128);
-        for (int32_t p = 0; p < per_seq * batch; ++p) {
-          for (int32_t slot = 0; slot < 16; ++slot) {
-            for (float& x : k) x = static_cast<float>(rng.normal());
-            for (float& x : v) x = static_cast<float>(rng.normal());
-            kv.write_token(0, make_page_id(p), slot, k.data(), v.data());
-          }
+      const int32_t per_seq = static_cast<int32_t>(context / 16);
+      std::vector<std::unique_ptr<KvPool>> pools;
+      for (KvDtype dtype : kDtypes) {
+        pools.push_back(std::make_unique<KvPool>(1, 8, 128, per_seq * batch, 16, dtype));
+      }
+      Rng rng(3);
+      std::vector<float> k(8 * 128), v(8 * 128);
+      for (int32_t p = 0; p < per_seq * batch; ++p) {
+        for (int32_t slot = 0; slot < 16; ++slot) {
+          for (float& x : k) x = static_cast<float>(rng.normal());
+          for (float& x : v) x = static_cast<float>(rng.normal());
+          for (auto& kv : pools) kv->write_token(0, make_page_id(p), slot, k.data(), v.data());
         }
-        std::vector<std::vector<PageId>> tables(static_cast<size_t>(batch));
-        std::vector<AttentionSequence> seqs;
-        for (int32_t b = 0; b < batch; ++b) {
-          for (int32_t p = 0; p < per_seq; ++p) {
-            tables[static_cast<size_t>(b)].push_back(make_page_id(b * per_seq + p));
-          }
-          seqs.push_back(AttentionSequence{b, 1, context - 1, tables[static_cast<size_t>(b)]});
+      }
+      std::vector<std::vector<PageId>> tables(static_cast<size_t>(batch));
+      std::vector<AttentionSequence> seqs;
+      for (int32_t b = 0; b < batch; ++b) {
+        for (int32_t p = 0; p < per_seq; ++p) {
+          tables[static_cast<size_t>(b)].push_back(make_page_id(b * per_seq + p));
         }
-        std::vector<float> q(static_cast<size_t>(batch) * 16 * 128), out(q.size());
-        for (float& x : q) x = static_cast<float>(rng.normal());
-        std::vector<double> ms;
-        for (int rep = 0; rep < 16; ++rep) {
+        seqs.push_back(AttentionSequence{b, 1, context - 1, tables[static_cast<size_t>(b)]});
+      }
+      std::vector<float> q(static_cast<size_t>(batch) * 16 * 128), out(q.size());
+      for (float& x : q) x = static_cast<float>(rng.normal());
+      std::vector<std::vector<double>> ms(pools.size());
+      for (int rep = 0; rep <= kReps; ++rep) {
+        for (size_t i = 0; i < pools.size(); ++i) {
           const auto t0 = std::chrono::steady_clock::now();
-          attention.run(pool, seqs, q.data(), 16 * 128, kv, 0, out.data(), 16 * 128);
+          attention.run(pool, seqs, q.data(), 16 * 128, *pools[i], 0, out.data(), 16 * 128);
           const auto t1 = std::chrono::steady_clock::now();
-          if (rep > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+          if (rep > 0) ms[i].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
         }
-        std::sort(ms.begin(), ms.end());
-        const double med = ms[ms.size() / 2];
-        if (dtype == KvDtype::kBF16) bf16_ms = med;
-        const double bytes = static_cast<double>(kv.page_bytes()) * per_seq * batch;
-        std::printf("  %-8lld %-6d %-9s %10.3f %12.1f %8.2fx\n", static_cast<long long>(context),
-                    batch, std::string(kv_dtype_name(dtype)).c_str(), med, bytes / med / 1e6,
-                    med / bf16_ms);
+      }
+      for (auto& m : ms) std::sort(m.begin(), m.end());
+      for (size_t i = 0; i < pools.size(); ++i) {
+        std::printf("  %-8lld %-6d %-9s %9.3f %9.3f %11.2fx %11.2fx\n",
+                    static_cast<long long>(context), batch,
+                    std::string(kv_dtype_name(kDtypes[i])).c_str(), ms[i].front(),
+                    ms[i][ms[i].size() / 2], ms[i].front() / ms[0].front(),
+                    ms[i][ms[i].size() / 2] / ms[0][ms[0].size() / 2]);
       }
     }
   }
@@ -241,7 +359,7 @@ void decode() {
 
 int main(int argc, char** argv) {
   std::vector<std::string> what(argv + 1, argv + argc);
-  if (what.empty()) what = {"capacity", "k_scales", "decode"};
+  if (what.empty()) what = {"capacity", "k_scales", "logits", "decode"};
   for (const std::string& w : what) {
     if (w == "capacity") {
       strata::capacity();
@@ -249,8 +367,10 @@ int main(int argc, char** argv) {
       strata::k_scales();
     } else if (w == "decode") {
       strata::decode();
+    } else if (w == "logits") {
+      strata::logits();
     } else {
-      std::fprintf(stderr, "unknown table '%s' (capacity, k_scales, decode)\n", w.c_str());
+      std::fprintf(stderr, "unknown table '%s' (capacity, k_scales, logits, decode)\n", w.c_str());
       return 2;
     }
   }

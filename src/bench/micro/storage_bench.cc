@@ -6,8 +6,10 @@
 // since a backend mostly waits on the kernel or on Redis, which CPU time would not show.
 //
 //   build/src/bench/micro/bench_storage [--benchmark_min_time=2]
+//   (STRATA_BENCH_PAGE_BYTES=N: pages of N bytes)
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -25,8 +27,19 @@ namespace strata {
 namespace {
 
 constexpr size_t kPagesPerBatch = 64;
-constexpr size_t kPageBytes = 256 * 1024;
-constexpr int64_t kBatchBytes = int64_t{kPagesPerBatch} * int64_t{kPageBytes};
+
+// 256 KiB, or STRATA_BENCH_PAGE_BYTES (e.g. the bench model's page: 131072 bytes in BF16,
+// 67584 in int8 with its scales; issue 54).
+size_t page_bytes() {
+  static const size_t bytes = [] {
+    const char* v = std::getenv("STRATA_BENCH_PAGE_BYTES");
+    return v != nullptr ? static_cast<size_t>(std::atoll(v)) : size_t{256 * 1024};
+  }();
+  return bytes;
+}
+int64_t batch_bytes() {
+  return static_cast<int64_t>(kPagesPerBatch * page_bytes());
+}
 
 // Host-tier pages: source values and destination buffers, filled once.
 struct Pages {
@@ -37,8 +50,8 @@ struct Pages {
   Pages() {
     std::mt19937_64 gen(42);
     for (size_t i = 0; i < kPagesPerBatch; ++i) {
-      src.emplace_back(kPageBytes);
-      dst.emplace_back(kPageBytes);
+      src.emplace_back(page_bytes());
+      dst.emplace_back(page_bytes());
       for (std::byte& b : src.back()) b = static_cast<std::byte>(gen());
     }
     for (auto& v : src) src_views.emplace_back(v);
@@ -115,12 +128,12 @@ void BM_Memcpy(benchmark::State& state) {
   Pages& p = pages();
   for (auto _ : state) {
     for (size_t i = 0; i < kPagesPerBatch; ++i) {
-      std::memcpy(p.dst[i].data(), p.src[i].data(), kPageBytes);
+      std::memcpy(p.dst[i].data(), p.src[i].data(), page_bytes());
     }
     benchmark::DoNotOptimize(p.dst.back().data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(state.iterations() * kBatchBytes);
+  state.SetBytesProcessed(state.iterations() * batch_bytes());
 }
 
 // Writes a batch of 64 new pages per iteration; the pages are removed outside the timed
@@ -155,7 +168,7 @@ void write_bench(benchmark::State& state, const std::string& kind) {
   if (backend->stats().set_written != state.iterations() * kPagesPerBatch) {
     state.SkipWithError("not every page was written");
   }
-  state.SetBytesProcessed(state.iterations() * kBatchBytes);
+  state.SetBytesProcessed(state.iterations() * batch_bytes());
 }
 
 // Reads the same stored batch of 64 pages per iteration, each verified by its checksum.
@@ -178,7 +191,7 @@ void read_bench(benchmark::State& state, const std::string& kind) {
       break;
     }
   }
-  state.SetBytesProcessed(state.iterations() * kBatchBytes);
+  state.SetBytesProcessed(state.iterations() * batch_bytes());
 }
 
 // One exists() round trip for a batch of 64 keys (what a prefetch decision costs).
