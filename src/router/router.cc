@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -889,6 +890,10 @@ Result<std::unique_ptr<Router>> Router::create(RouterOptions options, const Toke
                                         impl->options.sessions.ttl_ms, SteadyClock::instance());
     if (!store) return std::unexpected(store.error());
     impl->shared_sessions = std::move(*store);
+    // Replicas take requests in turn and each counts only its own decisions: from the
+    // same start their rotations run in step, and the k-th request of every replica breaks
+    // its ties toward the same worker. Each replica starts at a point of its own.
+    impl->cost_decisions = std::random_device{}();
   }
   for (const std::string& url : impl->options.workers) {
     auto w = impl->add_worker(url, nullptr);

@@ -230,7 +230,8 @@ struct Router::Impl {
   std::unordered_map<uint64_t, std::function<void()>> queue_wakers;  // GUARDED_BY(mutex)
   std::mt19937_64 rng;                                               // GUARDED_BY(mutex)
   uint64_t round_robin = 0;                                          // GUARDED_BY(mutex)
-  // Decisions of the cost so far: where choose()'s ties start (cost.h, Choice).
+  // Decisions of the cost so far: where choose()'s ties start (cost.h, Choice). With
+  // --session-store, counted from a random start (replicas' rotations out of step).
   uint64_t cost_decisions = 0;      // GUARDED_BY(mutex)
   int64_t workers_file_mtime = -1;  // GUARDED_BY(mutex)
 
