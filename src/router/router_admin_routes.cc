@@ -182,8 +182,10 @@ awaitable<void> relay_cache(Router::Impl& r, http::Exchange& ex, std::string op)
   std::vector<WorkerAnswer> answers;
   for (const auto& w : targets) {
     std::string out = req.body;
-    if (w->kind != WorkerKind::kStrata && target->block_hashes) {
-      // Another engine names its blocks with its own hashes.
+    if ((w->kind != WorkerKind::kStrata || w->block_hash_algo != "strata") &&
+        target->block_hashes) {
+      // Another engine, or a Strata worker hashing as vLLM does (--prefix-caching-hash-algo
+      // sha256_cbor), names its blocks with its own hashes.
       json b = json::parse(req.body, nullptr, false);
       json list = json::array();
       for (uint64_t h : r.index.worker_hashes(w->id, hashes_of[w->id])) {

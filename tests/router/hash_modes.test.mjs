@@ -9,7 +9,8 @@
 // Run by CTest: node --test tests/router/hash_modes.test.mjs
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, startRouter, waitFor, workerList, allJoined, words } from '../server/server_harness.mjs';
+import { execFileSync } from 'node:child_process';
+import { startServer, startRouter, waitFor, workerList, allJoined, words, STRATA } from '../server/server_harness.mjs';
 
 const KEY = 'router-test-key';
 const ADMIN = { authorization: 'Bearer ' + KEY };
@@ -61,4 +62,36 @@ test('a repeated prefix goes to the worker that cached it, whose hashes are vLLM
   assert.ok(answered && answered.status === 200, pin.text);
   const st = await workers.find((w) => w.base === home).get('/cache/state', ADMIN);
   assert.ok(st.json.device.pinned_blocks >= 16, st.text);
+});
+
+// The router's block hashes are its own (Strata's) whatever its workers' are: a pin by
+// block_hashes through the router reaches a sha256_cbor worker as that worker's hashes of the
+// same blocks (the index maps them), and the router marks the blocks the worker pinned.
+test('a pin by the router\'s block hashes lands on a sha256_cbor worker as its own hashes', async () => {
+  const system = 'You pin what you are told. ' + words(300, 21);
+  const first = await router.post('/v1/chat/completions', chat(system, 'a question'));
+  assert.equal(first.status, 200, first.text);
+  const home = first.headers.get('x-strata-worker');
+  const worker = workers.find((w) => w.base === home);
+  const id = (await workerList(router)).find((w) => w.url === home).id;
+  const tokens = (await worker.post('/tokenize', { messages: [{ role: 'system', content: system }],
+    add_generation_prompt: false })).json.tokens;
+  // The hashes as text: 64-bit integers, which a JavaScript number would round.
+  const printed = execFileSync(STRATA, ['block-hashes', '--page-size', '16', ...tokens.map(String)]).toString();
+  const list = printed.match(/"block_hashes":\s*(\[[^\]]*\])/)[1];
+  const hashes = list.slice(1, -1).split(',');
+  assert.ok(hashes.length >= 16, `${tokens.length} tokens`);
+  await waitFor(async () => {
+    const st = await router.get('/cache/state', ADMIN);
+    return st.json.index.workers.find((w) => w.worker === id)?.blocks >= hashes.length;
+  }, 'the events of the prompt');
+  const before = (await worker.get('/cache/state', ADMIN)).json.device.pinned_blocks;
+  const pin = await router.post('/cache/pin', `{"block_hashes":${list}}`, ADMIN);
+  assert.equal(pin.status, 200, pin.text);
+  const answered = pin.json.workers.find((w) => w.url === home);
+  assert.ok(answered && answered.status === 200, pin.text);
+  const after = (await worker.get('/cache/state', ADMIN)).json.device.pinned_blocks;
+  assert.ok(after >= before + hashes.length - 1, `pinned ${before} -> ${after} of ${hashes.length}: ${pin.text}`);
+  const marks = (await router.get('/cache/state', ADMIN)).json.index.workers.find((w) => w.worker === id);
+  assert.ok(marks.pinned_blocks >= hashes.length - 1, JSON.stringify(marks));
 });
