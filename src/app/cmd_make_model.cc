@@ -23,6 +23,7 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
     int num_shards = 1;
     int32_t head_dim = 0;
     double lm_head_scale = 1.0;
+    std::string gguf;  // "": a Hugging Face folder
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -57,6 +58,12 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
                   "alike: greedy choices are no safer)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--gguf", opts->gguf,
+                  "Write <out>/model.gguf of this type instead of safetensors: f32 | f16 | bf16 | "
+                  "q8_0 | q4_0 | q4_k | q6_k | q4_k_m (llama.cpp's mix: Q6_K for the output and "
+                  "some attn_v/ffn_down), round-to-nearest quantization, the tokenizer and chat "
+                  "template in its metadata")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q4_k_m"}));
   cmd->callback([opts, &exit_code] {
     auto fail = [&](const std::string& message) {
       std::cerr << "strata make-model: " << message << "\n";
@@ -80,6 +87,7 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
     if (opts->vocab_size > 0) options.vocab_size = opts->vocab_size;
     if (opts->head_dim > 0) options.head_dim = opts->head_dim;
     options.lm_head_scale = opts->lm_head_scale;
+    if (!opts->gguf.empty()) options.gguf_type = opts->gguf;
     auto made = make_model(options);
     if (!made) return fail(made.error().message);
     const ModelConfig& c = made->config;
@@ -96,7 +104,10 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
                                 {"vocab_size", c.vocab_size},
                                 {"dtype", std::string(tensor_dtype_name(*dtype))},
                                 {"parameters", made->num_parameters},
-                                {"weight_bytes", made->weight_bytes}}
+                                {"weight_bytes", made->weight_bytes},
+                                {"gguf", opts->gguf.empty()
+                                             ? nlohmann::json()
+                                             : nlohmann::json(opts->out + "/model.gguf")}}
                      .dump()
               << "\n";
     exit_code = 0;

@@ -22,7 +22,9 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -83,6 +85,59 @@ nlohmann::json profile_json(const ForwardProfile& p) {
           {"o_proj_s", p.o_proj_s},   {"gate_up_s", p.gate_up_s},
           {"silu_mul_s", p.silu_s},   {"down_proj_s", p.down_s},
           {"logits_s", p.logits_s},   {"total_s", p.total_s()}};
+}
+
+// Read bandwidth of the host's memory with `threads` threads, each summing its share of a
+// 1 GiB buffer (far beyond the caches), best of 3 passes: bytes/s. The CPU decode floor is
+// the weights a token reads over it.
+double cpu_read_bandwidth(int threads) {
+  const size_t words = (size_t{1} << 30) / sizeof(uint64_t);
+  std::vector<uint64_t> buffer(words);
+  for (size_t i = 0; i < words; ++i) buffer[i] = i;
+  double best = 0;
+  std::vector<uint64_t> sums(static_cast<size_t>(threads));
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto start = Clock::now();
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        const size_t begin = words / static_cast<size_t>(threads) * static_cast<size_t>(t);
+        const size_t end = t + 1 == threads ? words : begin + words / static_cast<size_t>(threads);
+        uint64_t sum = 0;
+        for (size_t i = begin; i < end; ++i) sum += buffer[i];
+        sums[static_cast<size_t>(t)] = sum;
+      });
+    }
+    for (std::thread& w : workers) w.join();
+    best = std::max(best, static_cast<double>(words * sizeof(uint64_t)) / seconds_since(start));
+  }
+  return sums[0] == 1 ? 0 : best;  // reads the sums so the loops are kept
+}
+
+// Bytes of weights one decode token reads: every matrix but the embedding (one row is
+// looked up), which counts when it is also the LM head.
+double decode_weight_bytes(const ModelWeights& w) {
+  double bytes = static_cast<double>(w.size_bytes());
+  if (!w.lm_head.empty()) bytes -= static_cast<double>(w.embed.size_bytes());
+  return bytes;
+}
+
+// The dtypes of the weight matrices, "q4_k+q6_k" for a mix.
+std::string weights_description(const ModelWeights& w) {
+  std::set<std::string> names;
+  auto add = [&](const WeightMatrix& m) {
+    if (!m.empty()) names.insert(std::string(weight_dtype_name(m.dtype())));
+  };
+  add(w.embed);
+  add(w.lm_head);
+  for (const LayerWeights& l : w.layers) {
+    for (const WeightMatrix* m : {&l.qkv, &l.o, &l.gate_up, &l.down}) add(*m);
+    for (const WeightMatrix& m : l.qkv_parts) add(m);
+    for (const WeightMatrix& m : l.gate_up_parts) add(m);
+  }
+  std::string out;
+  for (const std::string& n : names) out.append(out.empty() ? "" : "+").append(n);
+  return out;
 }
 
 // Deterministic pseudo-random prompt ids.
@@ -400,13 +455,14 @@ int run_forward_bench(ForwardBenchOptions o) {
   const bool gpu = o.device == "cuda";
   ModelOptions model_options;
   model_options.num_threads = o.threads;
-  if (o.weight_dtype == "f32") {
-    model_options.weight_dtype = WeightDtype::kF32;
-  } else if (o.weight_dtype == "bf16" || (gpu && o.weight_dtype == "auto")) {
+  if (gpu && o.weight_dtype == "auto") {
     // The GPU keeps BF16 whatever the checkpoint: the host copy need not be larger.
     model_options.weight_dtype = WeightDtype::kBF16;
   } else if (o.weight_dtype != "auto") {
-    return fail("--weight-dtype must be auto, f32 or bf16");
+    model_options.weight_dtype = parse_weight_dtype(o.weight_dtype);
+    if (!model_options.weight_dtype) {
+      return fail("--weight-dtype must be auto, f32, bf16, q8_0, q4_0 or q4_k");
+    }
   }
   auto kv_dtype = parse_kv_dtype(o.kv_dtype);
   if (!kv_dtype) return fail(kv_dtype.error().message);
@@ -437,7 +493,7 @@ int run_forward_bench(ForwardBenchOptions o) {
   if (!loaded) return fail(loaded.error().message);
   std::unique_ptr<Model> cpu = std::move(*loaded);
   cpu->set_profiling(true);
-  const std::string weights_name(weight_dtype_name(cpu->weights().layers[0].qkv.dtype()));
+  const std::string weights_name = weights_description(cpu->weights());
 
   int64_t max_prompt = 0;
   for (int64_t p : o.prompt_tokens) max_prompt = std::max(max_prompt, p);
@@ -485,6 +541,8 @@ int run_forward_bench(ForwardBenchOptions o) {
     if (!bw) return fail("measuring the device's copy bandwidth: " + bw.error().message);
     copy_bandwidth = *bw;
   }
+  // The CPU's decode floor: the weights a token reads over the memory's read bandwidth.
+  const double read_bandwidth = gpu ? 0.0 : cpu_read_bandwidth(cpu->num_threads());
   ForwardModel& fm = gpu ? *on_gpu : static_cast<ForwardModel&>(*cpu);
   const double load_s = seconds_since(load_start);
   auto pool = fm.make_kv_pool(static_cast<int32_t>(pages), o.page_size, *kv_dtype);
@@ -513,6 +571,10 @@ int run_forward_bench(ForwardBenchOptions o) {
       {"repeats", o.repeats},
       {"load_s", load_s}};
   if (gpu) report["copy_bandwidth_gbs"] = copy_bandwidth / 1e9;
+  if (!gpu) {
+    report["read_bandwidth_gbs"] = read_bandwidth / 1e9;
+    report["decode_weight_bytes"] = decode_weight_bytes(cpu->weights());
+  }
   if (!o.json) {
     std::printf(
         "model: %s\n  %s, hidden %d, %d layers, %d heads, %d KV heads, FFN %d, vocab %d\n"
@@ -522,6 +584,12 @@ int run_forward_bench(ForwardBenchOptions o) {
         engine.c_str(), machine.c_str(), o.page_size, o.repeats);
     if (gpu)
       std::printf("  device copy bandwidth %.0f GB/s (read + write)\n", copy_bandwidth / 1e9);
+    if (!gpu) {
+      std::printf(
+          "  memory read bandwidth %.1f GB/s (%d threads); a token reads %.1f MB of "
+          "weights\n",
+          read_bandwidth / 1e9, cpu->num_threads(), decode_weight_bytes(cpu->weights()) / 1e6);
+    }
   }
   if (!o.profile_out.empty()) {
     auto profile = measure_profile(runner, o, machine, engine);
@@ -539,9 +607,13 @@ int run_forward_bench(ForwardBenchOptions o) {
   }
   ForwardBench bench(runner, o);
   nlohmann::json results = nlohmann::json::array();
-  // A decode step's floor on the GPU: its bytes over the copy bandwidth (0 on the CPU).
+  // A decode step's floor: on the GPU its bytes over the copy bandwidth; on the CPU, for
+  // one sequence, the weights' bytes over the read bandwidth (the KV read, small at these
+  // contexts, left out), none for batches.
   auto floor_s = [&](int64_t batch, int64_t context) {
-    return gpu ? decode_step_bytes(c, batch, context) / copy_bandwidth : 0.0;
+    if (gpu) return decode_step_bytes(c, batch, context) / copy_bandwidth;
+    return batch == 1 && read_bandwidth > 0 ? decode_weight_bytes(cpu->weights()) / read_bandwidth
+                                            : 0.0;
   };
   auto print = [&](const std::string& name, double tokens_per_s, double seconds,
                    const ForwardProfile& profile, double step_s = 0, double step_floor_s = 0) {
@@ -599,7 +671,8 @@ void add_bench_forward(CLI::App& bench, int& exit_code) {
   auto o = std::make_shared<ForwardBenchOptions>();
   CLI::App* cmd = bench.add_subcommand(
       "forward", "Prefill and decode throughput of the forward pass, with a per-phase breakdown");
-  cmd->add_option("--model", o->model_dir, "Model folder (default: the preset, made in memory)");
+  cmd->add_option("--model", o->model_dir,
+                  "Model folder or GGUF file (default: the preset, made in memory)");
   cmd->add_option("--device", o->device,
                   "Where the forward pass runs: cpu | cuda (the GPU's, cuda/gpu_model.h)")
       ->capture_default_str();
@@ -640,7 +713,8 @@ void add_bench_forward(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   cmd->add_option(
          "--weight-dtype", o->weight_dtype,
-         "In-memory weights: auto (the checkpoint's; bf16 with --device cuda) | f32 | bf16")
+         "In-memory weights: auto (the checkpoint's or GGUF file's; bf16 with --device cuda) | "
+         "f32 | bf16 | q8_0 | q4_0 | q4_k (quantized at load)")
       ->capture_default_str();
   cmd->add_option("--page-size", o->page_size, "Tokens per KV page")
       ->check(CLI::Range(1, 4096))

@@ -186,8 +186,8 @@ Status read_scalar(Reader& r, uint32_t type, GgufValue& out) {
 Status read_array(Reader& r, GgufValue& out, int depth) {
   const uint64_t at = r.offset();
   if (depth >= kMaxArrayDepth) {
-    return std::unexpected(r.error(at, "arrays nested deeper than " +
-                                           std::to_string(kMaxArrayDepth)));
+    return std::unexpected(
+        r.error(at, "arrays nested deeper than " + std::to_string(kMaxArrayDepth)));
   }
   auto element = r.read<uint32_t>("an array's element type");
   if (!element) return std::unexpected(element.error());
@@ -291,10 +291,9 @@ Status GgufFile::parse_all() {
   auto version = r.read<uint32_t>("the version");
   if (!version) return std::unexpected(version.error());
   if (*version != 2 && *version != 3) {
-    return std::unexpected(r.error(4,
-                                   "version " + std::to_string(*version) +
-                                       " is not supported (versions 2 and 3 are)",
-                                   ErrorCode::kUnsupported));
+    return std::unexpected(r.error(
+        4, "version " + std::to_string(*version) + " is not supported (versions 2 and 3 are)",
+        ErrorCode::kUnsupported));
   }
   version_ = *version;
   auto tensor_count = r.read<uint64_t>("the tensor count");
@@ -362,27 +361,24 @@ Status GgufFile::parse_all() {
     if (!type) return std::unexpected(type.error());
     const auto info = ggml_type_info(*type);
     if (!info) {
-      return std::unexpected(r.error(type_at,
-                                     "tensor '" + t.name + "' has unknown type " +
-                                         std::to_string(*type),
-                                     ErrorCode::kUnsupported));
+      return std::unexpected(
+          r.error(type_at, "tensor '" + t.name + "' has unknown type " + std::to_string(*type),
+                  ErrorCode::kUnsupported));
     }
     if (t.ne[0] % info->block_values != 0) {
-      return std::unexpected(r.error(dims_at, "tensor '" + t.name + "' of type " +
-                                                  std::string(info->name) + " has a row of " +
-                                                  std::to_string(t.ne[0]) +
-                                                  " values, not a multiple of its block (" +
-                                                  std::to_string(info->block_values) + ")"));
+      return std::unexpected(r.error(
+          dims_at, "tensor '" + t.name + "' of type " + std::string(info->name) + " has a row of " +
+                       std::to_string(t.ne[0]) + " values, not a multiple of its block (" +
+                       std::to_string(info->block_values) + ")"));
     }
     t.type = *type;
     const uint64_t offset_at = r.offset();
     auto offset = r.read<uint64_t>("a tensor offset");
     if (!offset) return std::unexpected(offset.error());
     if (*offset % alignment_ != 0) {
-      return std::unexpected(r.error(offset_at, "tensor '" + t.name + "' offset " +
-                                                    std::to_string(*offset) +
-                                                    " is not a multiple of the alignment " +
-                                                    std::to_string(alignment_)));
+      return std::unexpected(r.error(
+          offset_at, "tensor '" + t.name + "' offset " + std::to_string(*offset) +
+                         " is not a multiple of the alignment " + std::to_string(alignment_)));
     }
     t.offset = *offset;
     // Bytes: elements / block * block bytes (exact: ne[0] is a multiple of the block).
@@ -397,18 +393,20 @@ Status GgufFile::parse_all() {
   }
   const uint64_t data_start = (r.offset() + alignment_ - 1) / alignment_ * alignment_;
   if (data_start > bytes_.size() && !tensors_.empty()) {
-    return std::unexpected(r.error(r.offset(), "truncated: the data section's padding runs past "
-                                               "the end of the file"));
+    return std::unexpected(r.error(r.offset(),
+                                   "truncated: the data section's padding runs past "
+                                   "the end of the file"));
   }
   const uint64_t data_size = data_start <= bytes_.size() ? bytes_.size() - data_start : 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     GgufTensor& t = tensors_[i];
     const uint64_t size = sizes[i];
     if (t.offset > data_size || size > data_size - t.offset) {
-      return std::unexpected(r.error(
-          info_at[i], "tensor '" + t.name + "' (" + std::to_string(size) + " bytes at data offset " +
-                          std::to_string(t.offset) + ") runs past the end of the file (" +
-                          std::to_string(data_size) + " data bytes)"));
+      return std::unexpected(
+          r.error(info_at[i], "tensor '" + t.name + "' (" + std::to_string(size) +
+                                  " bytes at data offset " + std::to_string(t.offset) +
+                                  ") runs past the end of the file (" + std::to_string(data_size) +
+                                  " data bytes)"));
     }
     t.data = bytes_.subspan(static_cast<size_t>(data_start + t.offset), static_cast<size_t>(size));
   }

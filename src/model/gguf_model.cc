@@ -120,10 +120,9 @@ class GgufLoader {
       TensorView shown, expected;
       shown.shape = t->shape();
       expected.shape = want;
-      return make_error(ErrorCode::kInvalidArgument, "tensor '" + name + "' has shape " +
-                                                         shown.shape_string() +
-                                                         " but the config needs " +
-                                                         expected.shape_string());
+      return make_error(ErrorCode::kInvalidArgument,
+                        "tensor '" + name + "' has shape " + shown.shape_string() +
+                            " but the config needs " + expected.shape_string());
     }
     const auto info = ggml_type_info(t->type);
     if (!info->supported) {
@@ -286,8 +285,8 @@ Result<ModelConfig> gguf_model_config(const GgufFile& f) {
   }
   const GgufTensor* embed = f.tensor("token_embd.weight");
   if (embed == nullptr || embed->ne.size() != 2) {
-    return std::unexpected(config_error(f, ErrorCode::kNotFound,
-                                        "missing tensor 'token_embd.weight' (a matrix)"));
+    return std::unexpected(
+        config_error(f, ErrorCode::kNotFound, "missing tensor 'token_embd.weight' (a matrix)"));
   }
   if (embed->ne[1] > INT32_MAX) {
     return std::unexpected(config_error(f, ErrorCode::kInvalidArgument, "vocabulary too large"));

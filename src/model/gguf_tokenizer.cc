@@ -80,9 +80,10 @@ Result<HfTokenizerTexts> gguf_tokenizer_json(const GgufFile& f) {
   } else if (pre == "llama3" || pre == "llama-bpe") {
     pre_tokenizer = split_then_bytes(kLlama3Regex);
   } else {
-    return std::unexpected(unsupported(
-        f, "pre-tokenizer '" + pre + "' (tokenizer.ggml.pre) is not supported (gpt2, default, "
-                                     "qwen2, llama3, llama-bpe)"));
+    return std::unexpected(
+        unsupported(f, "pre-tokenizer '" + pre +
+                           "' (tokenizer.ggml.pre) is not supported (gpt2, default, "
+                           "qwen2, llama3, llama-bpe)"));
   }
   const GgufValue* tokens = f.find("tokenizer.ggml.tokens");
   if (tokens == nullptr || tokens->strings.empty()) {
@@ -94,12 +95,15 @@ Result<HfTokenizerTexts> gguf_tokenizer_json(const GgufFile& f) {
   json added = json::array();
   json added_decoder = json::object();
   for (size_t id = 0; id < tokens->strings.size(); ++id) {
-    const int64_t type =
-        types != nullptr && id < types->integers.size() ? types->integers[id] : 1;
+    const int64_t type = types != nullptr && id < types->integers.size() ? types->integers[id] : 1;
     const std::string& text = tokens->strings[id];
     if (type == kTypeControl || type == kTypeUserDefined) {
-      json entry = {{"id", id},          {"content", text},       {"single_word", false},
-                    {"lstrip", false},   {"rstrip", false},       {"normalized", false},
+      json entry = {{"id", id},
+                    {"content", text},
+                    {"single_word", false},
+                    {"lstrip", false},
+                    {"rstrip", false},
+                    {"normalized", false},
                     {"special", type == kTypeControl}};
       added.push_back(entry);
       entry.erase("id");
@@ -113,8 +117,8 @@ Result<HfTokenizerTexts> gguf_tokenizer_json(const GgufFile& f) {
     for (const std::string& m : merges->strings) {
       const size_t space = m.find(' ');
       if (space == std::string::npos) {
-        return make_error(ErrorCode::kCorrupt,
-                          f.description() + ": tokenizer.ggml.merges entry '" + m + "' has no space");
+        return make_error(ErrorCode::kCorrupt, f.description() + ": tokenizer.ggml.merges entry '" +
+                                                   m + "' has no space");
       }
       merge_list.push_back(json::array({m.substr(0, space), m.substr(space + 1)}));
     }
@@ -221,7 +225,7 @@ Result<GgufTokenizerData> gguf_tokenizer_from_hf(const std::filesystem::path& di
   auto id_of = [&](const char* key) -> std::optional<int32_t> {
     if (!config.contains(key)) return std::nullopt;
     const json& v = config[key];
-    const std::string text = v.is_string() ? v.get<std::string>()
+    const std::string text = v.is_string()   ? v.get<std::string>()
                              : v.is_object() ? v.value("content", "")
                                              : "";
     for (size_t id = 0; id < out.tokens.size(); ++id) {

@@ -19,8 +19,7 @@ std::string lower(std::string_view s) {
 
 // llama.cpp's use_more_bits: the layers Q4_K_M gives Q6_K for attn_v and ffn_down.
 bool more_bits_layer(int layer, int num_layers) {
-  return layer < num_layers / 8 || layer >= 7 * num_layers / 8 ||
-         (layer - num_layers / 8) % 3 == 2;
+  return layer < num_layers / 8 || layer >= 7 * num_layers / 8 || (layer - num_layers / 8) % 3 == 2;
 }
 
 // llama.cpp's general.file_type (llama_ftype) for a make type.
@@ -98,9 +97,9 @@ Status write_gguf_model(const std::filesystem::path& path, const ModelConfig& c,
                           "' is not one of f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m");
   }
   // Mistral's files are llama's to llama.cpp.
-  const std::string arch =
-      c.architecture == Architecture::kMistral ? "llama"
-                                               : std::string(architecture_model_type(c.architecture));
+  const std::string arch = c.architecture == Architecture::kMistral
+                               ? "llama"
+                               : std::string(architecture_model_type(c.architecture));
   const bool permute = arch == "llama";
   GgufWriter w;
   w.set_string("general.architecture", arch);
@@ -198,8 +197,8 @@ Status write_gguf_model(const std::filesystem::path& path, const ModelConfig& c,
       continue;
     }
     const int64_t rows = view->shape[0], cols = view->shape[1];
-    const GgmlType type = gguf_tensor_type(make_type, e.gguf, cols, e.layer, c.num_layers,
-                                           c.tie_word_embeddings);
+    const GgmlType type =
+        gguf_tensor_type(make_type, e.gguf, cols, e.layer, c.num_layers, c.tie_word_embeddings);
     const int64_t row_bytes = ggml_row_bytes(type, cols);
     std::vector<std::byte> bytes(static_cast<size_t>(rows * row_bytes));
     for (int64_t r = 0; r < rows; ++r) {

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/gguf_tokenizer.h"
+#include "model/make_gguf.h"
 #include "model/make_tokenizer.h"
 #include "model/rng.h"
 
@@ -370,7 +372,13 @@ Result<MadeModel> make_model_files(const MakeModelOptions& options) {
       std::filesystem::remove(entry.path(), ec);
     }
   }
-  if (options.num_shards == 1) {
+  if (options.gguf_type) {
+    if (!is_gguf_make_type(*options.gguf_type)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "--gguf " + *options.gguf_type +
+                            ": not one of f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m");
+    }
+  } else if (options.num_shards == 1) {
     if (auto s = write_safetensors(options.out_dir / "model.safetensors", tensors); !s) {
       return std::unexpected(s.error());
     }
@@ -378,7 +386,12 @@ Result<MadeModel> make_model_files(const MakeModelOptions& options) {
     return std::unexpected(s.error());
   }
 
-  if (auto s = write_json(options.out_dir / "config.json", model_config_to_json(config)); !s) {
+  if (options.gguf_type) {
+    // The GGUF file carries the config; a config.json would make the folder look like a
+    // Hugging Face model without weights.
+    std::filesystem::remove(options.out_dir / "config.json", ec);
+  } else if (auto s = write_json(options.out_dir / "config.json", model_config_to_json(config));
+             !s) {
     return std::unexpected(s.error());
   }
   json generation = {{"bos_token_id", config.bos_token_id ? json(*config.bos_token_id) : json()},
@@ -400,6 +413,17 @@ Result<MadeModel> make_model_files(const MakeModelOptions& options) {
     }
   } else if (auto s = copy_tokenizer_files(*options.tokenizer_dir, options.out_dir); !s) {
     return std::unexpected(s.error());
+  }
+  if (options.gguf_type) {
+    auto gguf_tokenizer = gguf_tokenizer_from_hf(options.out_dir, config.vocab_size);
+    if (!gguf_tokenizer) return std::unexpected(gguf_tokenizer.error());
+    const auto path = options.out_dir / "model.gguf";
+    if (auto s = write_gguf_model(path, config, tensors, *options.gguf_type, &*gguf_tokenizer,
+                                  std::string(model_preset_name(options.preset)));
+        !s) {
+      return std::unexpected(s.error());
+    }
+    made.weight_bytes = std::filesystem::file_size(path, ec);
   }
   return made;
 }

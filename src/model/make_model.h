@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "common/result.h"
@@ -91,6 +92,10 @@ struct MakeModelOptions {
   // 16 or 32): the query and KV widths follow it, the hidden size stays.
   std::optional<int32_t> head_dim;
   double lm_head_scale = 1.0;  // make_random_tensors'; > 0
+  // Write <out_dir>/model.gguf of this type (model/make_gguf.h: f32 ... q4_k_m) with the
+  // tokenizer and chat template in its metadata, instead of safetensors and config.json
+  // (the tokenizer files are written beside it all the same).
+  std::optional<std::string> gguf_type;
 };
 
 struct MadeModel {
@@ -99,7 +104,8 @@ struct MadeModel {
   uint64_t weight_bytes = 0;
 };
 
-// Writes config.json, generation_config.json, the weights and the tokenizer files.
+// Writes config.json, generation_config.json, the weights and the tokenizer files (or,
+// with gguf_type, model.gguf and the tokenizer files).
 Result<MadeModel> make_model(const MakeModelOptions& options);
 
 }  // namespace strata

@@ -72,8 +72,8 @@ class Matmul {
   void quant_gemm(ThreadPool& pool, const float* a, int64_t m, int64_t lda, const WeightMatrix& w,
                   float* c, int64_t ldc, bool accumulate);
   // A rounded to BF16 into a_bf16_, rows of kp (k rounded up to even) values.
-  const uint16_t* round_to_bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda,
-                                int64_t k, int64_t kp);
+  const uint16_t* round_to_bf16(ThreadPool& pool, const float* a, int64_t m, int64_t lda, int64_t k,
+                                int64_t kp);
 
   int64_t blas_min_rows_;
   AlignedBuffer a_bf16_;   // activations rounded to BF16 for the current product

@@ -90,8 +90,7 @@ Result<std::unique_ptr<Model>> Model::load_gguf(const std::filesystem::path& pat
   const double mb = static_cast<double>(weights->size_bytes()) / 1e6;
   std::string types;
   for (const WeightMatrix* m : std::initializer_list<const WeightMatrix*>{
-           &weights->layers[0].qkv, &weights->layers[0].down,
-                                &weights->output()}) {
+           &weights->layers[0].qkv, &weights->layers[0].down, &weights->output()}) {
     if (!types.empty()) types.append("/");
     types.append(m->empty() ? "parts" : weight_dtype_name(m->dtype()));
   }

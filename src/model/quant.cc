@@ -118,7 +118,8 @@ void quant_q8_0(const float* x, std::byte* b) {
   const float id = d != 0 ? 1.0f / d : 0.0f;
   store_u16(b, f32_to_f16(d));
   auto* q = reinterpret_cast<int8_t*>(b + 2);
-  for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(std::clamp(nearest(x[j] * id), -127, 127));
+  for (int j = 0; j < 32; ++j)
+    q[j] = static_cast<int8_t>(std::clamp(nearest(x[j] * id), -127, 127));
 }
 
 void quant_q4_0(const float* x, std::byte* b) {
@@ -183,8 +184,8 @@ void quant_q4_k(const float* x, std::byte* b) {
   for (int j = 0; j < 8; ++j) {
     const float dj = d * sc[j], mj = dmin * mn[j];
     for (int l = 0; l < 32; ++l) {
-      levels[32 * j + l] = static_cast<uint8_t>(
-          dj > 0 ? std::clamp(nearest((x[32 * j + l] + mj) / dj), 0, 15) : 0);
+      levels[32 * j + l] =
+          static_cast<uint8_t>(dj > 0 ? std::clamp(nearest((x[32 * j + l] + mj) / dj), 0, 15) : 0);
     }
   }
   uint8_t* qs = u8(b + 16);

@@ -55,10 +55,10 @@ enum class GgmlType : uint32_t {
 };
 
 struct GgmlTypeInfo {
-  std::string_view name;   // "Q4_K", as ggml names it
-  int64_t block_values;    // values per block (1 for plain types)
-  int64_t block_bytes;     // bytes per block
-  bool supported;          // Strata dequantizes it (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)
+  std::string_view name;  // "Q4_K", as ggml names it
+  int64_t block_values;   // values per block (1 for plain types)
+  int64_t block_bytes;    // bytes per block
+  bool supported;         // Strata dequantizes it (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)
 };
 
 // The type's layout; nullopt for an id this table does not know (its size is unknown, so

@@ -117,18 +117,18 @@ class WeightMatrix {
 // whose q, k and v have different types, as Q4_K_M files do): then `qkv` (or `gate_up`)
 // is empty and the parts, in order, give its rows.
 struct LayerWeights {
-  std::vector<float> attn_norm;  // [hidden]
-  WeightMatrix qkv;              // [q_size + 2 kv_size][hidden]: q rows, then k, then v
-  std::vector<WeightMatrix> qkv_parts;  // q, k, v when not fused
-  std::vector<float> qkv_bias;   // [q_size + 2 kv_size], empty without biases
-  std::vector<float> q_norm;     // [head_dim], Qwen3 only
-  std::vector<float> k_norm;     // [head_dim], Qwen3 only
-  WeightMatrix o;                // [hidden][q_size]
-  std::vector<float> o_bias;     // [hidden], empty without bias
-  std::vector<float> mlp_norm;   // [hidden]
-  WeightMatrix gate_up;          // [2 intermediate][hidden]: gate rows, then up rows
+  std::vector<float> attn_norm;             // [hidden]
+  WeightMatrix qkv;                         // [q_size + 2 kv_size][hidden]: q rows, then k, then v
+  std::vector<WeightMatrix> qkv_parts;      // q, k, v when not fused
+  std::vector<float> qkv_bias;              // [q_size + 2 kv_size], empty without biases
+  std::vector<float> q_norm;                // [head_dim], Qwen3 only
+  std::vector<float> k_norm;                // [head_dim], Qwen3 only
+  WeightMatrix o;                           // [hidden][q_size]
+  std::vector<float> o_bias;                // [hidden], empty without bias
+  std::vector<float> mlp_norm;              // [hidden]
+  WeightMatrix gate_up;                     // [2 intermediate][hidden]: gate rows, then up rows
   std::vector<WeightMatrix> gate_up_parts;  // gate, up when not fused
-  WeightMatrix down;             // [hidden][intermediate]
+  WeightMatrix down;                        // [hidden][intermediate]
 };
 
 struct ModelWeights {

@@ -205,8 +205,7 @@ TEST(GgufModelTest, RefusesWhatItCannotRun) {
     auto weights = load_gguf_weights(**f, small);
     ASSERT_FALSE(weights);
     EXPECT_EQ(weights.error().code, ErrorCode::kUnsupported);
-    EXPECT_NE(weights.error().message.find("'token_embd.weight' has type Q4_1"),
-              std::string::npos);
+    EXPECT_NE(weights.error().message.find("'token_embd.weight' has type Q4_1"), std::string::npos);
   }
   std::filesystem::remove_all(dir);
 }

@@ -31,9 +31,7 @@ class Bytes {
     str(k);
     return put<uint32_t>(static_cast<uint32_t>(type));
   }
-  void pad(size_t alignment) {
-    data.resize((data.size() + alignment - 1) / alignment * alignment);
-  }
+  void pad(size_t alignment) { data.resize((data.size() + alignment - 1) / alignment * alignment); }
   std::vector<std::byte> data;
 };
 

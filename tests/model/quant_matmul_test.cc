@@ -57,7 +57,9 @@ TEST_P(QuantMatmulTest, MatchesTheDequantizedProduct) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, QuantMatmulTest,
                          ::testing::Values(WeightDtype::kQ8_0, WeightDtype::kQ4_0,
                                            WeightDtype::kQ4_K, WeightDtype::kQ6_K),
-                         [](const auto& info) { return std::string(weight_dtype_name(info.param)); });
+                         [](const auto& info) {
+                           return std::string(weight_dtype_name(info.param));
+                         });
 
 TEST(QuantWeightsTest, NamesAndFallbacks) {
   EXPECT_EQ(parse_weight_dtype("q4_k"), WeightDtype::kQ4_K);
