@@ -184,6 +184,14 @@ Result<std::unique_ptr<ForwardModel>> load_gpu_model(const std::filesystem::path
                                                      ServeOptions& o, bool tokens_given) {
   EngineOptions& eo = o.engine;
   if (!o.simulate.empty()) return bad_argument("--device cuda and --simulate exclude each other");
+  if (kv_dtype_is_scaled(eo.kv_dtype)) {
+    std::string m = "--kv-cache-dtype ";
+    m.append(kv_dtype_name(eo.kv_dtype))
+        .append(
+            ": --device cuda keeps BF16 pages (its attention kernels read no 8-bit pages "
+            "yet); 8-bit pages run on --device cpu (issue 54)");
+    return bad_argument(m);
+  }
   if (is_gguf_file(dir)) {
     return bad_argument("--device cuda takes a Hugging Face folder: GGUF models run on the CPU");
   }
@@ -200,6 +208,15 @@ Result<std::unique_ptr<ForwardModel>> load_gpu_model(const std::filesystem::path
   cuda::GpuModelOptions g = cuda::gpu_options_for_engine(
       eo.page_size, eo.kv_cache_tokens, eo.max_running_requests, eo.chunked_prefill_size);
   g.cuda_graphs = !o.disable_cuda_graph;
+  if (eo.kv_cache_memory_bytes > 0) {
+    // --kv-cache-memory: the GPU's BF16 pages that fit, sized here because the GPU's pages
+    // are allocated with the model (the engine then takes them as tokens).
+    const auto page_bytes = static_cast<size_t>(cuda::gpu_kv_page_bytes(config, eo.page_size));
+    if (auto st = size_pool_by_memory(eo, page_bytes); !st) return std::unexpected(st.error());
+    eo.kv_cache_memory_bytes = 0;
+    g.num_pages = eo.kv_cache_tokens / eo.page_size;
+    tokens_given = true;
+  }
   if (o.mem_fraction_static > 0 && !tokens_given) {
     // SGLang's reading: weights and KV pages take this fraction of the device's memory. What
     // is already in use on the device (the CUDA context, other processes: measured by the
@@ -482,7 +499,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       eo.pd.kv_layout = name_space + ";layers=" + std::to_string(shape.num_layers) +
                         ";kv_heads=" + std::to_string(shape.num_kv_heads) +
                         ";head_dim=" + std::to_string(shape.head_dim) +
-                        (external ? ";dtype=" + std::string(kv_dtype_name(shape.dtype)) : "");
+                        ";dtype=" + std::string(kv_dtype_name(shape.dtype));
     }
     // Every batch goes to GET /cache/events' subscribers (if any listen) and, when on,
     // to the ZeroMQ publisher: both number the batches alike.

@@ -337,7 +337,8 @@ void add_bench_tiers(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "Compute threads")->capture_default_str();
   cmd->add_option("--weight-dtype", o->weight_dtype, "auto | f32 | bf16")->capture_default_str();
-  cmd->add_option("--kv-dtype", o->kv_dtype, "f32 | f16 | bf16")->capture_default_str();
+  cmd->add_option("--kv-dtype", o->kv_dtype, "f32 | f16 | bf16 | int8 | fp8_e4m3")
+      ->capture_default_str();
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for the tier TTFTs")
       ->check(CLI::Range(64, 1 << 20))
       ->capture_default_str();
