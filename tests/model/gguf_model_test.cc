@@ -165,6 +165,40 @@ TEST(GgufModelTest, QuantizedLogitsMatchTheDequantizedF32Forward) {
   std::filesystem::remove_all(dir);
 }
 
+// --weight-dtype q8_0 | q4_0 | q4_k quantizes a checkpoint at load with the quantizers a
+// GGUF file of that type is written with: the same weights, so the same logits.
+TEST(GgufModelTest, QuantizingAtLoadEqualsTheFileOfThatType) {
+  ModelConfig config = preset_config(ModelPreset::kTiny, Architecture::kQwen2);
+  config.hidden_size = 256;
+  config.intermediate_size = 512;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 64;
+  const TensorStore tensors = make_random_tensors(config, 4, TensorDtype::kF32);
+  const auto dir = fresh_test_dir("gguf_at_load");
+  const auto prompt = tokens(18, config.vocab_size, 5);
+  const auto follow = tokens(2, config.vocab_size, 6);
+  for (WeightDtype dtype : {WeightDtype::kQ8_0, WeightDtype::kQ4_0, WeightDtype::kQ4_K}) {
+    ModelOptions options;
+    options.num_threads = 2;
+    options.weight_dtype = dtype;
+    auto at_load = Model::from_tensors(config, tensors, options);
+    ASSERT_TRUE(at_load) << at_load.error().message;
+    EXPECT_EQ((*at_load)->weights().layers[0].down.dtype(), dtype);
+    const std::string type(weight_dtype_name(dtype));
+    const auto path = dir / (type + ".gguf");
+    ASSERT_TRUE(write_gguf_model(path, config, tensors, type, nullptr, "t"));
+    options.weight_dtype.reset();
+    auto file = Model::load(path, options);
+    ASSERT_TRUE(file) << file.error().message;
+    EXPECT_EQ(max_abs_diff(teacher_forced(**at_load, prompt, follow),
+                           teacher_forced(**file, prompt, follow)),
+              0.0)
+        << type;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GgufModelTest, RefusesWhatItCannotRun) {
   const auto dir = fresh_test_dir("gguf_refuse");
   {
