@@ -1,9 +1,8 @@
 #include "model/gguf_tokenizer.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+
+#include "model/model_files.h"
 
 namespace strata {
 
@@ -45,16 +44,6 @@ Error unsupported(const GgufFile& f, const std::string& what) {
   m.append(": ").append(what).append(
       "; give a Hugging Face tokenizer folder beside the file (strata serve --tokenizer DIR)");
   return Error{ErrorCode::kUnsupported, std::move(m)};
-}
-
-Result<json> read_json(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(ErrorCode::kIoError, "cannot open " + path.string());
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  json j = json::parse(buf.str(), nullptr, false);
-  if (j.is_discarded()) return make_error(ErrorCode::kCorrupt, path.string() + ": not JSON");
-  return j;
 }
 
 }  // namespace
@@ -162,11 +151,11 @@ Result<HfTokenizerTexts> gguf_tokenizer_json(const GgufFile& f) {
 
 Result<GgufTokenizerData> gguf_tokenizer_from_hf(const std::filesystem::path& dir,
                                                  int32_t vocab_size) {
-  auto t = read_json(dir / "tokenizer.json");
+  auto t = read_json_file(dir / "tokenizer.json");
   if (!t) return std::unexpected(t.error());
   json config = json::object();
   if (std::filesystem::exists(dir / "tokenizer_config.json")) {
-    auto c = read_json(dir / "tokenizer_config.json");
+    auto c = read_json_file(dir / "tokenizer_config.json");
     if (!c) return std::unexpected(c.error());
     config = std::move(*c);
   }

@@ -5,17 +5,12 @@
 #include <cstring>
 
 #include "memory/kv_dtype.h"
+#include "model/model_files.h"
 #include "model/quant.h"
 
 namespace strata {
 
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 // llama.cpp's use_more_bits: the layers Q4_K_M gives Q6_K for attn_v and ffn_down.
 bool more_bits_layer(int layer, int num_layers) {
@@ -65,14 +60,14 @@ int64_t gguf_permuted_source_row(int64_t r, int64_t head_dim) {
 }
 
 bool is_gguf_make_type(std::string_view name) {
-  const std::string t = lower(name);
+  const std::string t = ascii_lower(name);
   return t == "f32" || t == "f16" || t == "bf16" || t == "q8_0" || t == "q4_0" || t == "q4_k" ||
          t == "q6_k" || t == "q4_k_m";
 }
 
 GgmlType gguf_tensor_type(std::string_view make_type, std::string_view gguf_name, int64_t cols,
                           int layer, int num_layers, bool tied) {
-  const std::string t = lower(make_type);
+  const std::string t = ascii_lower(make_type);
   GgmlType type = GgmlType::kF32;
   if (t == "q4_k_m") {
     const bool output = gguf_name == "output.weight" || (tied && gguf_name == "token_embd.weight");
@@ -105,7 +100,7 @@ Status write_gguf_model(const std::filesystem::path& path, const ModelConfig& c,
   w.set_string("general.architecture", arch);
   w.set_string("general.name", name);
   w.set_u32("general.alignment", 32);
-  w.set_u32("general.file_type", file_type(lower(make_type)));
+  w.set_u32("general.file_type", file_type(ascii_lower(make_type)));
   const std::string p = arch + ".";
   w.set_u32(p + "context_length", static_cast<uint32_t>(c.max_position_embeddings));
   w.set_u32(p + "embedding_length", static_cast<uint32_t>(c.hidden_size));

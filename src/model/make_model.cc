@@ -15,6 +15,7 @@
 #include "model/gguf_tokenizer.h"
 #include "model/make_gguf.h"
 #include "model/make_tokenizer.h"
+#include "model/model_files.h"
 #include "model/rng.h"
 
 namespace strata {
@@ -86,13 +87,6 @@ Status write_json(const std::filesystem::path& path, const json& j) {
 
 Result<MadeModel> make_model_files(const MakeModelOptions& options);
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
-
 }  // namespace
 
 std::string_view model_preset_name(ModelPreset preset) {
@@ -114,7 +108,7 @@ std::string_view model_preset_name(ModelPreset preset) {
 }
 
 Result<ModelPreset> parse_model_preset(std::string_view name) {
-  const std::string n = lower(name);
+  const std::string n = ascii_lower(name);
   if (n == "tiny") return ModelPreset::kTiny;
   if (n == "demo") return ModelPreset::kDemo;
   if (n == "bench") return ModelPreset::kBench;
@@ -136,7 +130,7 @@ Architecture preset_architecture(ModelPreset preset) {
 }
 
 Result<Architecture> parse_architecture(std::string_view name) {
-  const std::string n = lower(name);
+  const std::string n = ascii_lower(name);
   if (n == "llama") return Architecture::kLlama;
   if (n == "mistral") return Architecture::kMistral;
   if (n == "qwen2") return Architecture::kQwen2;

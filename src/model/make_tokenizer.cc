@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "common/utf8.h"
+#include "model/model_files.h"
 
 namespace strata {
 
@@ -187,17 +188,6 @@ std::optional<std::string> token_text(const json& config, const char* key) {
   return std::nullopt;
 }
 
-Result<json> read_json(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(ErrorCode::kNotFound, "cannot open " + path.string());
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  json j = json::parse(buf.str(), nullptr, false);
-  if (j.is_discarded())
-    return make_error(ErrorCode::kCorrupt, path.string() + " is not valid JSON");
-  return j;
-}
-
 }  // namespace
 
 GeneratedTokenizer make_byte_level_bpe_tokenizer(int64_t model_max_length) {
@@ -331,7 +321,7 @@ GeneratedTokenizer make_byte_level_bpe_tokenizer(int64_t model_max_length) {
 }
 
 Result<TokenizerInfo> inspect_tokenizer_dir(const std::filesystem::path& dir) {
-  auto tokenizer = read_json(dir / "tokenizer.json");
+  auto tokenizer = read_json_file(dir / "tokenizer.json");
   if (!tokenizer) return std::unexpected(tokenizer.error());
   const json& t = *tokenizer;
   std::map<std::string, int32_t> ids;  // token text -> id (vocabulary and added tokens)
@@ -364,7 +354,7 @@ Result<TokenizerInfo> inspect_tokenizer_dir(const std::filesystem::path& dir) {
   info.vocab_size = static_cast<int32_t>(max_id + 1);
   json config = json::object();
   if (std::filesystem::exists(dir / "tokenizer_config.json")) {
-    auto c = read_json(dir / "tokenizer_config.json");
+    auto c = read_json_file(dir / "tokenizer_config.json");
     if (!c) return std::unexpected(c.error());
     config = std::move(*c);
   }
