@@ -237,6 +237,33 @@ void scale_probabilities(float* p, int32_t rows, const TileSource& src, int32_t 
   }
 }
 
+// Prefill over 8-bit pages: the tile's codes (its 16-key column blocks of one KV head)
+// widened once, times their scales, into the F32 tile scratch in the F32 page order (K
+// dimension-major, kTile apart; V token-major), so that the rows' micro blocks multiply
+// F32 instead of each widening the same codes again. Decode rows (one micro block) read
+// the codes themselves.
+template <KvDtype D>
+void widen_tile(const TileSource& src, int32_t blocks, int32_t head_dim, float* k, float* v) {
+  for (int32_t c = 0; c < blocks; ++c) {
+    const F32x16 ks = simd::load_bf16(src.k_scale[c]) * scale_unit<D>();
+    for (int32_t d = 0; d < head_dim; ++d) {
+      simd::store(k + static_cast<size_t>(d) * kTile + static_cast<size_t>(c) * kBlock,
+                  load_kv<D>(src.k[c], static_cast<size_t>(d) * src.k_stride) * ks);
+    }
+    float vs[kBlock];
+    simd::store(vs, simd::load_bf16(src.v_scale[c]) * scale_unit<D>());
+    for (int32_t j = 0; j < kBlock; ++j) {
+      const F32x16 scale = simd::splat(vs[j]);
+      const size_t row = static_cast<size_t>(j) * static_cast<size_t>(head_dim);
+      float* out = v + (static_cast<size_t>(c) * kBlock + static_cast<size_t>(j)) *
+                           static_cast<size_t>(head_dim);
+      for (int32_t d = 0; d < head_dim; d += kLanes) {
+        simd::store(out + d, load_kv<D>(src.v[c], row + static_cast<size_t>(d)) * scale);
+      }
+    }
+  }
+}
+
 template <KvDtype D>
 void pv_rows(const float* p, int32_t rows, const TileSource& src, int32_t head_dim,
              int32_t num_keys, float* acc) {
@@ -592,6 +619,20 @@ void PagedAttention::run_task(const Task& task, std::span<const AttentionSequenc
         }
       }
       src.k_stride = static_cast<size_t>(page_size);
+      if (scaled && rows > kMicroRows) {
+        if (dtype == KvDtype::kInt8) {
+          widen_tile<KvDtype::kInt8>(src, blocks, hd, kbuf, vbuf);
+        } else {
+          widen_tile<KvDtype::kFp8E4M3>(src, blocks, hd, kbuf, vbuf);
+        }
+        for (int32_t c = 0; c < blocks; ++c) {
+          src.k[c] = reinterpret_cast<const std::byte*>(kbuf + c * kBlock);
+          src.v[c] =
+              reinterpret_cast<const std::byte*>(vbuf + static_cast<int64_t>(c) * kBlock * hd);
+        }
+        src.k_stride = kTile;
+        tile_dtype = KvDtype::kF32;
+      }
     } else {
       // Gather the tile into F32 scratch laid out like one 64-key page.
       tile_dtype = KvDtype::kF32;
