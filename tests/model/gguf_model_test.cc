@@ -59,12 +59,12 @@ TEST(GgufModelTest, PermutationIsTheConverters) {
   EXPECT_EQ(gguf_permuted_source_row(9, 8), 12);
 }
 
-struct ArchCase {
+struct GgufArchCase {
   Architecture arch;
   bool tie;
 };
 
-class GgufArchTest : public ::testing::TestWithParam<ArchCase> {};
+class GgufArchTest : public ::testing::TestWithParam<GgufArchCase> {};
 
 // An F32 GGUF made from a model's arrays: the same config and the same logits.
 TEST_P(GgufArchTest, SameLogitsAsTheSafetensorsModel) {
@@ -104,10 +104,10 @@ TEST_P(GgufArchTest, SameLogitsAsTheSafetensorsModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GgufArchTest,
-                         ::testing::Values(ArchCase{Architecture::kLlama, false},
-                                           ArchCase{Architecture::kQwen2, true},
-                                           ArchCase{Architecture::kQwen3, false},
-                                           ArchCase{Architecture::kMistral, true}),
+                         ::testing::Values(GgufArchCase{Architecture::kLlama, false},
+                                           GgufArchCase{Architecture::kQwen2, true},
+                                           GgufArchCase{Architecture::kQwen3, false},
+                                           GgufArchCase{Architecture::kMistral, true}),
                          [](const auto& info) {
                            return std::string(architecture_model_type(info.param.arch));
                          });
