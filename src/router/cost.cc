@@ -82,9 +82,8 @@ namespace {
 // 1,024 workers.
 [[gnu::always_inline]] inline CostTerms terms_of(const RequestFeatures& request,
                                                  const WorkerCandidate& w,
-                                                 const CostWeights& weights,
-                                                 bool request_is_sticky, double mean_assigned,
-                                                 int64_t shared_tokens) {
+                                                 const CostWeights& weights, bool request_is_sticky,
+                                                 double mean_assigned, int64_t shared_tokens) {
   STRATA_CHECK(request.prompt_tokens >= 0);
   STRATA_CHECK(w.cached_device_blocks >= 0 && w.cached_host_blocks >= 0 &&
                w.cached_storage_blocks >= 0);
@@ -181,8 +180,8 @@ size_t argmin(const Pool& pool, uint64_t start) {
   for (size_t k = 1; k < n; ++k) {
     const size_t i = first + k < n ? first + k : first + k - n;
     const double c = pool.cost[i];
-    if (c < best_cost ||
-        (c == best_cost && pool.worker[i]->sessions_assigned < pool.worker[best]->sessions_assigned)) {
+    if (c < best_cost || (c == best_cost && pool.worker[i]->sessions_assigned <
+                                                pool.worker[best]->sessions_assigned)) {
       best = i;
       best_cost = c;
     }

@@ -103,6 +103,8 @@ bool ResponseTable::known_missing(std::string_view id, int64_t now_ms) {
   return true;
 }
 
-int64_t ResponseTable::responses_on(uint32_t worker) const { return table_.count_on(worker); }
+int64_t ResponseTable::responses_on(uint32_t worker) const {
+  return table_.count_on(worker);
+}
 
 }  // namespace strata::router

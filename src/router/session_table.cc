@@ -27,9 +27,8 @@ SessionTable::SessionTable(SessionTableOptions options) : options_(options) {
 }
 
 int32_t SessionTable::rejections_in_window(const Entry& e, int64_t now_ms) const {
-  return static_cast<int32_t>(std::ranges::count_if(e.value.rejections_ms, [&](int64_t t) {
-    return now_ms - t < options_.rejection_window_ms;
-  }));
+  return static_cast<int32_t>(std::ranges::count_if(
+      e.value.rejections_ms, [&](int64_t t) { return now_ms - t < options_.rejection_window_ms; }));
 }
 
 SessionBinding SessionTable::binding_of(const Entry& e, int64_t now_ms) const {
@@ -142,7 +141,7 @@ int64_t SessionTable::sessions_on(uint32_t worker, int64_t now_ms) {
 std::vector<std::pair<uint32_t, int64_t>> SessionTable::sessions_per_worker(int64_t now_ms) {
   expire(now_ms);
   std::vector<std::pair<uint32_t, int64_t>> out(table_.per_worker().begin(),
-                                                 table_.per_worker().end());
+                                                table_.per_worker().end());
   std::ranges::sort(out);
   return out;
 }

@@ -21,8 +21,9 @@ TurnRecordTable::TurnRecordTable(TurnRecordOptions options) : options_(options) 
 
 int64_t TurnRecordTable::size_of(const TurnEntry& e, size_t key_bytes) {
   const ConversationRecord& r = e.record;
-  size_t n = sizeof(Table::Entry) + sizeof(TurnEntry) + key_bytes + r.tokens.size() * sizeof(int32_t) +
-             r.stop_text.size() + r.completion_text.size() + r.cache_salt.size();
+  size_t n = sizeof(Table::Entry) + sizeof(TurnEntry) + key_bytes +
+             r.tokens.size() * sizeof(int32_t) + r.stop_text.size() + r.completion_text.size() +
+             r.cache_salt.size();
   if (e.instructions) n += e.instructions->size();
   return static_cast<int64_t>(n);
 }
@@ -85,6 +86,8 @@ int64_t TurnRecordTable::forget_worker(uint32_t worker) {
   return n;
 }
 
-int64_t TurnRecordTable::records_on(uint32_t worker) const { return table_.count_on(worker); }
+int64_t TurnRecordTable::records_on(uint32_t worker) const {
+  return table_.count_on(worker);
+}
 
 }  // namespace strata::router

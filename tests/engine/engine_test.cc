@@ -75,12 +75,19 @@ TEST_F(EngineTest, RepeatedPromptIsServedFromCacheWithTheSameGreedyOutput) {
 // holds more int8 pages than BF16 ones, and an int8 pool serves a repeated prompt from its
 // cache with the same greedy output (issue 54).
 TEST_F(EngineTest, KvCacheMemorySizesThePoolByThePagesBytes) {
-  if (test_device().value_or(TestDevice::kCpu) != TestDevice::kCpu) {
-    GTEST_SKIP() << "8-bit pages run on the CPU engine; a model with KV memory of its own "
-                    "(own-kv, cuda) refuses them at start (external_kv_test.cc)";
-  }
   const ModelConfig& c = model_.config();
   const int64_t budget = 3'000'000;
+  if (test_device().value_or(TestDevice::kCpu) != TestDevice::kCpu) {
+    // A model with KV memory of its own (own-kv, cuda) keeps its pages in its own dtype:
+    // 8-bit pages are refused at start, naming the flag (external_kv_test.cc).
+    auto refused = create_test_engine(
+        model_,
+        EngineOptions{.page_size = 4, .kv_cache_memory_bytes = budget, .kv_dtype = KvDtype::kInt8});
+    ASSERT_FALSE(refused);
+    EXPECT_NE(refused.error().message.find("--kv-cache-dtype int8"), std::string::npos)
+        << refused.error().message;
+    return;
+  }
   auto pages_of = [&](KvDtype dtype) {
     return budget / static_cast<int64_t>(kv_page_bytes(
                         KvPoolShape{c.num_layers, c.num_kv_heads, c.head_dim, 1, 4, dtype}));

